@@ -1,0 +1,201 @@
+//! Vector forms of every operation, parallel with rayon. They run on the rayon
+//! pool that is current: wrap calls in [`with_threads`] to choose the thread count.
+
+use crate::error::{invalid, Error, Result};
+use crate::keys::{DecryptionKey, EncryptionKey};
+use crate::mont::pad;
+use crate::ops::{check_ciphertext, Ciphertext, Randomizer};
+use rayon::prelude::*;
+use rayon::{ThreadPool, ThreadPoolBuilder};
+use rug::integer::Order;
+use rug::Integer;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// Largest thread count accepted by [`with_threads`].
+pub const MAX_THREADS: usize = 256;
+
+/// Runs `work` on a rayon pool of `threads` threads (0 = one per core). Pools are
+/// created once per size and reused, so calling this per operation is cheap.
+///
+/// # Errors
+/// `InvalidParameter` if `threads` > `MAX_THREADS` or the pool cannot start.
+pub fn with_threads<R: Send>(threads: usize, work: impl FnOnce() -> R + Send) -> Result<R> {
+    if threads > MAX_THREADS {
+        return Err(invalid("threads", format!("must be at most {MAX_THREADS}, got {threads}")));
+    }
+    let threads = if threads == 0 { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { threads };
+    static POOLS: OnceLock<Mutex<HashMap<usize, Arc<ThreadPool>>>> = OnceLock::new();
+    let pool = {
+        let mut pools = POOLS.get_or_init(Default::default).lock().map_err(|_| invalid("threads", "thread pool registry poisoned"))?;
+        match pools.get(&threads) {
+            Some(pool) => Arc::clone(pool),
+            None => {
+                let pool = Arc::new(
+                    ThreadPoolBuilder::new()
+                        .num_threads(threads)
+                        .thread_name(|i| format!("confide-he-{i}"))
+                        .build()
+                        .map_err(|e| invalid("threads", e.to_string()))?,
+                );
+                pools.insert(threads, Arc::clone(&pool));
+                pool
+            }
+        }
+    };
+    Ok(pool.install(work))
+}
+
+fn check_lengths(what: &'static str, expected: usize, found: usize) -> Result<()> {
+    if expected != found {
+        return Err(Error::LengthMismatch { what, expected, found });
+    }
+    Ok(())
+}
+
+fn with_index<T>(result: Result<T>, index: usize) -> Result<T> {
+    result.map_err(|error| match error {
+        Error::CiphertextOutOfRange { .. } => Error::CiphertextOutOfRange { index },
+        Error::SignedOverflow { .. } => Error::SignedOverflow { index },
+        Error::PlaintextOutOfRange { limit, .. } => Error::PlaintextOutOfRange { field: "plaintexts", limit: format!("{limit} (element {index})") },
+        other => other,
+    })
+}
+
+impl EncryptionKey {
+    /// Checks 0 < c < n² for every element, reporting the first bad index.
+    ///
+    /// # Errors
+    /// `CiphertextOutOfRange`.
+    pub fn validate_all(&self, ciphertexts: &[Ciphertext]) -> Result<()> {
+        ciphertexts.par_iter().enumerate().try_for_each(|(index, c)| check_ciphertext(self, &c.0, index))
+    }
+
+    /// Encrypts every plaintext with the public key.
+    ///
+    /// # Errors
+    /// As [`EncryptionKey::encrypt_with`], with the failing index.
+    pub fn encrypt_many(&self, plaintexts: &[Integer], randomizer: Randomizer) -> Result<Vec<Ciphertext>> {
+        if randomizer == Randomizer::FixedBase {
+            self.table()?; // build once, before the workers race for it
+        }
+        plaintexts.par_iter().enumerate().map(|(i, m)| with_index(self.encrypt_with(m, randomizer), i)).collect()
+    }
+
+    /// Element-wise ⊕ of two vectors.
+    ///
+    /// # Errors
+    /// `LengthMismatch`.
+    pub fn add_many(&self, a: &[Ciphertext], b: &[Ciphertext]) -> Result<Vec<Ciphertext>> {
+        self.sum_many(&[a, b])
+    }
+
+    /// Element-wise ⊕ of any number of equally long vectors: Π_j c_j[i] mod n².
+    ///
+    /// Uses Montgomery products without converting the inputs: m − 1 products of
+    /// normal-form values give Π c · R^−(m−1); one product with R^m mod n² fixes it.
+    ///
+    /// # Errors
+    /// `LengthMismatch`; `InvalidParameter` for an empty list.
+    pub fn sum_many(&self, vectors: &[&[Ciphertext]]) -> Result<Vec<Ciphertext>> {
+        let Some(first) = vectors.first() else {
+            return Err(invalid("vectors", "at least one vector is required"));
+        };
+        for v in vectors {
+            check_lengths("summed vector", first.len(), v.len())?;
+        }
+        if vectors.len() == 1 {
+            return Ok(first.to_vec());
+        }
+        let mont = self.table()?.montgomery();
+        let limbs = mont.limbs();
+        let r = Integer::from(1) << (64 * limbs as u32);
+        let correction = r
+            .pow_mod(&Integer::from(vectors.len()), self.n_squared())
+            .map_err(|_| invalid("vectors", "cannot build the Montgomery correction"))?;
+        let correction = pad(&correction, limbs);
+        Ok((0..first.len())
+            .into_par_iter()
+            .map_init(
+                || (mont.scratch(), vec![0u64; limbs], vec![0u64; limbs]),
+                |(scratch, acc, tmp), i| {
+                    acc.copy_from_slice(&pad(&vectors[0][i].0, limbs));
+                    for v in &vectors[1..] {
+                        mont.mul(acc, &pad(&v[i].0, limbs), tmp, scratch);
+                        acc.copy_from_slice(tmp);
+                    }
+                    mont.mul(acc, &correction, tmp, scratch);
+                    Ciphertext(Integer::from_digits(tmp, Order::Lsf))
+                },
+            )
+            .collect())
+    }
+
+    /// Element-wise ⊕ with raw plaintexts.
+    ///
+    /// # Errors
+    /// `LengthMismatch`, `PlaintextOutOfRange`.
+    pub fn add_plain_many(&self, a: &[Ciphertext], plaintexts: &[Integer]) -> Result<Vec<Ciphertext>> {
+        check_lengths("plaintexts", a.len(), plaintexts.len())?;
+        a.par_iter().zip(plaintexts.par_iter()).enumerate().map(|(i, (c, m))| with_index(self.add_plain(c, m), i)).collect()
+    }
+
+    /// Element-wise negation.
+    ///
+    /// # Errors
+    /// `CiphertextOutOfRange`.
+    pub fn negate_many(&self, a: &[Ciphertext]) -> Result<Vec<Ciphertext>> {
+        a.par_iter().enumerate().map(|(i, c)| with_index(self.negate(c), i)).collect()
+    }
+
+    /// Element-wise ⊗ with signed scalars.
+    ///
+    /// # Errors
+    /// `LengthMismatch`, `CiphertextOutOfRange`.
+    pub fn mul_scalar_many(&self, a: &[Ciphertext], scalars: &[Integer]) -> Result<Vec<Ciphertext>> {
+        check_lengths("scalars", a.len(), scalars.len())?;
+        a.par_iter().zip(scalars.par_iter()).enumerate().map(|(i, (c, s))| with_index(self.mul_scalar(c, s), i)).collect()
+    }
+
+    /// Element-wise re-randomization.
+    ///
+    /// # Errors
+    /// `Randomness`.
+    pub fn rerandomize_many(&self, a: &[Ciphertext]) -> Result<Vec<Ciphertext>> {
+        self.table()?;
+        a.par_iter().map(|c| self.rerandomize(c)).collect()
+    }
+}
+
+impl DecryptionKey {
+    /// CRT encryption of every plaintext (key-holder path).
+    ///
+    /// # Errors
+    /// As [`DecryptionKey::encrypt_with`], with the failing index.
+    pub fn encrypt_many(&self, plaintexts: &[Integer], randomizer: Randomizer) -> Result<Vec<Ciphertext>> {
+        if randomizer == Randomizer::FixedBase {
+            self.crt_tables()?;
+        }
+        plaintexts.par_iter().enumerate().map(|(i, m)| with_index(self.encrypt_with(m, randomizer), i)).collect()
+    }
+
+    /// Decrypts every ciphertext to its raw plaintext in [0, n).
+    ///
+    /// # Errors
+    /// `CiphertextOutOfRange` with the failing index.
+    pub fn decrypt_many(&self, ciphertexts: &[Ciphertext]) -> Result<Vec<Integer>> {
+        ciphertexts.par_iter().enumerate().map(|(i, c)| self.decrypt_at(c, i)).collect()
+    }
+
+    /// Decrypts every ciphertext through the signed window.
+    ///
+    /// # Errors
+    /// `CiphertextOutOfRange`, `SignedOverflow`, with the failing index.
+    pub fn decrypt_signed_many(&self, ciphertexts: &[Ciphertext]) -> Result<Vec<Integer>> {
+        ciphertexts
+            .par_iter()
+            .enumerate()
+            .map(|(i, c)| self.decrypt_at(c, i).and_then(|m| self.public.decode_signed(&m, i)))
+            .collect()
+    }
+}
