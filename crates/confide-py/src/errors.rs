@@ -1,0 +1,85 @@
+//! The one mapping from Rust errors to Python exceptions. The exception classes
+//! live in `confide/errors.py` (so they can also subclass `ValueError`); they are
+//! looked up once and cached.
+
+use pyo3::exceptions::PyRuntimeError;
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::PyType;
+
+/// A native error on its way to Python.
+pub enum NativeError {
+    Paillier(confide_paillier::Error),
+    Codec(confide_codec::Error),
+    /// A decrypted value is valid but outside int64.
+    NotInt64 { index: usize },
+}
+
+impl From<confide_paillier::Error> for NativeError {
+    fn from(error: confide_paillier::Error) -> Self {
+        NativeError::Paillier(error)
+    }
+}
+impl From<confide_codec::Error> for NativeError {
+    fn from(error: confide_codec::Error) -> Self {
+        NativeError::Codec(error)
+    }
+}
+
+pub type NativeResult<T> = Result<T, NativeError>;
+
+fn class_name(error: &NativeError) -> &'static str {
+    use confide_codec::Error as C;
+    use confide_paillier::Error as P;
+    match error {
+        NativeError::Paillier(e) => match e {
+            P::UnsupportedKeySize { .. } | P::InvalidParameter { .. } | P::LengthMismatch { .. } => "InvalidParameterError",
+            P::PlaintextOutOfRange { .. } | P::SignedOverflow { .. } => "EncodingError",
+            P::CiphertextOutOfRange { .. } => "InvalidCiphertextError",
+            P::KeyMismatch { .. } => "KeyMismatchError",
+            P::Malformed { .. } => "WireFormatError",
+            P::InvalidPrivateKey(_) => "InvalidKeyError",
+            _ => "CryptoError",
+        },
+        NativeError::Codec(e) => match e {
+            C::InvalidParameter { .. } => "InvalidParameterError",
+            C::NotFinite { .. } | C::TooManySummands { .. } => "EncodingError",
+            C::Malformed(_) => "WireFormatError",
+            _ => "CryptoError",
+        },
+        NativeError::NotInt64 { .. } => "EncodingError",
+    }
+}
+
+impl From<NativeError> for PyErr {
+    fn from(error: NativeError) -> PyErr {
+        let message = match &error {
+            NativeError::Paillier(e) => e.to_string(),
+            NativeError::Codec(e) => e.to_string(),
+            NativeError::NotInt64 { index } => {
+                format!("decrypted value at index {index} does not fit in int64: use decrypt_integers for big plaintexts")
+            }
+        };
+        let name = class_name(&error);
+        python_error(name, message)
+    }
+}
+
+fn python_error(name: &'static str, message: String) -> PyErr {
+    Python::attach(|py| {
+            static MODULE: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
+            let class = MODULE
+                .get_or_try_init(py, || py.import("confide.errors").map(Bound::unbind))
+                .and_then(|module| module.bind(py).getattr(name))
+                .and_then(|class| class.cast_into::<PyType>().map_err(PyErr::from));
+            match class {
+                Ok(class) => PyErr::from_type(class, message),
+                Err(_) => PyRuntimeError::new_err(format!("{name}: {message}")),
+            }
+    })
+}
+
+/// Shorthand for a Python-side parameter error built in the binding itself.
+pub fn invalid(field: &'static str, reason: impl Into<String>) -> PyErr {
+    NativeError::Paillier(confide_paillier::Error::InvalidParameter { field, reason: reason.into() }).into()
+}

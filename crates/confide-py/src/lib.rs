@@ -1,0 +1,620 @@
+//! `confide._native`: the only PyO3 crate. Every method (a) takes numpy buffers
+//! or bytes, never Python lists in hot paths, (b) runs the core call with the
+//! GIL released (`py.detach`) on a rayon pool of the requested size, (c) maps
+//! errors once (errors.rs). The public Python API is `confide.crypto`.
+
+mod errors;
+
+use confide_codec::params::{from_params, to_params, Codec};
+use confide_codec::{BatchCryptCodec, FlBoosterCodec, Quantizer};
+use confide_paillier::{with_threads, Ciphertext, CiphertextBlock, DecryptionKey, Encoding, EncryptionKey, Integer, Randomizer, FLAG_RERANDOMIZED};
+use errors::{invalid, NativeError, NativeResult};
+use numpy::{PyArray1, PyReadonlyArray1};
+use pyo3::exceptions::PyTypeError;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyTuple};
+use rug::integer::Order;
+use std::sync::Arc;
+
+fn randomizer(name: &str) -> PyResult<Randomizer> {
+    match name {
+        "fixed_base" => Ok(Randomizer::FixedBase),
+        "classical" => Ok(Randomizer::Classical),
+        other => Err(invalid("randomizer", format!("must be 'fixed_base' or 'classical', got {other:?}"))),
+    }
+}
+
+fn threaded<R: Send>(threads: usize, work: impl FnOnce() -> NativeResult<R> + Send) -> NativeResult<R> {
+    with_threads(threads, work)?
+}
+
+/// Metadata of a packed vector: the codec, the number of values and how many
+/// party vectors were summed into it.
+#[derive(Clone, PartialEq)]
+struct PackInfo {
+    codec: Codec,
+    length: u64,
+    summed: u64,
+}
+
+enum Encryptor<'a> {
+    Public(&'a EncryptionKey),
+    Holder(&'a DecryptionKey),
+}
+
+impl Encryptor<'_> {
+    fn public(&self) -> &EncryptionKey {
+        match self {
+            Encryptor::Public(key) => key,
+            Encryptor::Holder(key) => key.encryption_key(),
+        }
+    }
+    fn encrypt_many(&self, plaintexts: &[Integer], randomizer: Randomizer) -> confide_paillier::Result<Vec<Ciphertext>> {
+        match self {
+            Encryptor::Public(key) => key.encrypt_many(plaintexts, randomizer),
+            Encryptor::Holder(key) => key.encrypt_many(plaintexts, randomizer),
+        }
+    }
+
+    fn encrypt_i64(&self, py: Python<'_>, values: PyReadonlyArray1<'_, i64>, randomizer_name: &str, threads: usize) -> PyResult<PyCiphertextVector> {
+        let randomizer = randomizer(randomizer_name)?;
+        let values = values.as_slice().map_err(|_| invalid("values", "array must be contiguous"))?;
+        let public = self.public().clone();
+        let ciphertexts = py.detach(|| {
+            threaded(threads, || {
+                let plaintexts = values.iter().map(|&v| public.encode_signed(&Integer::from(v))).collect::<confide_paillier::Result<Vec<_>>>()?;
+                Ok(self.encrypt_many(&plaintexts, randomizer)?)
+            })
+        })?;
+        Ok(PyCiphertextVector::new(public, ciphertexts, None))
+    }
+
+    fn encrypt_raw(&self, py: Python<'_>, plaintexts: Vec<Vec<u8>>, randomizer_name: &str, threads: usize) -> PyResult<PyCiphertextVector> {
+        let randomizer = randomizer(randomizer_name)?;
+        let public = self.public().clone();
+        let ciphertexts = py.detach(|| {
+            threaded(threads, || {
+                let integers: Vec<Integer> = plaintexts.iter().map(|b| Integer::from_digits(b, Order::Msf)).collect();
+                Ok(self.encrypt_many(&integers, randomizer)?)
+            })
+        })?;
+        Ok(PyCiphertextVector::new(public, ciphertexts, None))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn encrypt_packed(
+        &self,
+        py: Python<'_>,
+        values: &Bound<'_, PyAny>,
+        kind: &str,
+        bits: u32,
+        max_summands: u32,
+        alpha: f64,
+        quantizer: &str,
+        seed: Option<u64>,
+        threads: usize,
+    ) -> PyResult<PyCiphertextVector> {
+        let public = self.public().clone();
+        let codec = build_codec(kind, bits, max_summands, alpha, quantizer, public.bits())?;
+        let encode = |slice: Slice<'_>| -> NativeResult<confide_codec::Packed> {
+            Ok(match (&codec, slice) {
+                (Codec::BatchCrypt(c), Slice::F32(v)) => c.encode(v, seed)?,
+                (Codec::BatchCrypt(c), Slice::F64(v)) => c.encode(v, seed)?,
+                (Codec::FlBooster(c), Slice::F32(v)) => c.encode(v)?,
+                (Codec::FlBooster(c), Slice::F64(v)) => c.encode(v)?,
+            })
+        };
+        let layout = codec_layout(&codec);
+        let run = |slice: Slice<'_>| {
+            py.detach(|| {
+                threaded(threads, || {
+                    let packed = encode(slice)?;
+                    let plaintexts: Vec<Integer> = packed.limbs.chunks(layout.limbs.max(1)).map(|l| Integer::from_digits(l, Order::Lsf)).collect();
+                    Ok((packed.length, self.encrypt_many(&plaintexts, Randomizer::FixedBase)?))
+                })
+            })
+        };
+        let (length, ciphertexts) = if let Ok(array) = values.extract::<PyReadonlyArray1<'_, f32>>() {
+            run(Slice::F32(array.as_slice().map_err(|_| invalid("values", "array must be contiguous"))?))?
+        } else if let Ok(array) = values.extract::<PyReadonlyArray1<'_, f64>>() {
+            run(Slice::F64(array.as_slice().map_err(|_| invalid("values", "array must be contiguous"))?))?
+        } else {
+            return Err(invalid("values", "must be a one-dimensional float32 or float64 numpy array"));
+        };
+        Ok(PyCiphertextVector::new(public, ciphertexts, Some(PackInfo { codec, length: length as u64, summed: 1 })))
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Slice<'a> {
+    F32(&'a [f32]),
+    F64(&'a [f64]),
+}
+
+fn build_codec(kind: &str, bits: u32, max_summands: u32, alpha: f64, quantizer: &str, plaintext_bits: u32) -> PyResult<Codec> {
+    Ok(match kind {
+        "batchcrypt" => {
+            let quantizer = match quantizer {
+                "exact_bound" => Quantizer::ExactBound,
+                "paper" => Quantizer::Paper,
+                other => return Err(invalid("quantizer", format!("must be 'exact_bound' or 'paper', got {other:?}"))),
+            };
+            Codec::BatchCrypt(BatchCryptCodec::new(bits, max_summands, alpha, plaintext_bits, quantizer).map_err(NativeError::from)?)
+        }
+        "flbooster" => Codec::FlBooster(FlBoosterCodec::new(bits, max_summands, alpha, plaintext_bits).map_err(NativeError::from)?),
+        other => return Err(invalid("codec", format!("must be 'batchcrypt' or 'flbooster', got {other:?}"))),
+    })
+}
+
+fn codec_layout(codec: &Codec) -> confide_codec::Layout {
+    match codec {
+        Codec::BatchCrypt(c) => c.layout(),
+        Codec::FlBooster(c) => c.layout(),
+    }
+}
+
+/// Paillier public key (`confide.crypto.EncryptionKey` wraps it).
+#[pyclass(name = "EncryptionKey", module = "confide._native", frozen)]
+struct PyEncryptionKey {
+    key: EncryptionKey,
+}
+
+#[pymethods]
+impl PyEncryptionKey {
+    #[getter]
+    fn bits(&self) -> u32 {
+        self.key.bits()
+    }
+    #[getter]
+    fn key_id(&self) -> String {
+        self.key.key_id().to_string()
+    }
+    #[getter]
+    fn window(&self) -> u32 {
+        self.key.window()
+    }
+    #[getter]
+    fn ciphertext_bytes(&self) -> usize {
+        self.key.ciphertext_bytes()
+    }
+    fn n_bytes<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        PyBytes::new(py, &self.key.n().to_digits::<u8>(Order::Msf))
+    }
+    fn to_bytes<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        PyBytes::new(py, &self.key.to_bytes())
+    }
+    #[staticmethod]
+    fn from_bytes(py: Python<'_>, data: &[u8]) -> PyResult<Self> {
+        Ok(PyEncryptionKey { key: py.detach(|| EncryptionKey::from_bytes(data)).map_err(NativeError::from)? })
+    }
+    fn with_window(&self, window: u32) -> PyResult<Self> {
+        Ok(PyEncryptionKey { key: self.key.with_window(window).map_err(NativeError::from)? })
+    }
+    fn precompute(&self, py: Python<'_>) -> PyResult<usize> {
+        Ok(py.detach(|| self.key.precompute()).map_err(NativeError::from)?)
+    }
+    #[pyo3(signature = (values, randomizer = "fixed_base", threads = 0))]
+    fn encrypt_i64(&self, py: Python<'_>, values: PyReadonlyArray1<'_, i64>, randomizer: &str, threads: usize) -> PyResult<PyCiphertextVector> {
+        Encryptor::Public(&self.key).encrypt_i64(py, values, randomizer, threads)
+    }
+    #[pyo3(signature = (plaintexts, randomizer = "fixed_base", threads = 0))]
+    fn encrypt_raw(&self, py: Python<'_>, plaintexts: Vec<Vec<u8>>, randomizer: &str, threads: usize) -> PyResult<PyCiphertextVector> {
+        Encryptor::Public(&self.key).encrypt_raw(py, plaintexts, randomizer, threads)
+    }
+    #[pyo3(signature = (values, kind, bits, max_summands, alpha, quantizer = "exact_bound", seed = None, threads = 0))]
+    #[allow(clippy::too_many_arguments)]
+    fn encrypt_packed(
+        &self,
+        py: Python<'_>,
+        values: &Bound<'_, PyAny>,
+        kind: &str,
+        bits: u32,
+        max_summands: u32,
+        alpha: f64,
+        quantizer: &str,
+        seed: Option<u64>,
+        threads: usize,
+    ) -> PyResult<PyCiphertextVector> {
+        Encryptor::Public(&self.key).encrypt_packed(py, values, kind, bits, max_summands, alpha, quantizer, seed, threads)
+    }
+    fn __eq__(&self, other: &Self) -> bool {
+        self.key == other.key
+    }
+    fn __hash__(&self) -> u64 {
+        let id = self.key.key_id().0;
+        u64::from_be_bytes([id[0], id[1], id[2], id[3], id[4], id[5], id[6], id[7]])
+    }
+    fn __repr__(&self) -> String {
+        format!("EncryptionKey(bits={}, key_id={})", self.key.bits(), self.key.key_id())
+    }
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyTuple>)> {
+        let py = slf.py();
+        let constructor = py.get_type::<PyEncryptionKey>().getattr("from_bytes")?;
+        let bytes = PyBytes::new(py, &slf.get().key.to_bytes());
+        Ok((constructor, PyTuple::new(py, [bytes])?))
+    }
+}
+
+/// Paillier private key. Not picklable; export is explicit.
+#[pyclass(name = "DecryptionKey", module = "confide._native", frozen)]
+struct PyDecryptionKey {
+    key: DecryptionKey,
+}
+
+#[pymethods]
+impl PyDecryptionKey {
+    #[staticmethod]
+    #[pyo3(signature = (p, q, public = None))]
+    fn from_primes(py: Python<'_>, p: &[u8], q: &[u8], public: Option<&PyEncryptionKey>) -> PyResult<Self> {
+        let (p, q) = (Integer::from_digits(p, Order::Msf), Integer::from_digits(q, Order::Msf));
+        let public = public.map(|k| k.key.clone());
+        Ok(PyDecryptionKey { key: py.detach(|| DecryptionKey::from_primes(p, q, public)).map_err(NativeError::from)? })
+    }
+    #[staticmethod]
+    fn from_secret_bytes(py: Python<'_>, data: &[u8]) -> PyResult<Self> {
+        Ok(PyDecryptionKey { key: py.detach(|| DecryptionKey::from_secret_bytes(data)).map_err(NativeError::from)? })
+    }
+    fn to_secret_bytes<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        PyBytes::new(py, &self.key.to_secret_bytes())
+    }
+    fn primes_bytes<'py>(&self, py: Python<'py>) -> (Bound<'py, PyBytes>, Bound<'py, PyBytes>) {
+        let (p, q) = self.key.primes();
+        (PyBytes::new(py, &p.to_digits::<u8>(Order::Msf)), PyBytes::new(py, &q.to_digits::<u8>(Order::Msf)))
+    }
+    #[getter]
+    fn encryption_key(&self) -> PyEncryptionKey {
+        PyEncryptionKey { key: self.key.encryption_key().clone() }
+    }
+    fn precompute(&self, py: Python<'_>) -> PyResult<usize> {
+        Ok(py.detach(|| self.key.precompute()).map_err(NativeError::from)?)
+    }
+    #[pyo3(signature = (values, randomizer = "fixed_base", threads = 0))]
+    fn encrypt_i64(&self, py: Python<'_>, values: PyReadonlyArray1<'_, i64>, randomizer: &str, threads: usize) -> PyResult<PyCiphertextVector> {
+        Encryptor::Holder(&self.key).encrypt_i64(py, values, randomizer, threads)
+    }
+    #[pyo3(signature = (plaintexts, randomizer = "fixed_base", threads = 0))]
+    fn encrypt_raw(&self, py: Python<'_>, plaintexts: Vec<Vec<u8>>, randomizer: &str, threads: usize) -> PyResult<PyCiphertextVector> {
+        Encryptor::Holder(&self.key).encrypt_raw(py, plaintexts, randomizer, threads)
+    }
+    #[pyo3(signature = (values, kind, bits, max_summands, alpha, quantizer = "exact_bound", seed = None, threads = 0))]
+    #[allow(clippy::too_many_arguments)]
+    fn encrypt_packed(
+        &self,
+        py: Python<'_>,
+        values: &Bound<'_, PyAny>,
+        kind: &str,
+        bits: u32,
+        max_summands: u32,
+        alpha: f64,
+        quantizer: &str,
+        seed: Option<u64>,
+        threads: usize,
+    ) -> PyResult<PyCiphertextVector> {
+        Encryptor::Holder(&self.key).encrypt_packed(py, values, kind, bits, max_summands, alpha, quantizer, seed, threads)
+    }
+    #[pyo3(signature = (vector, threads = 0))]
+    fn decrypt_i64<'py>(&self, py: Python<'py>, vector: &PyCiphertextVector, threads: usize) -> PyResult<Bound<'py, PyArray1<i64>>> {
+        self.check_key(vector)?;
+        let values = py.detach(|| {
+            threaded(threads, || {
+                let decoded = self.key.decrypt_signed_many(&vector.ciphertexts)?;
+                decoded
+                    .iter()
+                    .enumerate()
+                    .map(|(index, v)| {
+                        v.to_i64().ok_or(NativeError::NotInt64 { index })
+                    })
+                    .collect::<NativeResult<Vec<i64>>>()
+            })
+        })?;
+        Ok(PyArray1::from_vec(py, values))
+    }
+    #[pyo3(signature = (vector, threads = 0))]
+    fn decrypt_raw<'py>(&self, py: Python<'py>, vector: &PyCiphertextVector, threads: usize) -> PyResult<Vec<Bound<'py, PyBytes>>> {
+        self.check_key(vector)?;
+        let values = py.detach(|| threaded(threads, || Ok(self.key.decrypt_many(&vector.ciphertexts)?)))?;
+        Ok(values.iter().map(|v| PyBytes::new(py, &v.to_digits::<u8>(Order::Msf))).collect())
+    }
+    /// Returns (sums as float64, overflow positions as int64).
+    #[pyo3(signature = (vector, threads = 0))]
+    fn decrypt_packed<'py>(&self, py: Python<'py>, vector: &PyCiphertextVector, threads: usize) -> PyResult<(Bound<'py, PyArray1<f64>>, Bound<'py, PyArray1<i64>>)> {
+        self.check_key(vector)?;
+        let pack = vector.pack.as_ref().ok_or_else(|| invalid("vector", "holds raw ciphertexts, not a packed vector: use decrypt_i64"))?;
+        let layout = codec_layout(&pack.codec);
+        let (values, overflow) = py.detach(|| {
+            threaded(threads, || {
+                let plaintexts = self.key.decrypt_many(&vector.ciphertexts)?;
+                let mut limbs = Vec::with_capacity(plaintexts.len() * layout.limbs);
+                for plaintext in &plaintexts {
+                    let mut digits = plaintext.to_digits::<u64>(Order::Lsf);
+                    if digits.len() > layout.limbs {
+                        return Err(NativeError::from(confide_codec::Error::Malformed("a decrypted plaintext exceeds the packing width".into())));
+                    }
+                    digits.resize(layout.limbs, 0);
+                    limbs.extend_from_slice(&digits);
+                }
+                let length = pack.length as usize;
+                Ok(match &pack.codec {
+                    Codec::BatchCrypt(c) => {
+                        let decoded = c.decode(&limbs, length, pack.summed)?;
+                        (decoded.values, decoded.overflow.into_iter().map(|i| i as i64).collect())
+                    }
+                    Codec::FlBooster(c) => (c.decode(&limbs, length, pack.summed)?, Vec::new()),
+                })
+            })
+        })?;
+        Ok((PyArray1::from_vec(py, values), PyArray1::from_vec(py, overflow)))
+    }
+    fn __repr__(&self) -> String {
+        format!("DecryptionKey(bits={}, key_id={}, secret=<redacted>)", self.key.encryption_key().bits(), self.key.encryption_key().key_id())
+    }
+    fn __reduce__(&self) -> PyResult<()> {
+        Err(PyTypeError::new_err("DecryptionKey cannot be pickled: export it explicitly with export_secret() and protect the bytes"))
+    }
+}
+
+impl PyDecryptionKey {
+    fn check_key(&self, vector: &PyCiphertextVector) -> PyResult<()> {
+        let (expected, found) = (self.key.encryption_key().key_id(), vector.key.key_id());
+        if expected != found {
+            return Err(NativeError::from(confide_paillier::Error::KeyMismatch { what: "ciphertext vector", expected: expected.to_string(), found: found.to_string() }).into());
+        }
+        Ok(())
+    }
+}
+
+/// A vector of Paillier ciphertexts under one key, raw or packed.
+#[pyclass(name = "CiphertextVector", module = "confide._native", frozen)]
+struct PyCiphertextVector {
+    key: EncryptionKey,
+    ciphertexts: Arc<Vec<Ciphertext>>,
+    pack: Option<PackInfo>,
+    rerandomized: bool,
+}
+
+impl PyCiphertextVector {
+    fn new(key: EncryptionKey, ciphertexts: Vec<Ciphertext>, pack: Option<PackInfo>) -> Self {
+        PyCiphertextVector { key, ciphertexts: Arc::new(ciphertexts), pack, rerandomized: false }
+    }
+    fn raw_only(&self, operation: &str) -> PyResult<()> {
+        if self.pack.is_some() {
+            return Err(invalid("vector", format!("{operation} is only defined on raw ciphertexts; packed vectors support addition and re-randomization")));
+        }
+        Ok(())
+    }
+    fn derived(&self, ciphertexts: Vec<Ciphertext>) -> Self {
+        PyCiphertextVector::new(self.key.clone(), ciphertexts, self.pack.clone())
+    }
+}
+
+#[pymethods]
+impl PyCiphertextVector {
+    fn __len__(&self) -> usize {
+        self.ciphertexts.len()
+    }
+    #[getter]
+    fn key_id(&self) -> String {
+        self.key.key_id().to_string()
+    }
+    #[getter]
+    fn encryption_key(&self) -> PyEncryptionKey {
+        PyEncryptionKey { key: self.key.clone() }
+    }
+    #[getter]
+    fn encoding(&self) -> &'static str {
+        match &self.pack {
+            None => "raw",
+            Some(PackInfo { codec: Codec::BatchCrypt(_), .. }) => "batchcrypt",
+            Some(PackInfo { codec: Codec::FlBooster(_), .. }) => "flbooster",
+        }
+    }
+    /// Number of values: packed length, or the ciphertext count for raw vectors.
+    #[getter]
+    fn length(&self) -> u64 {
+        self.pack.as_ref().map_or(self.ciphertexts.len() as u64, |p| p.length)
+    }
+    #[getter]
+    fn summed(&self) -> u64 {
+        self.pack.as_ref().map_or(1, |p| p.summed)
+    }
+    #[getter]
+    fn rerandomized(&self) -> bool {
+        self.rerandomized
+    }
+    /// Quantizer of a BatchCrypt vector ("exact_bound" or "paper"), else None.
+    #[getter]
+    fn quantizer(&self) -> Option<&'static str> {
+        match &self.pack {
+            Some(PackInfo { codec: Codec::BatchCrypt(c), .. }) => Some(if c.quantizer() == Quantizer::Paper { "paper" } else { "exact_bound" }),
+            _ => None,
+        }
+    }
+    /// (slot_bits, slots) of a packed vector, or None.
+    #[getter]
+    fn packing(&self) -> Option<(u32, usize)> {
+        self.pack.as_ref().map(|p| {
+            let layout = codec_layout(&p.codec);
+            (layout.slot_bits, layout.slots)
+        })
+    }
+
+    #[staticmethod]
+    #[pyo3(signature = (vectors, threads = 0))]
+    fn sum(py: Python<'_>, vectors: Vec<PyRef<'_, PyCiphertextVector>>, threads: usize) -> PyResult<Self> {
+        let first = vectors.first().ok_or_else(|| invalid("vectors", "at least one vector is required"))?;
+        let mut summed = 0u64;
+        for (index, v) in vectors.iter().enumerate() {
+            if v.key.key_id() != first.key.key_id() {
+                return Err(NativeError::from(confide_paillier::Error::KeyMismatch { what: "summed vector", expected: first.key.key_id().to_string(), found: v.key.key_id().to_string() }).into());
+            }
+            let same_codec = match (&v.pack, &first.pack) {
+                (None, None) => true,
+                (Some(a), Some(b)) => a.codec == b.codec && a.length == b.length,
+                _ => false,
+            };
+            if !same_codec {
+                return Err(invalid("vectors", format!("vector {index} has a different encoding or length than vector 0")));
+            }
+            summed += v.pack.as_ref().map_or(1, |p| p.summed);
+        }
+        let slices: Vec<&[Ciphertext]> = vectors.iter().map(|v| v.ciphertexts.as_slice()).collect();
+        let key = first.key.clone();
+        let ciphertexts = py.detach(|| threaded(threads, || Ok(key.sum_many(&slices)?)))?;
+        let pack = first.pack.clone().map(|p| PackInfo { summed, ..p });
+        Ok(PyCiphertextVector::new(key, ciphertexts, pack))
+    }
+    #[pyo3(signature = (other, threads = 0))]
+    fn add(slf: PyRef<'_, Self>, py: Python<'_>, other: PyRef<'_, Self>, threads: usize) -> PyResult<Self> {
+        PyCiphertextVector::sum(py, vec![slf, other], threads)
+    }
+    #[pyo3(signature = (values, threads = 0))]
+    fn add_plain_i64(&self, py: Python<'_>, values: PyReadonlyArray1<'_, i64>, threads: usize) -> PyResult<Self> {
+        self.raw_only("add_plain")?;
+        let values = values.as_slice().map_err(|_| invalid("values", "array must be contiguous"))?;
+        let out = py.detach(|| {
+            threaded(threads, || {
+                let plaintexts = values.iter().map(|&v| self.key.encode_signed(&Integer::from(v))).collect::<confide_paillier::Result<Vec<_>>>()?;
+                Ok(self.key.add_plain_many(&self.ciphertexts, &plaintexts)?)
+            })
+        })?;
+        Ok(self.derived(out))
+    }
+    #[pyo3(signature = (threads = 0))]
+    fn negate(&self, py: Python<'_>, threads: usize) -> PyResult<Self> {
+        self.raw_only("negate")?;
+        let out = py.detach(|| threaded(threads, || Ok(self.key.negate_many(&self.ciphertexts)?)))?;
+        Ok(self.derived(out))
+    }
+    #[pyo3(signature = (scalars, threads = 0))]
+    fn mul_scalar_i64(&self, py: Python<'_>, scalars: PyReadonlyArray1<'_, i64>, threads: usize) -> PyResult<Self> {
+        self.raw_only("mul_scalar")?;
+        let scalars = scalars.as_slice().map_err(|_| invalid("scalars", "array must be contiguous"))?;
+        let out = py.detach(|| {
+            threaded(threads, || {
+                let scalars: Vec<Integer> = scalars.iter().map(|&s| Integer::from(s)).collect();
+                Ok(self.key.mul_scalar_many(&self.ciphertexts, &scalars)?)
+            })
+        })?;
+        Ok(self.derived(out))
+    }
+    #[pyo3(signature = (threads = 0))]
+    fn rerandomize(&self, py: Python<'_>, threads: usize) -> PyResult<Self> {
+        let out = py.detach(|| threaded(threads, || Ok(self.key.rerandomize_many(&self.ciphertexts)?)))?;
+        let mut vector = self.derived(out);
+        vector.rerandomized = true;
+        Ok(vector)
+    }
+    /// Ciphertext `index` as a big-endian integer (for interoperability).
+    fn element_bytes<'py>(&self, py: Python<'py>, index: usize) -> PyResult<Bound<'py, PyBytes>> {
+        let c = self.ciphertexts.get(index).ok_or_else(|| invalid("index", format!("must be < {}, got {index}", self.ciphertexts.len())))?;
+        Ok(PyBytes::new(py, &c.as_integer().to_digits::<u8>(Order::Msf)))
+    }
+    /// A raw vector from big-endian ciphertext integers, each checked 0 < c < n².
+    #[staticmethod]
+    fn from_elements(py: Python<'_>, elements: Vec<Vec<u8>>, key: &PyEncryptionKey) -> PyResult<Self> {
+        let key = key.key.clone();
+        let ciphertexts = py.detach(|| {
+            elements
+                .iter()
+                .enumerate()
+                .map(|(index, e)| {
+                    Ciphertext::new(&key, Integer::from_digits(e, Order::Msf)).map_err(|_| confide_paillier::Error::CiphertextOutOfRange { index })
+                })
+                .collect::<confide_paillier::Result<Vec<_>>>()
+        });
+        Ok(PyCiphertextVector::new(key, ciphertexts.map_err(NativeError::from)?, None))
+    }
+    /// Canonical wire bytes (ciphertext block, algorithms.md §1.9).
+    fn to_bytes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
+        let (encoding, params) = match &self.pack {
+            None => (Encoding::Raw, Vec::new()),
+            Some(p) => (
+                if matches!(p.codec, Codec::BatchCrypt(_)) { Encoding::BatchCrypt } else { Encoding::FlBooster },
+                to_params(&p.codec, self.key.bits(), p.length, p.summed),
+            ),
+        };
+        let block = CiphertextBlock {
+            key_id: self.key.key_id(),
+            encoding,
+            params,
+            flags: if self.rerandomized { FLAG_RERANDOMIZED } else { 0 },
+            ciphertexts: self.ciphertexts.as_ref().clone(),
+        };
+        let bytes = py.detach(|| block.to_bytes(&self.key)).map_err(NativeError::from)?;
+        Ok(PyBytes::new(py, &bytes))
+    }
+    #[staticmethod]
+    fn from_bytes(py: Python<'_>, data: &[u8], key: &PyEncryptionKey) -> PyResult<Self> {
+        let key = key.key.clone();
+        let block = py.detach(|| CiphertextBlock::from_bytes(data, &key)).map_err(NativeError::from)?;
+        let pack = match block.encoding {
+            Encoding::Raw => None,
+            Encoding::BatchCrypt | Encoding::FlBooster => {
+                let (codec, plaintext_bits, length, summed) = from_params(&block.params, block.encoding == Encoding::BatchCrypt).map_err(NativeError::from)?;
+                if plaintext_bits != key.bits() {
+                    return Err(invalid("params", format!("codec was built for {plaintext_bits}-bit plaintexts, key has {} bits", key.bits())));
+                }
+                let expected = codec_layout(&codec).plaintexts_for(length as usize);
+                if expected != block.ciphertexts.len() {
+                    return Err(NativeError::from(confide_codec::Error::Malformed(format!("{length} packed values need {expected} ciphertexts, block has {}", block.ciphertexts.len()))).into());
+                }
+                Some(PackInfo { codec, length, summed })
+            }
+            other => return Err(invalid("encoding", format!("{other:?} blocks are not supported by CiphertextVector"))),
+        };
+        let mut vector = PyCiphertextVector::new(key, block.ciphertexts, pack);
+        vector.rerandomized = block.flags & FLAG_RERANDOMIZED != 0;
+        Ok(vector)
+    }
+    fn __repr__(&self) -> String {
+        format!("CiphertextVector(encoding={}, length={}, ciphertexts={}, summed={}, key_id={})", self.encoding(), self.length(), self.ciphertexts.len(), self.summed(), self.key.key_id())
+    }
+}
+
+/// Generates a key pair (OS CSPRNG); bits ∈ {2048, 3072, 4096}.
+#[pyfunction]
+fn generate_keypair(py: Python<'_>, bits: u32) -> PyResult<PyDecryptionKey> {
+    Ok(PyDecryptionKey { key: py.detach(|| DecryptionKey::generate(bits)).map_err(NativeError::from)? })
+}
+
+/// dACIQ clipping threshold for one layer (see confide_codec::daciq).
+#[pyfunction]
+#[pyo3(signature = (maxima, minima, elements, bits, parties, effective_bits = true))]
+fn daciq_threshold(maxima: PyReadonlyArray1<'_, f64>, minima: PyReadonlyArray1<'_, f64>, elements: u64, bits: u32, parties: u32, effective_bits: bool) -> PyResult<f64> {
+    let maxima = maxima.as_slice().map_err(|_| invalid("maxima", "array must be contiguous"))?;
+    let minima = minima.as_slice().map_err(|_| invalid("minima", "array must be contiguous"))?;
+    Ok(confide_codec::daciq::clipping_threshold(maxima, minima, elements, bits, parties, effective_bits).map_err(NativeError::from)?)
+}
+
+/// A(b) from the corrected dACIQ table.
+#[pyfunction]
+fn daciq_alpha_factor(bits: u32) -> PyResult<f64> {
+    Ok(confide_codec::daciq::alpha_factor(bits).map_err(NativeError::from)?)
+}
+
+/// (slot_bits, slots) of a codec for a plaintext size; validates the parameters.
+#[pyfunction]
+#[pyo3(signature = (kind, bits, max_summands, alpha, plaintext_bits, quantizer = "exact_bound"))]
+fn codec_layout_of(kind: &str, bits: u32, max_summands: u32, alpha: f64, plaintext_bits: u32, quantizer: &str) -> PyResult<(u32, usize)> {
+    let layout = codec_layout(&build_codec(kind, bits, max_summands, alpha, quantizer, plaintext_bits)?);
+    Ok((layout.slot_bits, layout.slots))
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyEncryptionKey>()?;
+    m.add_class::<PyDecryptionKey>()?;
+    m.add_class::<PyCiphertextVector>()?;
+    m.add_function(wrap_pyfunction!(generate_keypair, m)?)?;
+    m.add_function(wrap_pyfunction!(daciq_threshold, m)?)?;
+    m.add_function(wrap_pyfunction!(daciq_alpha_factor, m)?)?;
+    m.add_function(wrap_pyfunction!(codec_layout_of, m)?)?;
+    m.add("GMP_VERSION", gmp_version())?;
+    Ok(())
+}
+
+#[allow(unsafe_code)]
+fn gmp_version() -> String {
+    // SAFETY: gmp_version is a static NUL-terminated string owned by libgmp.
+    unsafe { std::ffi::CStr::from_ptr(gmp_mpfr_sys::gmp::version).to_string_lossy().into_owned() }
+}
