@@ -71,6 +71,7 @@ pub(crate) struct PublicParts {
     pub(crate) window: u32,
     pub(crate) crt_window: u32,
     table: OnceLock<Result<FixedBaseTable>>,
+    montgomery: OnceLock<Montgomery>,
 }
 
 /// A Paillier public key with g = n + 1 and DJN randomizer base h_s = h^n mod n².
@@ -129,6 +130,7 @@ impl EncryptionKey {
                 key_id,
                 max_signed,
                 table: OnceLock::new(),
+                montgomery: OnceLock::new(),
             }),
         })
     }
@@ -155,6 +157,7 @@ impl EncryptionKey {
                 window,
                 crt_window: window,
                 table: OnceLock::new(),
+                montgomery: OnceLock::new(),
             }),
         })
     }
@@ -209,6 +212,11 @@ impl EncryptionKey {
             })
             .as_ref()
             .map_err(Clone::clone)
+    }
+
+    /// Montgomery context mod n² for homomorphic sums (no table: aggregators never build one).
+    pub(crate) fn montgomery(&self) -> &Montgomery {
+        self.inner.montgomery.get_or_init(|| Montgomery::new(&self.inner.n_squared))
     }
 
     /// Builds the fixed-base table now (otherwise built on first encryption); returns its size in bytes.
@@ -283,7 +291,8 @@ impl DecryptionKey {
             if gcd != 2 {
                 continue;
             }
-            return Self::from_primes(p, q, None);
+            // next_prime already ran GMP's BPSW + Miller-Rabin; skip from_primes' re-check.
+            return Self::from_checked_primes(p, q, None);
         }
     }
 
@@ -294,11 +303,15 @@ impl DecryptionKey {
     /// # Errors
     /// `InvalidPrivateKey` if p or q is not prime, p = q, or `public.n ≠ p·q`.
     pub fn from_primes(p: Integer, q: Integer, public: Option<EncryptionKey>) -> Result<Self> {
-        if p == q {
-            return Err(Error::InvalidPrivateKey("p and q must differ"));
-        }
         if p <= 2 || q <= 2 || p.is_probably_prime(30) == IsPrime::No || q.is_probably_prime(30) == IsPrime::No {
             return Err(Error::InvalidPrivateKey("p and q must be odd primes"));
+        }
+        Self::from_checked_primes(p, q, public)
+    }
+
+    fn from_checked_primes(p: Integer, q: Integer, public: Option<EncryptionKey>) -> Result<Self> {
+        if p == q {
+            return Err(Error::InvalidPrivateKey("p and q must differ"));
         }
         let n = Integer::from(&p * &q);
         let public = match public {
@@ -309,10 +322,9 @@ impl DecryptionKey {
                 key
             }
             None => {
-                let n_squared = Integer::from(&n * &n);
                 let x = random_unit(&n)?;
                 let h = Integer::from(&n - Integer::from(&x * &x) % &n);
-                let h_s = h.pow_mod(&n, &n_squared).map_err(|_| Error::InvalidPrivateKey("cannot derive h_s"))?;
+                let h_s = crt_power(&h, &n, &p, &q)?;
                 let rand_bits = n.significant_bits().div_ceil(2);
                 EncryptionKey::from_parts(n.clone(), h_s, rand_bits)?
             }
@@ -421,6 +433,25 @@ pub(crate) fn to_fixed_be(x: &Integer, len: usize) -> Vec<u8> {
     out
 }
 
+/// h^n mod n² by CRT (≈4x cheaper than one exponentiation mod n²; keygen only).
+fn crt_power(h: &Integer, n: &Integer, p: &Integer, q: &Integer) -> Result<Integer> {
+    let half = |prime: &Integer| -> Result<(Integer, Integer)> {
+        let square = Integer::from(prime * prime);
+        let order = Integer::from(prime * Integer::from(prime - 1u32));
+        let exponent = Integer::from(n % &order);
+        let value = Integer::from(h % &square).pow_mod(&exponent, &square).map_err(|_| Error::InvalidPrivateKey("cannot derive h_s"))?;
+        Ok((value, square))
+    };
+    let (value_p, p_squared) = half(p)?;
+    let (value_q, q_squared) = half(q)?;
+    let inverse = q_squared.clone().invert(&p_squared).map_err(|_| Error::InvalidPrivateKey("p and q must be coprime"))?;
+    let mut t = Integer::from(&value_p - &value_q) * inverse % &p_squared;
+    if t < 0 {
+        t += &p_squared;
+    }
+    Ok(t * q_squared + value_q)
+}
+
 /// A random prime of exactly `bits` bits, ≡ 3 (mod 4), with its top two bits set
 /// (so that the product of two of them has exactly 2·bits bits).
 fn random_prime_3_mod_4(bits: u32) -> Result<Integer> {
@@ -428,8 +459,12 @@ fn random_prime_3_mod_4(bits: u32) -> Result<Integer> {
         let mut candidate = random_bits(bits)?;
         candidate.set_bit(bits - 1, true);
         candidate.set_bit(bits - 2, true);
-        let prime = candidate.next_prime();
-        if prime.significant_bits() == bits && prime.mod_u(4) == 3 && prime.is_probably_prime(40) != IsPrime::No {
+        // GMP 6.3's next_prime runs BPSW plus Miller-Rabin rounds on each candidate.
+        let mut prime = candidate.next_prime();
+        while prime.mod_u(4) != 3 {
+            prime = prime.next_prime();
+        }
+        if prime.significant_bits() == bits {
             return Ok(prime);
         }
     }

