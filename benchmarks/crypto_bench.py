@@ -113,7 +113,9 @@ def heu_rates() -> dict:
         return {"error": "sf-heu is not installed"}
     proc = subprocess.run(
         [sys.executable, "-c", HEU_SCRIPT, str(Path(__file__).resolve().parent)],
-        capture_output=True, text=True, timeout=600,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     if proc.returncode != 0:
         return {"error": proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "failed"}
@@ -139,26 +141,66 @@ def packed(key: DecryptionKey, phe_encrypt: float, phe_decrypt: float) -> list[d
     values = np.random.default_rng(0).normal(0, 0.3, length).astype(np.float32)
     params = {"bits": 2048, "threads": 2, "quantization_bits": 16, "parties": parties, "slots": slots}
     encrypt = rate(lambda: encrypt_packed(values, codec, key, threads=2), length)
-    results.append(record("packed.encrypt.2048.t2", encrypt, "values/s", "phe per-value encrypt", phe_encrypt,
-                          {**params, "key": "holder (CRT)"}))
+    results.append(
+        record(
+            "packed.encrypt.2048.t2",
+            encrypt,
+            "values/s",
+            "phe per-value encrypt",
+            phe_encrypt,
+            {**params, "key": "holder (CRT)"},
+        )
+    )
     public = key.encryption_key
     encrypt_public = rate(lambda: encrypt_packed(values, codec, public, threads=2), length)
-    results.append(record("packed.encrypt.public.2048.t2", encrypt_public, "values/s", "phe per-value encrypt",
-                          phe_encrypt, {**params, "key": "public"}))
+    results.append(
+        record(
+            "packed.encrypt.public.2048.t2",
+            encrypt_public,
+            "values/s",
+            "phe per-value encrypt",
+            phe_encrypt,
+            {**params, "key": "public"},
+        )
+    )
     vector = encrypt_packed(values, codec, key, threads=2)
     total = sum_encrypted([vector] * parties, threads=2)
     decrypt = rate(lambda: decrypt_packed(total, key, threads=2), length)
-    results.append(record("packed.decrypt.2048.t2", decrypt, "values/s", "phe per-value decrypt", phe_decrypt,
-                          {**params, "summed": parties}))
+    results.append(
+        record(
+            "packed.decrypt.2048.t2",
+            decrypt,
+            "values/s",
+            "phe per-value decrypt",
+            phe_decrypt,
+            {**params, "summed": parties},
+        )
+    )
     aggregate = rate(lambda: sum_encrypted([vector] * parties, threads=2), length * (parties - 1))
-    results.append(record("packed.aggregate.2048.t2", aggregate, "values/s", None, None,
-                          {**params, "note": "values folded into the running sum per second"}))
+    results.append(
+        record(
+            "packed.aggregate.2048.t2",
+            aggregate,
+            "values/s",
+            None,
+            None,
+            {**params, "note": "values folded into the running sum per second"},
+        )
+    )
     wire = len(vector.to_bytes()) / length
     results.append(record("packed.bytes_per_value.2048", wire, "bytes", "phe ciphertext per value", 512.0, params))
     fl_codec = FLBoosterCodec(bits=30, max_parties=4, alpha=1.0)
     fl = encrypt_packed(values, fl_codec, key, threads=2)
-    results.append(record("packed.flbooster.bytes_per_value.2048", len(fl.to_bytes()) / length, "bytes",
-                          "phe ciphertext per value", 512.0, {"quantization_bits": 30, "parties": 4}))
+    results.append(
+        record(
+            "packed.flbooster.bytes_per_value.2048",
+            len(fl.to_bytes()) / length,
+            "bytes",
+            "phe ciphertext per value",
+            512.0,
+            {"quantization_bits": 30, "parties": 4},
+        )
+    )
     return results
 
 
@@ -182,24 +224,51 @@ def main() -> None:
         print(f"== {bits} bits", flush=True)
         anchor = run_pinned(phe_rates, bits, 5 if bits == 2048 else 2)
         phe_by_bits[bits] = anchor
-        own_keygen = run_pinned(keygen_rate, lambda: DecryptionKey.generate(bits), 5 if bits == 2048 else 3)
+        own_keygen = run_pinned(keygen_rate, lambda bits=bits: DecryptionKey.generate(bits), 5 if bits == 2048 else 3)
         results.append(record(f"paillier.keygen.{bits}", own_keygen, "keys/s", "phe", anchor["keygen"], {"bits": bits}))
         key = DecryptionKey.generate(bits)
         start = time.perf_counter()
         table_bytes = key.encryption_key.precompute() + key.precompute()
-        results.append(record(f"paillier.tables.{bits}", time.perf_counter() - start, "s", None, None,
-                              {"bits": bits, "table_bytes": table_bytes}))
+        results.append(
+            record(
+                f"paillier.tables.{bits}",
+                time.perf_counter() - start,
+                "s",
+                None,
+                None,
+                {"bits": bits, "table_bytes": table_bytes},
+            )
+        )
         per_thread = {1: run_pinned(ours, bits, 1, key, 128), 2: ours(bits, 2, key, 256)}
         for threads, figures in per_thread.items():
             for op in OPS:
-                results.append(record(f"paillier.{op}.{bits}.t{threads}", figures[op], "ops/s", "phe",
-                                      anchor[op], {"bits": bits, "threads": threads}))
+                results.append(
+                    record(
+                        f"paillier.{op}.{bits}.t{threads}",
+                        figures[op],
+                        "ops/s",
+                        "phe",
+                        anchor[op],
+                        {"bits": bits, "threads": threads},
+                    )
+                )
         for op in OPS:
-            results.append(record(f"paillier.{op}.{bits}.scaling", per_thread[2][op] / per_thread[1][op], "x",
-                                  None, None, {"bits": bits, "note": "2 threads / 1 thread"}))
-        for r in results[-len(OPS) * 3 - 2:]:
-            print(f"  {r['name']:<38} {r['value']:>14,.1f} {r['unit']:<9}"
-                  + (f" phe {r['anchor_value']:>12,.1f}  x{r['ratio']:.2f}" if r["anchor_value"] else ""), flush=True)
+            results.append(
+                record(
+                    f"paillier.{op}.{bits}.scaling",
+                    per_thread[2][op] / per_thread[1][op],
+                    "x",
+                    None,
+                    None,
+                    {"bits": bits, "note": "2 threads / 1 thread"},
+                )
+            )
+        for r in results[-len(OPS) * 3 - 2 :]:
+            print(
+                f"  {r['name']:<38} {r['value']:>14,.1f} {r['unit']:<9}"
+                + (f" phe {r['anchor_value']:>12,.1f}  x{r['ratio']:.2f}" if r["anchor_value"] else ""),
+                flush=True,
+            )
     if 2048 in sizes:
         key = DecryptionKey.generate(2048)
         key.precompute()
@@ -210,16 +279,33 @@ def main() -> None:
         if not args.skip_heu:
             heu = heu_rates()
             ours_t1 = {r["name"]: r["value"] for r in results}
-            for scheme, op, name in (("ZPaillier", "encrypt", "paillier.encrypt.public.2048.t1"),
-                                     ("IPCL", "decrypt", "paillier.decrypt.2048.t1")):
+            for scheme, op, name in (
+                ("ZPaillier", "encrypt", "paillier.encrypt.public.2048.t1"),
+                ("IPCL", "decrypt", "paillier.decrypt.2048.t1"),
+            ):
                 value = heu.get(scheme)
                 if isinstance(value, float):
-                    results.append(record(f"{name}.vs_heu_{scheme.lower()}", ours_t1[name], "ops/s",
-                                          f"heu {scheme} numpy batch, 1 core", value, {"bits": 2048}))
+                    results.append(
+                        record(
+                            f"{name}.vs_heu_{scheme.lower()}",
+                            ours_t1[name],
+                            "ops/s",
+                            f"heu {scheme} numpy batch, 1 core",
+                            value,
+                            {"bits": 2048},
+                        )
+                    )
                     if op == "encrypt":
-                        results.append(record(f"paillier.encrypt.holder.2048.t1.vs_heu_{scheme.lower()}",
-                                              ours_t1["paillier.encrypt.holder.2048.t1"], "ops/s",
-                                              f"heu {scheme} numpy batch, 1 core", value, {"bits": 2048}))
+                        results.append(
+                            record(
+                                f"paillier.encrypt.holder.2048.t1.vs_heu_{scheme.lower()}",
+                                ours_t1["paillier.encrypt.holder.2048.t1"],
+                                "ops/s",
+                                f"heu {scheme} numpy batch, 1 core",
+                                value,
+                                {"bits": 2048},
+                            )
+                        )
                 else:
                     print(f"  HEU {scheme}: not measured ({value or heu.get('error')})")
                     info.setdefault("skipped", []).append(f"heu {scheme}: {value or heu.get('error')}")
@@ -245,7 +331,9 @@ def write_markdown(info: dict, results: list[dict]) -> None:
     for r in results:
         anchor_value = f"{r['anchor_value']:,.1f}" if r["anchor_value"] is not None else ""
         ratio = f"{r['ratio']:.2f}" if r["ratio"] is not None else ""
-        lines.append(f"| `{r['name']}` | {r['value']:,.2f} | {r['unit']} | {r['anchor'] or ''} | {anchor_value} | {ratio} |")
+        lines.append(
+            f"| `{r['name']}` | {r['value']:,.2f} | {r['unit']} | {r['anchor'] or ''} | {anchor_value} | {ratio} |"
+        )
     for skipped in info.get("skipped", []):
         lines.append(f"\nNot measured: {skipped}")
     lines.append("<!-- crypto_bench:end -->")
@@ -253,7 +341,7 @@ def write_markdown(info: dict, results: list[dict]) -> None:
     text = docs.read_text() if docs.exists() else "# Benchmarks\n\n"
     start, end = "<!-- crypto_bench:start", "<!-- crypto_bench:end -->"
     if start in text and end in text:
-        text = text[: text.index(start)] + block + text[text.index(end) + len(end):]
+        text = text[: text.index(start)] + block + text[text.index(end) + len(end) :]
     else:
         text = text.rstrip() + "\n\n## Crypto core (latest run)\n\n" + block + "\n"
     docs.write_text(text)

@@ -28,6 +28,7 @@ PARAMETERS = 200_000  # a small CNN's worth of gradients
 
 
 def main() -> None:
+    """Run the demo and print each step."""
     rng = np.random.default_rng(2026)
     updates = {name: rng.normal(0.0, 0.01, PARAMETERS).astype(np.float32) for name in HOSPITALS}
     print(f"Confide crypto demo: {len(HOSPITALS)} hospitals, {PARAMETERS:,} float32 parameters each")
@@ -36,8 +37,10 @@ def main() -> None:
     start = time.perf_counter()
     key = DecryptionKey.generate(2048)
     key.precompute()
-    print(f"leader generated a 2048-bit Paillier key {key.encryption_key.key_id[:16]}... "
-          f"in {time.perf_counter() - start:.2f} s")
+    print(
+        f"leader generated a 2048-bit Paillier key {key.encryption_key.key_id[:16]}... "
+        f"in {time.perf_counter() - start:.2f} s"
+    )
 
     maxima = np.array([u.max() for u in updates.values()], dtype=np.float64)
     minima = np.array([u.min() for u in updates.values()], dtype=np.float64)
@@ -53,13 +56,17 @@ def main() -> None:
         seconds = time.perf_counter() - start
         wire = len(vector.to_bytes())
         encrypted.append(vector)
-        print(f"  {name}: {vector.num_ciphertexts:,} ciphertexts, {wire / 2**20:.2f} MiB "
-              f"({wire / PARAMETERS:.2f} B/value), {PARAMETERS / seconds:,.0f} values/s")
+        print(
+            f"  {name}: {vector.num_ciphertexts:,} ciphertexts, {wire / 2**20:.2f} MiB "
+            f"({wire / PARAMETERS:.2f} B/value), {PARAMETERS / seconds:,.0f} values/s"
+        )
 
     start = time.perf_counter()
     total = sum_encrypted(encrypted)
-    print(f"aggregator multiplied {len(encrypted)} x {total.num_ciphertexts:,} ciphertexts "
-          f"in {time.perf_counter() - start:.3f} s without any key")
+    print(
+        f"aggregator multiplied {len(encrypted)} x {total.num_ciphertexts:,} ciphertexts "
+        f"in {time.perf_counter() - start:.3f} s without any key"
+    )
 
     start = time.perf_counter()
     decoded = decrypt_packed(total, key)
@@ -67,8 +74,10 @@ def main() -> None:
     exact = np.sum([np.clip(u.astype(np.float64), -alpha, alpha) for u in updates.values()], axis=0)
     error = np.abs(decoded - exact)
     print(f"hospital-a decrypted the sum: {PARAMETERS / seconds:,.0f} values/s")
-    print(f"max |decoded - clipped plaintext sum| = {error.max():.2e} "
-          f"(quantization step {alpha / ((2**15 - 1) // len(HOSPITALS)):.2e})")
+    print(
+        f"max |decoded - clipped plaintext sum| = {error.max():.2e} "
+        f"(quantization step {alpha / ((2**15 - 1) // len(HOSPITALS)):.2e})"
+    )
     clipped = sum(int(np.sum(np.abs(u) > alpha)) for u in updates.values())
     print(f"values clipped by dACIQ: {clipped} of {PARAMETERS * len(HOSPITALS):,}")
 

@@ -145,11 +145,8 @@ impl BatchCryptCodec {
         let field_mask = (1u64 << (self.bits + 1)) - 1;
         let plaintexts = layout.plaintexts_for(values.len());
         let mut limbs = vec![0u64; plaintexts * layout.limbs];
-        limbs
-            .par_chunks_mut(layout.limbs.max(1))
-            .zip(values.par_chunks(layout.slots))
-            .enumerate()
-            .try_for_each(|(chunk, (plaintext, chunk_values))| {
+        limbs.par_chunks_mut(layout.limbs.max(1)).zip(values.par_chunks(layout.slots)).enumerate().try_for_each(
+            |(chunk, (plaintext, chunk_values))| {
                 let mut rng = chunk_rng(&root, chunk);
                 for (slot, value) in chunk_values.iter().enumerate() {
                     let value: f64 = (*value).into();
@@ -161,7 +158,8 @@ impl BatchCryptCodec {
                     put(plaintext, layout.offset(slot), layout.slot_bits as usize, (code as u64) & field_mask);
                 }
                 Ok(())
-            })?;
+            },
+        )?;
         Ok(Packed { length: values.len(), limbs })
     }
 

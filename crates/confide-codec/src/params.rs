@@ -61,14 +61,16 @@ fn be_u64(value: &[u8], field: &str) -> Result<u64> {
 /// # Errors
 /// `Malformed` for truncated or missing fields; codec construction errors.
 pub fn from_params(bytes: &[u8], batchcrypt: bool) -> Result<(Codec, u32, u64, u64)> {
-    let (mut bits, mut max_summands, mut alpha, mut paper, mut length, mut summed, mut plaintext_bits) = (None, None, None, false, None, None, None);
+    let (mut bits, mut max_summands, mut alpha, mut paper, mut length, mut summed, mut plaintext_bits) =
+        (None, None, None, false, None, None, None);
     let mut position = 0;
     while position < bytes.len() {
         if position + 2 > bytes.len() {
             return Err(Error::Malformed("codec parameters truncated in a tag header".into()));
         }
         let (tag, len) = (bytes[position], bytes[position + 1] as usize);
-        let value = bytes.get(position + 2..position + 2 + len).ok_or_else(|| Error::Malformed(format!("codec parameter tag {tag} truncated")))?;
+        let value =
+            bytes.get(position + 2..position + 2 + len).ok_or_else(|| Error::Malformed(format!("codec parameter tag {tag} truncated")))?;
         position += 2 + len;
         match tag {
             TAG_BITS => bits = Some(be_u64(value, "bits")? as u32),
@@ -82,7 +84,11 @@ pub fn from_params(bytes: &[u8], batchcrypt: bool) -> Result<(Codec, u32, u64, u
         }
     }
     let missing = |field: &str| Error::Malformed(format!("codec parameter {field} missing"));
-    let (bits, max_summands, alpha) = (bits.ok_or_else(|| missing("bits"))?, max_summands.ok_or_else(|| missing("max_summands"))?, alpha.ok_or_else(|| missing("alpha"))?);
+    let (bits, max_summands, alpha) = (
+        bits.ok_or_else(|| missing("bits"))?,
+        max_summands.ok_or_else(|| missing("max_summands"))?,
+        alpha.ok_or_else(|| missing("alpha"))?,
+    );
     let plaintext_bits = plaintext_bits.ok_or_else(|| missing("plaintext_bits"))?;
     let codec = if batchcrypt {
         let quantizer = if paper { Quantizer::Paper } else { Quantizer::ExactBound };

@@ -26,16 +26,32 @@ fn main() -> confide_paillier::Result<()> {
     for threads in [1usize, 2] {
         with_threads(threads, || -> confide_paillier::Result<()> {
             let mut cts = Vec::new();
-            rate(&format!("encrypt public t{threads}"), plaintexts.len(), || cts = public.encrypt_many(&plaintexts, Randomizer::FixedBase).unwrap_or_default());
-            rate(&format!("encrypt holder t{threads}"), plaintexts.len(), || cts = key.encrypt_many(&plaintexts, Randomizer::FixedBase).unwrap_or_default());
-            rate(&format!("encrypt classical t{threads}"), 40, || { let _ = public.encrypt_many(&plaintexts[..40], Randomizer::Classical); });
+            rate(&format!("encrypt public t{threads}"), plaintexts.len(), || {
+                cts = public.encrypt_many(&plaintexts, Randomizer::FixedBase).unwrap_or_default()
+            });
+            rate(&format!("encrypt holder t{threads}"), plaintexts.len(), || {
+                cts = key.encrypt_many(&plaintexts, Randomizer::FixedBase).unwrap_or_default()
+            });
+            rate(&format!("encrypt classical t{threads}"), 40, || {
+                let _ = public.encrypt_many(&plaintexts[..40], Randomizer::Classical);
+            });
             let sub = &cts[..200];
-            rate(&format!("decrypt t{threads}"), sub.len(), || { let _ = key.decrypt_many(sub); });
+            rate(&format!("decrypt t{threads}"), sub.len(), || {
+                let _ = key.decrypt_many(sub);
+            });
             let many: Vec<&[confide_paillier::Ciphertext]> = (0..16).map(|_| &cts[..]).collect();
-            rate(&format!("add (sum of 16) t{threads}"), cts.len() * 15, || { let _ = public.sum_many(&many); });
-            rate(&format!("add pairwise mpz t{threads}"), cts.len(), || { for (a, b) in cts.iter().zip(cts.iter().rev()) { std::hint::black_box(public.add(a, b)); } });
+            rate(&format!("add (sum of 16) t{threads}"), cts.len() * 15, || {
+                let _ = public.sum_many(&many);
+            });
+            rate(&format!("add pairwise mpz t{threads}"), cts.len(), || {
+                for (a, b) in cts.iter().zip(cts.iter().rev()) {
+                    std::hint::black_box(public.add(a, b));
+                }
+            });
             let scalars: Vec<Integer> = (0..cts.len() as u32).map(|i| Integer::from(731_234u32 + i)).collect();
-            rate(&format!("scalar mul 20-bit t{threads}"), cts.len(), || { let _ = public.mul_scalar_many(&cts, &scalars); });
+            rate(&format!("scalar mul 20-bit t{threads}"), cts.len(), || {
+                let _ = public.mul_scalar_many(&cts, &scalars);
+            });
             Ok(())
         })??;
     }

@@ -323,7 +323,7 @@ impl DecryptionKey {
             }
             None => {
                 let x = random_unit(&n)?;
-                let h = Integer::from(&n - Integer::from(&x * &x) % &n);
+                let h = &n - Integer::from(&x * &x) % &n;
                 let h_s = crt_power(&h, &n, &p, &q)?;
                 let rand_bits = n.significant_bits().div_ceil(2);
                 EncryptionKey::from_parts(n.clone(), h_s, rand_bits)?
@@ -338,7 +338,7 @@ impl DecryptionKey {
         };
         let q_inverse_mod_p = inverse(&q, &p)?;
         let p_inverse_mod_q = inverse(&p, &q)?;
-        let h_p = Integer::from(&p - q_inverse_mod_p);
+        let h_p = &p - q_inverse_mod_p;
         let h_q = Integer::from(&q - &p_inverse_mod_q);
         let q_squared_inverse_mod_p_squared = inverse(&q_squared, &p_squared)?;
         let order_p = Integer::from(&p * &p_minus_1);
@@ -437,7 +437,7 @@ pub(crate) fn to_fixed_be(x: &Integer, len: usize) -> Vec<u8> {
 fn crt_power(h: &Integer, n: &Integer, p: &Integer, q: &Integer) -> Result<Integer> {
     let half = |prime: &Integer| -> Result<(Integer, Integer)> {
         let square = Integer::from(prime * prime);
-        let order = Integer::from(prime * Integer::from(prime - 1u32));
+        let order = prime * Integer::from(prime - 1u32);
         let exponent = Integer::from(n % &order);
         let value = Integer::from(h % &square).pow_mod(&exponent, &square).map_err(|_| Error::InvalidPrivateKey("cannot derive h_s"))?;
         Ok((value, square))

@@ -88,7 +88,7 @@ impl Montgomery {
 
     #[cfg(test)]
     /// Leaves Montgomery form: returns a·R⁻¹ mod M as an integer.
-    pub(crate) fn from_mont(&self, a: &[u64], scratch: &mut Scratch) -> Integer {
+    pub(crate) fn to_normal(&self, a: &[u64], scratch: &mut Scratch) -> Integer {
         let limbs = self.limbs();
         let mut out = vec![0u64; limbs];
         scratch.0[..limbs].copy_from_slice(a);
@@ -168,9 +168,9 @@ mod tests {
         mont.to_mont(&a, &mut am, &mut scratch);
         mont.to_mont(&b, &mut bm, &mut scratch);
         mont.mul(&am, &bm, &mut product, &mut scratch);
-        let got = mont.from_mont(&product, &mut scratch);
+        let got = mont.to_normal(&product, &mut scratch);
         assert_eq!(got, Integer::from(&a * &b) % &modulus);
         mont.square_in_place(&mut am, &mut scratch);
-        assert_eq!(mont.from_mont(&am, &mut scratch), Integer::from(&a * &a) % &modulus);
+        assert_eq!(mont.to_normal(&am, &mut scratch), Integer::from(&a * &a) % &modulus);
     }
 }

@@ -40,17 +40,14 @@ impl FixedBaseTable {
             }
         }
         let mut entries = vec![0u64; rows * per_row * limbs];
-        entries
-            .par_chunks_mut(per_row * limbs)
-            .zip(row_bases.par_iter())
-            .for_each(|(row, row_base)| {
-                let mut scratch = mont.scratch();
-                row[..limbs].copy_from_slice(row_base);
-                for d in 1..per_row {
-                    let (done, rest) = row.split_at_mut(d * limbs);
-                    mont.mul(&done[(d - 1) * limbs..], row_base, &mut rest[..limbs], &mut scratch);
-                }
-            });
+        entries.par_chunks_mut(per_row * limbs).zip(row_bases.par_iter()).for_each(|(row, row_base)| {
+            let mut scratch = mont.scratch();
+            row[..limbs].copy_from_slice(row_base);
+            for d in 1..per_row {
+                let (done, rest) = row.split_at_mut(d * limbs);
+                mont.mul(&done[(d - 1) * limbs..], row_base, &mut rest[..limbs], &mut scratch);
+            }
+        });
         Ok(FixedBaseTable { mont, window, rows, entries })
     }
 
@@ -117,11 +114,12 @@ mod tests {
         for window in [1u32, 4, 7, 8] {
             let table = FixedBaseTable::new(Montgomery::new(&modulus), &base, 300, window).unwrap();
             let mut scratch = table.montgomery().scratch();
-            for exponent in [Integer::from(0), Integer::from(1), (Integer::from(1) << 299u32) - 1, Integer::from(0xdead_beefu64) << 170u32] {
+            for exponent in [Integer::from(0), Integer::from(1), (Integer::from(1) << 299u32) - 1, Integer::from(0xdead_beefu64) << 170u32]
+            {
                 let mut out = vec![0; table.montgomery().limbs()];
                 let digits: Vec<u64> = exponent.to_digits(Order::Lsf);
                 table.pow_mont(&digits, &mut out, &mut scratch);
-                let got = table.montgomery().from_mont(&out, &mut scratch);
+                let got = table.montgomery().to_normal(&out, &mut scratch);
                 let want = base.clone().pow_mod(&exponent, &modulus).unwrap();
                 assert_eq!(got, want, "window {window}");
             }

@@ -57,7 +57,9 @@ fn with_index<T>(result: Result<T>, index: usize) -> Result<T> {
     result.map_err(|error| match error {
         Error::CiphertextOutOfRange { .. } => Error::CiphertextOutOfRange { index },
         Error::SignedOverflow { .. } => Error::SignedOverflow { index },
-        Error::PlaintextOutOfRange { limit, .. } => Error::PlaintextOutOfRange { field: "plaintexts", limit: format!("{limit} (element {index})") },
+        Error::PlaintextOutOfRange { limit, .. } => {
+            Error::PlaintextOutOfRange { field: "plaintexts", limit: format!("{limit} (element {index})") }
+        }
         other => other,
     })
 }
@@ -196,10 +198,6 @@ impl DecryptionKey {
     /// # Errors
     /// `CiphertextOutOfRange`, `SignedOverflow`, with the failing index.
     pub fn decrypt_signed_many(&self, ciphertexts: &[Ciphertext]) -> Result<Vec<Integer>> {
-        ciphertexts
-            .par_iter()
-            .enumerate()
-            .map(|(i, c)| self.decrypt_at(c, i).and_then(|m| self.public.decode_signed(&m, i)))
-            .collect()
+        ciphertexts.par_iter().enumerate().map(|(i, c)| self.decrypt_at(c, i).and_then(|m| self.public.decode_signed(&m, i))).collect()
     }
 }

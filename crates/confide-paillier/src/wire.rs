@@ -77,7 +77,10 @@ struct Reader<'a> {
 impl<'a> Reader<'a> {
     fn take(&mut self, count: usize, field: &str) -> Result<&'a [u8]> {
         let end = self.position.checked_add(count).filter(|&end| end <= self.bytes.len()).ok_or_else(|| {
-            malformed(self.what, format!("truncated at {field}: needs {count} bytes at offset {}, {} bytes in all", self.position, self.bytes.len()))
+            malformed(
+                self.what,
+                format!("truncated at {field}: needs {count} bytes at offset {}, {} bytes in all", self.position, self.bytes.len()),
+            )
         })?;
         let slice = &self.bytes[self.position..end];
         self.position = end;
@@ -192,12 +195,16 @@ impl CiphertextBlock {
     /// count or params exceed their u32/u16 fields.
     pub fn to_bytes(&self, key: &EncryptionKey) -> Result<Vec<u8>> {
         if self.key_id != key.key_id() {
-            return Err(Error::KeyMismatch { what: "ciphertext block", expected: key.key_id().to_string(), found: self.key_id.to_string() });
+            return Err(Error::KeyMismatch {
+                what: "ciphertext block",
+                expected: key.key_id().to_string(),
+                found: self.key_id.to_string(),
+            });
         }
         let count = u32::try_from(self.ciphertexts.len())
             .map_err(|_| crate::error::invalid("ciphertexts", format!("at most {} per block", u32::MAX)))?;
-        let params_len = u16::try_from(self.params.len())
-            .map_err(|_| crate::error::invalid("params", format!("at most {} bytes", u16::MAX)))?;
+        let params_len =
+            u16::try_from(self.params.len()).map_err(|_| crate::error::invalid("params", format!("at most {} bytes", u16::MAX)))?;
         let elem_len = key.ciphertext_bytes();
         let mut out = Vec::with_capacity(BLOCK_HEADER_BYTES + self.params.len() + self.ciphertexts.len() * elem_len);
         out.extend_from_slice(BLOCK_MAGIC);
@@ -256,7 +263,10 @@ impl CiphertextBlock {
         }
         let expected = reader.position + count * elem_len;
         if bytes.len() != expected {
-            return Err(malformed("ciphertext block", format!("length must be {expected} bytes for {count} ciphertexts, got {}", bytes.len())));
+            return Err(malformed(
+                "ciphertext block",
+                format!("length must be {expected} bytes for {count} ciphertexts, got {}", bytes.len()),
+            ));
         }
         let body = &bytes[reader.position..];
         let ciphertexts = body

@@ -12,7 +12,9 @@ pub enum NativeError {
     Paillier(confide_paillier::Error),
     Codec(confide_codec::Error),
     /// A decrypted value is valid but outside int64.
-    NotInt64 { index: usize },
+    NotInt64 {
+        index: usize,
+    },
 }
 
 impl From<confide_paillier::Error> for NativeError {
@@ -67,15 +69,15 @@ impl From<NativeError> for PyErr {
 
 fn python_error(name: &'static str, message: String) -> PyErr {
     Python::attach(|py| {
-            static MODULE: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
-            let class = MODULE
-                .get_or_try_init(py, || py.import("confide.errors").map(Bound::unbind))
-                .and_then(|module| module.bind(py).getattr(name))
-                .and_then(|class| class.cast_into::<PyType>().map_err(PyErr::from));
-            match class {
-                Ok(class) => PyErr::from_type(class, message),
-                Err(_) => PyRuntimeError::new_err(format!("{name}: {message}")),
-            }
+        static MODULE: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
+        let class = MODULE
+            .get_or_try_init(py, || py.import("confide.errors").map(Bound::unbind))
+            .and_then(|module| module.bind(py).getattr(name))
+            .and_then(|class| class.cast_into::<PyType>().map_err(PyErr::from));
+        match class {
+            Ok(class) => PyErr::from_type(class, message),
+            Err(_) => PyRuntimeError::new_err(format!("{name}: {message}")),
+        }
     })
 }
 

@@ -7,7 +7,9 @@ mod errors;
 
 use confide_codec::params::{from_params, to_params, Codec};
 use confide_codec::{BatchCryptCodec, FlBoosterCodec, Quantizer};
-use confide_paillier::{with_threads, Ciphertext, CiphertextBlock, DecryptionKey, Encoding, EncryptionKey, Integer, Randomizer, FLAG_RERANDOMIZED};
+use confide_paillier::{
+    with_threads, Ciphertext, CiphertextBlock, DecryptionKey, Encoding, EncryptionKey, Integer, Randomizer, FLAG_RERANDOMIZED,
+};
 use errors::{invalid, NativeError, NativeResult};
 use numpy::{PyArray1, PyReadonlyArray1};
 use pyo3::exceptions::PyTypeError;
@@ -56,13 +58,20 @@ impl Encryptor<'_> {
         }
     }
 
-    fn encrypt_i64(&self, py: Python<'_>, values: PyReadonlyArray1<'_, i64>, randomizer_name: &str, threads: usize) -> PyResult<PyCiphertextVector> {
+    fn encrypt_i64(
+        &self,
+        py: Python<'_>,
+        values: PyReadonlyArray1<'_, i64>,
+        randomizer_name: &str,
+        threads: usize,
+    ) -> PyResult<PyCiphertextVector> {
         let randomizer = randomizer(randomizer_name)?;
         let values = values.as_slice().map_err(|_| invalid("values", "array must be contiguous"))?;
         let public = self.public().clone();
         let ciphertexts = py.detach(|| {
             threaded(threads, || {
-                let plaintexts = values.iter().map(|&v| public.encode_signed(&Integer::from(v))).collect::<confide_paillier::Result<Vec<_>>>()?;
+                let plaintexts =
+                    values.iter().map(|&v| public.encode_signed(&Integer::from(v))).collect::<confide_paillier::Result<Vec<_>>>()?;
                 Ok(self.encrypt_many(&plaintexts, randomizer)?)
             })
         })?;
@@ -109,7 +118,8 @@ impl Encryptor<'_> {
             py.detach(|| {
                 threaded(threads, || {
                     let packed = encode(slice)?;
-                    let plaintexts: Vec<Integer> = packed.limbs.chunks(layout.limbs.max(1)).map(|l| Integer::from_digits(l, Order::Lsf)).collect();
+                    let plaintexts: Vec<Integer> =
+                        packed.limbs.chunks(layout.limbs.max(1)).map(|l| Integer::from_digits(l, Order::Lsf)).collect();
                     Ok((packed.length, self.encrypt_many(&plaintexts, Randomizer::FixedBase)?))
                 })
             })
@@ -194,7 +204,13 @@ impl PyEncryptionKey {
         Ok(py.detach(|| self.key.precompute()).map_err(NativeError::from)?)
     }
     #[pyo3(signature = (values, randomizer = "fixed_base", threads = 0))]
-    fn encrypt_i64(&self, py: Python<'_>, values: PyReadonlyArray1<'_, i64>, randomizer: &str, threads: usize) -> PyResult<PyCiphertextVector> {
+    fn encrypt_i64(
+        &self,
+        py: Python<'_>,
+        values: PyReadonlyArray1<'_, i64>,
+        randomizer: &str,
+        threads: usize,
+    ) -> PyResult<PyCiphertextVector> {
         Encryptor::Public(&self.key).encrypt_i64(py, values, randomizer, threads)
     }
     #[pyo3(signature = (plaintexts, randomizer = "fixed_base", threads = 0))]
@@ -269,7 +285,13 @@ impl PyDecryptionKey {
         Ok(py.detach(|| self.key.precompute()).map_err(NativeError::from)?)
     }
     #[pyo3(signature = (values, randomizer = "fixed_base", threads = 0))]
-    fn encrypt_i64(&self, py: Python<'_>, values: PyReadonlyArray1<'_, i64>, randomizer: &str, threads: usize) -> PyResult<PyCiphertextVector> {
+    fn encrypt_i64(
+        &self,
+        py: Python<'_>,
+        values: PyReadonlyArray1<'_, i64>,
+        randomizer: &str,
+        threads: usize,
+    ) -> PyResult<PyCiphertextVector> {
         Encryptor::Holder(&self.key).encrypt_i64(py, values, randomizer, threads)
     }
     #[pyo3(signature = (plaintexts, randomizer = "fixed_base", threads = 0))]
@@ -301,9 +323,7 @@ impl PyDecryptionKey {
                 decoded
                     .iter()
                     .enumerate()
-                    .map(|(index, v)| {
-                        v.to_i64().ok_or(NativeError::NotInt64 { index })
-                    })
+                    .map(|(index, v)| v.to_i64().ok_or(NativeError::NotInt64 { index }))
                     .collect::<NativeResult<Vec<i64>>>()
             })
         })?;
@@ -316,8 +336,14 @@ impl PyDecryptionKey {
         Ok(values.iter().map(|v| PyBytes::new(py, &v.to_digits::<u8>(Order::Msf))).collect())
     }
     /// Returns (sums as float64, overflow positions as int64).
+    #[allow(clippy::type_complexity)]
     #[pyo3(signature = (vector, threads = 0))]
-    fn decrypt_packed<'py>(&self, py: Python<'py>, vector: &PyCiphertextVector, threads: usize) -> PyResult<(Bound<'py, PyArray1<f64>>, Bound<'py, PyArray1<i64>>)> {
+    fn decrypt_packed<'py>(
+        &self,
+        py: Python<'py>,
+        vector: &PyCiphertextVector,
+        threads: usize,
+    ) -> PyResult<(Bound<'py, PyArray1<f64>>, Bound<'py, PyArray1<i64>>)> {
         self.check_key(vector)?;
         let pack = vector.pack.as_ref().ok_or_else(|| invalid("vector", "holds raw ciphertexts, not a packed vector: use decrypt_i64"))?;
         let layout = codec_layout(&pack.codec);
@@ -328,7 +354,9 @@ impl PyDecryptionKey {
                 for plaintext in &plaintexts {
                     let mut digits = plaintext.to_digits::<u64>(Order::Lsf);
                     if digits.len() > layout.limbs {
-                        return Err(NativeError::from(confide_codec::Error::Malformed("a decrypted plaintext exceeds the packing width".into())));
+                        return Err(NativeError::from(confide_codec::Error::Malformed(
+                            "a decrypted plaintext exceeds the packing width".into(),
+                        )));
                     }
                     digits.resize(layout.limbs, 0);
                     limbs.extend_from_slice(&digits);
@@ -346,7 +374,11 @@ impl PyDecryptionKey {
         Ok((PyArray1::from_vec(py, values), PyArray1::from_vec(py, overflow)))
     }
     fn __repr__(&self) -> String {
-        format!("DecryptionKey(bits={}, key_id={}, secret=<redacted>)", self.key.encryption_key().bits(), self.key.encryption_key().key_id())
+        format!(
+            "DecryptionKey(bits={}, key_id={}, secret=<redacted>)",
+            self.key.encryption_key().bits(),
+            self.key.encryption_key().key_id()
+        )
     }
     fn __reduce__(&self) -> PyResult<()> {
         Err(PyTypeError::new_err("DecryptionKey cannot be pickled: export it explicitly with export_secret() and protect the bytes"))
@@ -357,7 +389,12 @@ impl PyDecryptionKey {
     fn check_key(&self, vector: &PyCiphertextVector) -> PyResult<()> {
         let (expected, found) = (self.key.encryption_key().key_id(), vector.key.key_id());
         if expected != found {
-            return Err(NativeError::from(confide_paillier::Error::KeyMismatch { what: "ciphertext vector", expected: expected.to_string(), found: found.to_string() }).into());
+            return Err(NativeError::from(confide_paillier::Error::KeyMismatch {
+                what: "ciphertext vector",
+                expected: expected.to_string(),
+                found: found.to_string(),
+            })
+            .into());
         }
         Ok(())
     }
@@ -378,7 +415,10 @@ impl PyCiphertextVector {
     }
     fn raw_only(&self, operation: &str) -> PyResult<()> {
         if self.pack.is_some() {
-            return Err(invalid("vector", format!("{operation} is only defined on raw ciphertexts; packed vectors support addition and re-randomization")));
+            return Err(invalid(
+                "vector",
+                format!("{operation} is only defined on raw ciphertexts; packed vectors support addition and re-randomization"),
+            ));
         }
         Ok(())
     }
@@ -425,7 +465,9 @@ impl PyCiphertextVector {
     #[getter]
     fn quantizer(&self) -> Option<&'static str> {
         match &self.pack {
-            Some(PackInfo { codec: Codec::BatchCrypt(c), .. }) => Some(if c.quantizer() == Quantizer::Paper { "paper" } else { "exact_bound" }),
+            Some(PackInfo { codec: Codec::BatchCrypt(c), .. }) => {
+                Some(if c.quantizer() == Quantizer::Paper { "paper" } else { "exact_bound" })
+            }
             _ => None,
         }
     }
@@ -445,7 +487,12 @@ impl PyCiphertextVector {
         let mut summed = 0u64;
         for (index, v) in vectors.iter().enumerate() {
             if v.key.key_id() != first.key.key_id() {
-                return Err(NativeError::from(confide_paillier::Error::KeyMismatch { what: "summed vector", expected: first.key.key_id().to_string(), found: v.key.key_id().to_string() }).into());
+                return Err(NativeError::from(confide_paillier::Error::KeyMismatch {
+                    what: "summed vector",
+                    expected: first.key.key_id().to_string(),
+                    found: v.key.key_id().to_string(),
+                })
+                .into());
             }
             let same_codec = match (&v.pack, &first.pack) {
                 (None, None) => true,
@@ -473,7 +520,8 @@ impl PyCiphertextVector {
         let values = values.as_slice().map_err(|_| invalid("values", "array must be contiguous"))?;
         let out = py.detach(|| {
             threaded(threads, || {
-                let plaintexts = values.iter().map(|&v| self.key.encode_signed(&Integer::from(v))).collect::<confide_paillier::Result<Vec<_>>>()?;
+                let plaintexts =
+                    values.iter().map(|&v| self.key.encode_signed(&Integer::from(v))).collect::<confide_paillier::Result<Vec<_>>>()?;
                 Ok(self.key.add_plain_many(&self.ciphertexts, &plaintexts)?)
             })
         })?;
@@ -506,7 +554,8 @@ impl PyCiphertextVector {
     }
     /// Ciphertext `index` as a big-endian integer (for interoperability).
     fn element_bytes<'py>(&self, py: Python<'py>, index: usize) -> PyResult<Bound<'py, PyBytes>> {
-        let c = self.ciphertexts.get(index).ok_or_else(|| invalid("index", format!("must be < {}, got {index}", self.ciphertexts.len())))?;
+        let c =
+            self.ciphertexts.get(index).ok_or_else(|| invalid("index", format!("must be < {}, got {index}", self.ciphertexts.len())))?;
         Ok(PyBytes::new(py, &c.as_integer().to_digits::<u8>(Order::Msf)))
     }
     /// A raw vector from big-endian ciphertext integers, each checked 0 < c < n².
@@ -518,7 +567,8 @@ impl PyCiphertextVector {
                 .iter()
                 .enumerate()
                 .map(|(index, e)| {
-                    Ciphertext::new(&key, Integer::from_digits(e, Order::Msf)).map_err(|_| confide_paillier::Error::CiphertextOutOfRange { index })
+                    Ciphertext::new(&key, Integer::from_digits(e, Order::Msf))
+                        .map_err(|_| confide_paillier::Error::CiphertextOutOfRange { index })
                 })
                 .collect::<confide_paillier::Result<Vec<_>>>()
         });
@@ -550,13 +600,21 @@ impl PyCiphertextVector {
         let pack = match block.encoding {
             Encoding::Raw => None,
             Encoding::BatchCrypt | Encoding::FlBooster => {
-                let (codec, plaintext_bits, length, summed) = from_params(&block.params, block.encoding == Encoding::BatchCrypt).map_err(NativeError::from)?;
+                let (codec, plaintext_bits, length, summed) =
+                    from_params(&block.params, block.encoding == Encoding::BatchCrypt).map_err(NativeError::from)?;
                 if plaintext_bits != key.bits() {
-                    return Err(invalid("params", format!("codec was built for {plaintext_bits}-bit plaintexts, key has {} bits", key.bits())));
+                    return Err(invalid(
+                        "params",
+                        format!("codec was built for {plaintext_bits}-bit plaintexts, key has {} bits", key.bits()),
+                    ));
                 }
                 let expected = codec_layout(&codec).plaintexts_for(length as usize);
                 if expected != block.ciphertexts.len() {
-                    return Err(NativeError::from(confide_codec::Error::Malformed(format!("{length} packed values need {expected} ciphertexts, block has {}", block.ciphertexts.len()))).into());
+                    return Err(NativeError::from(confide_codec::Error::Malformed(format!(
+                        "{length} packed values need {expected} ciphertexts, block has {}",
+                        block.ciphertexts.len()
+                    )))
+                    .into());
                 }
                 Some(PackInfo { codec, length, summed })
             }
@@ -567,7 +625,14 @@ impl PyCiphertextVector {
         Ok(vector)
     }
     fn __repr__(&self) -> String {
-        format!("CiphertextVector(encoding={}, length={}, ciphertexts={}, summed={}, key_id={})", self.encoding(), self.length(), self.ciphertexts.len(), self.summed(), self.key.key_id())
+        format!(
+            "CiphertextVector(encoding={}, length={}, ciphertexts={}, summed={}, key_id={})",
+            self.encoding(),
+            self.length(),
+            self.ciphertexts.len(),
+            self.summed(),
+            self.key.key_id()
+        )
     }
 }
 
@@ -580,7 +645,14 @@ fn generate_keypair(py: Python<'_>, bits: u32) -> PyResult<PyDecryptionKey> {
 /// dACIQ clipping threshold for one layer (see confide_codec::daciq).
 #[pyfunction]
 #[pyo3(signature = (maxima, minima, elements, bits, parties, effective_bits = true))]
-fn daciq_threshold(maxima: PyReadonlyArray1<'_, f64>, minima: PyReadonlyArray1<'_, f64>, elements: u64, bits: u32, parties: u32, effective_bits: bool) -> PyResult<f64> {
+fn daciq_threshold(
+    maxima: PyReadonlyArray1<'_, f64>,
+    minima: PyReadonlyArray1<'_, f64>,
+    elements: u64,
+    bits: u32,
+    parties: u32,
+    effective_bits: bool,
+) -> PyResult<f64> {
     let maxima = maxima.as_slice().map_err(|_| invalid("maxima", "array must be contiguous"))?;
     let minima = minima.as_slice().map_err(|_| invalid("minima", "array must be contiguous"))?;
     Ok(confide_codec::daciq::clipping_threshold(maxima, minima, elements, bits, parties, effective_bits).map_err(NativeError::from)?)

@@ -156,7 +156,7 @@ class DecryptionKey:
         return cls(_native.DecryptionKey.from_secret_bytes(data))
 
     def primes(self) -> tuple[int, int]:
-        """The secret factors (p, q), for interoperability; handle as a secret."""
+        """Return the secret factors (p, q), for interoperability; handle as a secret."""
         p, q = self._native.primes_bytes()
         return int.from_bytes(p, "big"), int.from_bytes(q, "big")
 
@@ -324,8 +324,10 @@ class EncryptedVector:
 
     @classmethod
     def from_ciphertexts(cls, ciphertexts: list[int], key: EncryptionKey) -> EncryptedVector:
-        """A raw vector from ciphertext integers (each checked 0 < c < n^2)."""
-        return cls(_native.CiphertextVector.from_elements([_int_bytes(c, "ciphertexts") for c in ciphertexts], key._native))
+        """Build a raw vector from ciphertext integers (each checked 0 < c < n^2)."""
+        return cls(
+            _native.CiphertextVector.from_elements([_int_bytes(c, "ciphertexts") for c in ciphertexts], key._native)
+        )
 
     def to_bytes(self) -> bytes:
         """Canonical wire bytes: header, codec parameters, big-endian ciphertexts."""
@@ -358,7 +360,14 @@ def encrypt_packed(
     native = key._native
     return EncryptedVector(
         native.encrypt_packed(
-            array, codec.kind, codec.bits, codec.max_parties, float(codec.alpha), codec.quantizer, codec.seed, threads
+            array,
+            codec.kind,
+            codec.bits,
+            codec.max_parties,
+            float(codec.alpha),
+            codec.quantizer,
+            codec.seed,
+            threads,
         )
     )
 
@@ -399,7 +408,7 @@ def daciq_threshold(
     parties: int | None = None,
     effective_bits: bool = True,
 ) -> float:
-    """dACIQ clipping threshold for one layer (algorithms.md §2.6).
+    """DACIQ clipping threshold for one layer (algorithms.md §2.6).
 
     ``maxima``/``minima`` hold each party's max and min of the layer, ``elements`` its size.
     """
