@@ -14,6 +14,7 @@ import time
 import numpy as np
 
 from confide.crypto import (
+    ENGINE,
     GMP_VERSION,
     BatchCryptCodec,
     DecryptionKey,
@@ -32,7 +33,7 @@ def main() -> None:
     rng = np.random.default_rng(2026)
     updates = {name: rng.normal(0.0, 0.01, PARAMETERS).astype(np.float32) for name in HOSPITALS}
     print(f"Confide crypto demo: {len(HOSPITALS)} hospitals, {PARAMETERS:,} float32 parameters each")
-    print(f"GMP {GMP_VERSION}")
+    print(f"arithmetic engine: {ENGINE} (GMP {GMP_VERSION})")
 
     start = time.perf_counter()
     key = DecryptionKey.generate(2048)

@@ -5,7 +5,7 @@
 use crate::error::{invalid, Error, Result};
 use crate::mont::Montgomery;
 use crate::random::{random_bits, random_unit};
-use crate::table::FixedBaseTable;
+use crate::table::BaseTable;
 use rug::integer::{IsPrime, Order};
 use rug::Integer;
 use sha2::{Digest, Sha256};
@@ -40,10 +40,13 @@ impl fmt::Debug for KeyId {
 
 /// Default window of the public fixed-base table (h_s mod n²) for a `bits`-bit n.
 ///
-/// Measured here (docs/crypto.md): at 2048 bits w = 8/10/11 give ~2.5k/3.2k/3.4k
-/// encryptions/s per core for 16/51/98 MiB of table. The table exists only in
-/// processes that encrypt with the public key.
+/// With AVX-512 IFMA (8 lanes) w = 8 (2048-bit: 20 MiB). On the GMP path, measured
+/// here (docs/crypto.md), w = 8/10/11 give ~2.5k/3.2k/3.4k encryptions/s per core
+/// for 16/51/98 MiB, so it uses 11. Tables exist only in processes that encrypt.
 pub fn default_window(bits: u32) -> u32 {
+    if crate::ifma_available() {
+        return if bits <= 3072 { 8 } else { 7 };
+    }
     match bits {
         0..=2048 => 11,
         2049..=3072 => 8,
@@ -51,9 +54,12 @@ pub fn default_window(bits: u32) -> u32 {
     }
 }
 
-/// Default window of the two CRT tables (h_s mod p², mod q²) of a key holder:
-/// w = 10 at 2048 bits is 2 × 25.7 MiB.
+/// Default window of the two CRT tables (h_s mod p², mod q²) of a key holder
+/// (2048-bit, w = 8: 2 × 10 MiB with IFMA; w = 10: 2 × 25.7 MiB on GMP).
 pub fn default_crt_window(bits: u32) -> u32 {
+    if crate::ifma_available() {
+        return 8;
+    }
     match bits {
         0..=2048 => 10,
         _ => 8,
@@ -70,7 +76,7 @@ pub(crate) struct PublicParts {
     pub(crate) max_signed: Integer,
     pub(crate) window: u32,
     pub(crate) crt_window: u32,
-    table: OnceLock<Result<FixedBaseTable>>,
+    table: OnceLock<Result<BaseTable>>,
     montgomery: OnceLock<Montgomery>,
 }
 
@@ -204,12 +210,10 @@ impl EncryptionKey {
     }
 
     /// The fixed-base table for h_s mod n², built on first use.
-    pub(crate) fn table(&self) -> Result<&FixedBaseTable> {
+    pub(crate) fn table(&self) -> Result<&BaseTable> {
         self.inner
             .table
-            .get_or_init(|| {
-                FixedBaseTable::new(Montgomery::new(&self.inner.n_squared), &self.inner.h_s, self.inner.rand_bits, self.inner.window)
-            })
+            .get_or_init(|| BaseTable::new(&self.inner.n_squared, &self.inner.h_s, self.inner.rand_bits, self.inner.window))
             .as_ref()
             .map_err(Clone::clone)
     }
@@ -244,8 +248,10 @@ pub(crate) struct SecretParts {
     /// n mod p(p−1) and n mod q(q−1): exponents of the classical randomizer r^n by CRT.
     pub(crate) n_mod_order_p: Integer,
     pub(crate) n_mod_order_q: Integer,
-    table_p: OnceLock<Result<FixedBaseTable>>,
-    table_q: OnceLock<Result<FixedBaseTable>>,
+    table_p: OnceLock<Result<BaseTable>>,
+    table_q: OnceLock<Result<BaseTable>>,
+    #[cfg(target_arch = "x86_64")]
+    pub(crate) ifma_moduli: OnceLock<(crate::ifma::IfmaModulus, crate::ifma::IfmaModulus)>,
 }
 
 /// A Paillier private key: the factors p, q of n plus the public key.
@@ -362,6 +368,8 @@ impl DecryptionKey {
                 n_mod_order_q,
                 table_p: OnceLock::new(),
                 table_q: OnceLock::new(),
+                #[cfg(target_arch = "x86_64")]
+                ifma_moduli: OnceLock::new(),
             }),
         })
     }
@@ -377,13 +385,10 @@ impl DecryptionKey {
     }
 
     /// Tables for h_s mod p² and mod q², for CRT encryption by the key holder.
-    pub(crate) fn crt_tables(&self) -> Result<(&FixedBaseTable, &FixedBaseTable)> {
+    pub(crate) fn crt_tables(&self) -> Result<(&BaseTable, &BaseTable)> {
         let s = &self.secret;
         let public = &self.public;
-        let build = |prime_squared: &Integer| {
-            let base = Integer::from(public.h_s() % prime_squared);
-            FixedBaseTable::new(Montgomery::new(prime_squared), &base, public.rand_bits(), public.crt_window())
-        };
+        let build = |prime_squared: &Integer| BaseTable::new(prime_squared, public.h_s(), public.rand_bits(), public.crt_window());
         let table_p = s.table_p.get_or_init(|| build(&s.p_squared)).as_ref().map_err(Clone::clone)?;
         let table_q = s.table_q.get_or_init(|| build(&s.q_squared)).as_ref().map_err(Clone::clone)?;
         Ok((table_p, table_q))

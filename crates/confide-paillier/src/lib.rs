@@ -18,6 +18,8 @@
 //! comes from the OS CSPRNG.
 
 mod error;
+#[cfg(target_arch = "x86_64")]
+mod ifma;
 mod keys;
 mod mont;
 mod ops;
@@ -27,6 +29,19 @@ mod vector;
 mod wire;
 
 pub use error::{Error, Result};
+
+/// Whether the 8-lane AVX-512 IFMA engine runs on this CPU (set
+/// `CONFIDE_DISABLE_IFMA=1` to force the GMP path).
+pub fn ifma_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        ifma::available()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
 pub use keys::{default_crt_window, default_window, DecryptionKey, EncryptionKey, KeyId, MIN_KEY_BITS, SCHEME, SUPPORTED_KEY_BITS};
 pub use ops::{Ciphertext, Randomizer};
 pub use rug::Integer;

@@ -3,9 +3,7 @@
 
 use crate::error::{Error, Result};
 use crate::keys::{DecryptionKey, EncryptionKey};
-use crate::mont::pad;
 use crate::random::{random_limbs, random_unit};
-use rug::integer::Order;
 use rug::Integer;
 
 /// A Paillier ciphertext: an integer c with 0 < c < n², in normal (not Montgomery) form.
@@ -73,25 +71,24 @@ impl EncryptionKey {
         // g^m = (1 + n)^m = 1 + m·n (mod n²): one multiplication, no exponentiation.
         let g_m = Integer::from(plaintext * self.n()) + 1u32;
         match randomizer {
-            Randomizer::FixedBase => {
-                let table = self.table()?;
-                let mont = table.montgomery();
-                let mut scratch = mont.scratch();
-                let exponent = random_limbs(self.rand_bits())?;
-                let mut rho = vec![0u64; mont.limbs()];
-                table.pow_mont(&exponent, &mut rho, &mut scratch);
-                // Multiplying the Montgomery-form ρ by the normal-form g^m leaves
-                // Montgomery form for free: (ρR)·g^m·R⁻¹ = ρ·g^m.
-                let mut out = vec![0u64; mont.limbs()];
-                mont.mul(&rho, &pad(&g_m, mont.limbs()), &mut out, &mut scratch);
-                Ok(Ciphertext(Integer::from_digits(&out, Order::Lsf)))
-            }
+            Randomizer::FixedBase => first(self.encrypt_fixed_base_batch(std::slice::from_ref(plaintext))?),
             Randomizer::Classical => {
                 let r = random_unit(self.n())?;
                 let rho = r.pow_mod(self.n(), self.n_squared()).map_err(|_| Error::Randomness)?;
                 Ok(Ciphertext(g_m * rho % self.n_squared()))
             }
         }
+    }
+
+    /// DJN encryptions of a batch of plaintexts already checked to be < n:
+    /// (1 + m·n)·h_s^a for fresh a, from the fixed-base table (8 at a time with IFMA).
+    pub(crate) fn encrypt_fixed_base_batch(&self, plaintexts: &[Integer]) -> Result<Vec<Ciphertext>> {
+        let table = self.table()?;
+        let exponents = plaintexts.iter().map(|_| random_limbs(self.rand_bits())).collect::<Result<Vec<_>>>()?;
+        // g^m = (1 + n)^m = 1 + m·n (mod n²): one multiplication, no exponentiation.
+        let factors: Vec<Integer> = plaintexts.iter().map(|m| Integer::from(m * self.n()) + 1u32).collect();
+        let factors: Vec<&Integer> = factors.iter().collect();
+        Ok(table.power_times(&exponents, &factors).into_iter().map(Ciphertext).collect())
     }
 
     /// A fresh encryption of zero: the randomizer h_s^a itself.
@@ -194,11 +191,7 @@ impl DecryptionKey {
         let s = &self.secret;
         let g_m = Integer::from(plaintext * public.n()) + 1u32;
         let (c_p, c_q) = match randomizer {
-            Randomizer::FixedBase => {
-                let (table_p, table_q) = self.crt_tables()?;
-                let exponent = random_limbs(public.rand_bits())?;
-                (crt_half(table_p, &exponent, &g_m), crt_half(table_q, &exponent, &g_m))
-            }
+            Randomizer::FixedBase => return first(self.encrypt_fixed_base_batch(std::slice::from_ref(plaintext))?),
             Randomizer::Classical => {
                 let r = random_unit(public.n())?;
                 let half = |prime_squared: &Integer, exponent: &Integer| -> Result<Integer> {
@@ -212,6 +205,21 @@ impl DecryptionKey {
         Ok(Ciphertext(self.combine_mod_n_squared(&c_p, &c_q)))
     }
 
+    /// CRT encryptions (§1.6) of plaintexts already checked to be < n: the same
+    /// exponent a drives the tables of h_s mod p² and mod q², then Garner.
+    pub(crate) fn encrypt_fixed_base_batch(&self, plaintexts: &[Integer]) -> Result<Vec<Ciphertext>> {
+        let (table_p, table_q) = self.crt_tables()?;
+        let public = &self.public;
+        let exponents = plaintexts.iter().map(|_| random_limbs(public.rand_bits())).collect::<Result<Vec<_>>>()?;
+        let g_m: Vec<Integer> = plaintexts.iter().map(|m| Integer::from(m * public.n()) + 1u32).collect();
+        let half = |table: &crate::table::BaseTable| {
+            let reduced: Vec<Integer> = g_m.iter().map(|g| Integer::from(g % table.modulus())).collect();
+            table.power_times(&exponents, &reduced.iter().collect::<Vec<_>>())
+        };
+        let (c_p, c_q) = (half(table_p), half(table_q));
+        Ok(c_p.iter().zip(&c_q).map(|(p, q)| Ciphertext(self.combine_mod_n_squared(p, q))).collect())
+    }
+
     /// Decrypts to the raw plaintext in [0, n) by CRT (§1.7):
     /// m_p = L_p(c^(p−1) mod p²)·h_p mod p, likewise for q, then Garner.
     /// Exponents p−1, q−1 are secret, so this uses GMP's constant-time `mpz_powm_sec`.
@@ -223,26 +231,62 @@ impl DecryptionKey {
     }
 
     pub(crate) fn decrypt_at(&self, ciphertext: &Ciphertext, index: usize) -> Result<Integer> {
+        let s = &self.secret;
+        let (base_p, base_q) = self.crt_bases(ciphertext, index)?;
+        let u_p = base_p.secure_pow_mod(&s.p_minus_1, &s.p_squared);
+        let u_q = base_q.secure_pow_mod(&s.q_minus_1, &s.q_squared);
+        Ok(self.recombine(u_p, u_q))
+    }
+
+    /// Decrypts a batch; with IFMA, eight ciphertexts share each constant-time
+    /// exponentiation c^(p−1) mod p² (and mod q²).
+    pub(crate) fn decrypt_batch(&self, ciphertexts: &[Ciphertext], first_index: usize) -> Result<Vec<Integer>> {
+        #[cfg(target_arch = "x86_64")]
+        if ciphertexts.len() >= 2 && crate::ifma::available() {
+            let s = &self.secret;
+            let (modulus_p, modulus_q) =
+                s.ifma_moduli.get_or_init(|| (crate::ifma::IfmaModulus::new(&s.p_squared), crate::ifma::IfmaModulus::new(&s.q_squared)));
+            let mut out = Vec::with_capacity(ciphertexts.len());
+            for (chunk_index, chunk) in ciphertexts.chunks(crate::ifma::LANES).enumerate() {
+                let bases = chunk
+                    .iter()
+                    .enumerate()
+                    .map(|(i, c)| self.crt_bases(c, first_index + chunk_index * crate::ifma::LANES + i))
+                    .collect::<Result<Vec<_>>>()?;
+                let u_p = modulus_p.pow_shared_exponent(&bases.iter().map(|b| &b.0).collect::<Vec<_>>(), &s.p_minus_1);
+                let u_q = modulus_q.pow_shared_exponent(&bases.iter().map(|b| &b.1).collect::<Vec<_>>(), &s.q_minus_1);
+                out.extend(u_p.into_iter().zip(u_q).map(|(p, q)| self.recombine(p, q)));
+            }
+            return Ok(out);
+        }
+        ciphertexts.iter().enumerate().map(|(i, c)| self.decrypt_at(c, first_index + i)).collect()
+    }
+
+    /// c mod p² and c mod q², after checking 0 < c < n² and that neither is 0.
+    fn crt_bases(&self, ciphertext: &Ciphertext, index: usize) -> Result<(Integer, Integer)> {
         check_ciphertext(&self.public, &ciphertext.0, index)?;
         let s = &self.secret;
-        let half = |prime: &Integer, prime_squared: &Integer, exponent: &Integer, h: &Integer| -> Result<Integer> {
-            let base = Integer::from(&ciphertext.0 % prime_squared);
-            if base == 0 {
-                return Err(Error::CiphertextOutOfRange { index });
-            }
-            let u = base.secure_pow_mod(exponent, prime_squared);
-            let l = (u - 1u32).div_exact(prime);
-            Ok(l * h % prime)
-        };
-        let m_p = half(&s.p, &s.p_squared, &s.p_minus_1, &s.h_p)?;
-        let m_q = half(&s.q, &s.q_squared, &s.q_minus_1, &s.h_q)?;
+        let base_p = Integer::from(&ciphertext.0 % &s.p_squared);
+        let base_q = Integer::from(&ciphertext.0 % &s.q_squared);
+        if base_p == 0 || base_q == 0 {
+            return Err(Error::CiphertextOutOfRange { index });
+        }
+        Ok((base_p, base_q))
+    }
+
+    /// m from u_p = c^(p−1) mod p² and u_q = c^(q−1) mod q²:
+    /// m_p = L_p(u_p)·h_p mod p, m_q likewise, m = m_p + p·((m_q − m_p)·p⁻¹ mod q).
+    fn recombine(&self, u_p: Integer, u_q: Integer) -> Integer {
+        let s = &self.secret;
+        let m_p = (u_p - 1u32).div_exact(&s.p) * &s.h_p % &s.p;
+        let m_q = (u_q - 1u32).div_exact(&s.q) * &s.h_q % &s.q;
         let mut t = Integer::from(&m_q - &m_p);
         t *= &s.p_inverse_mod_q;
         t %= &s.q;
         if t < 0 {
             t += &s.q;
         }
-        Ok(t * &s.p + m_p)
+        t * &s.p + m_p
     }
 
     /// Decrypts and maps back through the signed window (§1.2).
@@ -255,14 +299,6 @@ impl DecryptionKey {
     }
 }
 
-/// (1 + m·n) · h_s^a mod x² from the table for h_s mod x².
-fn crt_half(table: &crate::table::FixedBaseTable, exponent: &[u64], g_m: &Integer) -> Integer {
-    let mont = table.montgomery();
-    let mut scratch = mont.scratch();
-    let mut rho = vec![0u64; mont.limbs()];
-    table.pow_mont(exponent, &mut rho, &mut scratch);
-    let g_m_reduced = Integer::from(g_m % mont.modulus());
-    let mut out = vec![0u64; mont.limbs()];
-    mont.mul(&rho, &pad(&g_m_reduced, mont.limbs()), &mut out, &mut scratch);
-    Integer::from_digits(&out, Order::Lsf)
+fn first(mut ciphertexts: Vec<Ciphertext>) -> Result<Ciphertext> {
+    ciphertexts.pop().ok_or(Error::Randomness)
 }

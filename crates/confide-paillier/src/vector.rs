@@ -46,6 +46,20 @@ pub fn with_threads<R: Send>(threads: usize, work: impl FnOnce() -> R + Send) ->
     Ok(pool.install(work))
 }
 
+/// Work unit of the vector forms: the 8 lanes of the IFMA engine.
+const BATCH: usize = 8;
+
+fn flatten<T>(chunks: Result<Vec<Vec<T>>>) -> Result<Vec<T>> {
+    Ok(chunks?.into_iter().flatten().collect())
+}
+
+fn check_plaintexts(key: &EncryptionKey, plaintexts: &[Integer]) -> Result<()> {
+    match plaintexts.par_iter().position_first(|m| *m < 0 || m >= key.n()) {
+        Some(index) => Err(Error::PlaintextOutOfRange { field: "plaintexts", limit: format!("0 <= m < n (element {index})") }),
+        None => Ok(()),
+    }
+}
+
 fn check_lengths(what: &'static str, expected: usize, found: usize) -> Result<()> {
     if expected != found {
         return Err(Error::LengthMismatch { what, expected, found });
@@ -78,10 +92,12 @@ impl EncryptionKey {
     /// # Errors
     /// As [`EncryptionKey::encrypt_with`], with the failing index.
     pub fn encrypt_many(&self, plaintexts: &[Integer], randomizer: Randomizer) -> Result<Vec<Ciphertext>> {
-        if randomizer == Randomizer::FixedBase {
-            self.table()?; // build once, before the workers race for it
+        check_plaintexts(self, plaintexts)?;
+        if randomizer == Randomizer::Classical {
+            return plaintexts.par_iter().map(|m| self.encrypt_with(m, randomizer)).collect();
         }
-        plaintexts.par_iter().enumerate().map(|(i, m)| with_index(self.encrypt_with(m, randomizer), i)).collect()
+        self.table()?; // build once, before the workers race for it
+        flatten(plaintexts.par_chunks(BATCH).map(|chunk| self.encrypt_fixed_base_batch(chunk)).collect())
     }
 
     /// Element-wise ⊕ of two vectors.
@@ -168,8 +184,8 @@ impl EncryptionKey {
     /// # Errors
     /// `Randomness`.
     pub fn rerandomize_many(&self, a: &[Ciphertext]) -> Result<Vec<Ciphertext>> {
-        self.table()?;
-        a.par_iter().map(|c| self.rerandomize(c)).collect()
+        let zeros = self.encrypt_many(&vec![Integer::new(); a.len()], Randomizer::FixedBase)?;
+        Ok(a.par_iter().zip(zeros.par_iter()).map(|(c, zero)| self.add(c, zero)).collect())
     }
 }
 
@@ -179,10 +195,12 @@ impl DecryptionKey {
     /// # Errors
     /// As [`DecryptionKey::encrypt_with`], with the failing index.
     pub fn encrypt_many(&self, plaintexts: &[Integer], randomizer: Randomizer) -> Result<Vec<Ciphertext>> {
-        if randomizer == Randomizer::FixedBase {
-            self.crt_tables()?;
+        check_plaintexts(self.encryption_key(), plaintexts)?;
+        if randomizer == Randomizer::Classical {
+            return plaintexts.par_iter().map(|m| self.encrypt_with(m, randomizer)).collect();
         }
-        plaintexts.par_iter().enumerate().map(|(i, m)| with_index(self.encrypt_with(m, randomizer), i)).collect()
+        self.crt_tables()?;
+        flatten(plaintexts.par_chunks(BATCH).map(|chunk| self.encrypt_fixed_base_batch(chunk)).collect())
     }
 
     /// Decrypts every ciphertext to its raw plaintext in [0, n).
@@ -190,7 +208,7 @@ impl DecryptionKey {
     /// # Errors
     /// `CiphertextOutOfRange` with the failing index.
     pub fn decrypt_many(&self, ciphertexts: &[Ciphertext]) -> Result<Vec<Integer>> {
-        ciphertexts.par_iter().enumerate().map(|(i, c)| self.decrypt_at(c, i)).collect()
+        flatten(ciphertexts.par_chunks(BATCH).enumerate().map(|(k, chunk)| self.decrypt_batch(chunk, k * BATCH)).collect())
     }
 
     /// Decrypts every ciphertext through the signed window.

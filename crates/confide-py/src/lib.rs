@@ -658,6 +658,16 @@ fn daciq_threshold(
     Ok(confide_codec::daciq::clipping_threshold(maxima, minima, elements, bits, parties, effective_bits).map_err(NativeError::from)?)
 }
 
+/// Which modular-arithmetic engine runs: "avx512-ifma" (8 lanes) or "gmp".
+#[pyfunction]
+fn engine() -> &'static str {
+    if confide_paillier::ifma_available() {
+        "avx512-ifma"
+    } else {
+        "gmp"
+    }
+}
+
 /// A(b) from the corrected dACIQ table.
 #[pyfunction]
 fn daciq_alpha_factor(bits: u32) -> PyResult<f64> {
@@ -682,6 +692,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(daciq_alpha_factor, m)?)?;
     m.add_function(wrap_pyfunction!(codec_layout_of, m)?)?;
     m.add("GMP_VERSION", gmp_version())?;
+    m.add_function(wrap_pyfunction!(engine, m)?)?;
     Ok(())
 }
 

@@ -33,6 +33,7 @@ __all__ = [
     "EncryptedVector",
     "EncryptionKey",
     "FLBoosterCodec",
+    "ENGINE",
     "GMP_VERSION",
     "daciq_alpha_factor",
     "daciq_threshold",
@@ -42,6 +43,9 @@ __all__ = [
 ]
 
 GMP_VERSION: str = _native.GMP_VERSION
+#: The engine that runs modular arithmetic: "avx512-ifma" (8-lane AVX-512 IFMA) or "gmp".
+#: Set CONFIDE_DISABLE_IFMA=1 before import to force "gmp".
+ENGINE: str = _native.engine()
 Randomizer = Literal["fixed_base", "classical"]
 
 
