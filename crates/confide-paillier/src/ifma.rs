@@ -24,6 +24,9 @@ use std::arch::x86_64::{
 pub(crate) const LANES: usize = 8;
 const DIGIT_BITS: u32 = 52;
 const MASK: u64 = (1u64 << DIGIT_BITS) - 1;
+/// Largest modulus, in radix-2^52 digits, the engine takes: n² of a 4096-bit key
+/// (8192 bits → 158 digits). Accumulators then stay below 4·160·2^52 < 2^62.
+pub(crate) const MAX_DIGITS: usize = 160;
 
 /// Whether this CPU can run the IFMA engine (and it is not disabled by
 /// `CONFIDE_DISABLE_IFMA=1`, used to test the fallback).
@@ -97,8 +100,12 @@ fn broadcast(digits: &[u64]) -> Lanes {
 
 impl IfmaModulus {
     /// Prepares M (odd, > 1). R = 2^(52·D) with D chosen so that R > 4M.
-    pub(crate) fn new(modulus: &Integer) -> Self {
+    /// `None` when M needs more than `MAX_DIGITS` digits (callers use GMP then).
+    pub(crate) fn new(modulus: &Integer) -> Option<Self> {
         let digits = (modulus.significant_bits() as usize + 2).div_ceil(DIGIT_BITS as usize);
+        if digits > MAX_DIGITS {
+            return None;
+        }
         let m0 = modulus.to_digits::<u64>(Order::Lsf)[0] & MASK;
         let mut inverse: u64 = 1;
         for _ in 0..6 {
@@ -107,7 +114,7 @@ impl IfmaModulus {
         let r = Integer::from(1) << (digits as u32 * DIGIT_BITS);
         let r_mod = Integer::from(&r % modulus);
         let r_squared = Integer::from(&r_mod * &r_mod) % modulus;
-        IfmaModulus {
+        Some(IfmaModulus {
             digits,
             modulus_lanes: broadcast(&to_digits52(modulus, digits)),
             modulus: modulus.clone(),
@@ -115,7 +122,7 @@ impl IfmaModulus {
             r_squared: broadcast(&to_digits52(&r_squared, digits)),
             unit: broadcast(&to_digits52(&Integer::from(1), digits)),
             one: broadcast(&to_digits52(&r_mod, digits)),
-        }
+        })
     }
 
     pub(crate) fn zero_lanes(&self) -> Lanes {
@@ -231,7 +238,7 @@ unsafe fn select(table: &[Lanes], index: u64, out: &mut Lanes) {
 /// pass, so nothing overflows.
 #[target_feature(enable = "avx512f,avx512ifma")]
 unsafe fn amm(a: &[u64], b: &[u64], modulus: &[u64], neg_inverse: u64, digits: usize, out: &mut [u64]) {
-    const MAX_DIGITS: usize = 80;
+    // IfmaModulus::new refuses larger moduli; `t` below is sized for MAX_DIGITS.
     debug_assert!(digits <= MAX_DIGITS);
     let mask = _mm512_set1_epi64(MASK as i64);
     let m_prime = _mm512_set1_epi64(neg_inverse as i64);
@@ -281,9 +288,10 @@ pub(crate) struct IfmaTable {
 
 impl IfmaTable {
     /// Table of `base` mod M for exponents of at most `max_bits` bits (rows in parallel).
-    pub(crate) fn new(modulus: &Integer, base: &Integer, max_bits: u32, window: u32) -> Self {
+    /// `None` when the modulus is too large for the engine.
+    pub(crate) fn new(modulus: &Integer, base: &Integer, max_bits: u32, window: u32) -> Option<Self> {
         use rayon::prelude::*;
-        let context = IfmaModulus::new(modulus);
+        let context = IfmaModulus::new(modulus)?;
         let digits = context.digits;
         let shift = digits as u32 * DIGIT_BITS;
         let rows = max_bits.div_ceil(window) as usize;
@@ -306,7 +314,7 @@ impl IfmaTable {
             }
         });
         let r_mod = (Integer::from(1) << shift) % modulus;
-        IfmaTable { one_digits: to_digits52(&r_mod, digits), modulus: context, window, rows, entries }
+        Some(IfmaTable { one_digits: to_digits52(&r_mod, digits), modulus: context, window, rows, entries })
     }
 
     pub(crate) fn size_bytes(&self) -> usize {
@@ -381,9 +389,10 @@ mod tests {
         if !available() {
             return;
         }
-        for bits in [1024u32, 2048, 4096] {
+        assert!(IfmaModulus::new(&modulus(8400)).is_none());
+        for bits in [1024u32, 2048, 3072, 6144, 8192] {
             let m = modulus(bits);
-            let ctx = IfmaModulus::new(&m);
+            let ctx = IfmaModulus::new(&m).unwrap();
             let values: Vec<Integer> = (0..8u32).map(|i| (Integer::from(i + 3) << (bits - 10)) + i * 977).collect();
             let refs: Vec<&Integer> = values.iter().collect();
             let a = ctx.to_mont(&ctx.pack(&refs));
@@ -394,7 +403,7 @@ mod tests {
                 assert_eq!(*g, Integer::from(v * v) % &m, "bits {bits}");
             }
             let exponent = (Integer::from(1) << (bits / 2 - 1)) + Integer::from(0xfedc_ba98u32);
-            let table = IfmaTable::new(&m, &values[1], 300, 6);
+            let table = IfmaTable::new(&m, &values[1], 300, 6).unwrap();
             let exponents: Vec<Vec<u64>> = (0..5u64).map(|i| vec![i * 0x9e37_79b9_7f4a_7c15, i, 0, 0, i << 40]).collect();
             let factors: Vec<Integer> = (0..5u32).map(|i| Integer::from(i + 1)).collect();
             let got = table.power_times(&exponents, &factors.iter().collect::<Vec<_>>());
@@ -419,7 +428,7 @@ mod timing {
     fn probe() {
         assert!(available());
         let m = (Integer::from(1) << 2047u32) + Integer::from(0x1234_5678_9abc_def1u64);
-        let ctx = IfmaModulus::new(&m);
+        let ctx = IfmaModulus::new(&m).unwrap();
         let values: Vec<Integer> = (0..8u32).map(|i| (Integer::from(i + 3) << 2030u32) + i).collect();
         let refs: Vec<&Integer> = values.iter().collect();
         let a = ctx.to_mont(&ctx.pack(&refs));
@@ -441,7 +450,7 @@ mod timing {
         }
         println!("gmp powm_sec: {:.1} us", start.elapsed().as_secs_f64() / 40.0 * 1e6);
         let m4 = (Integer::from(1) << 4095u32) + Integer::from(0x1234_5678_9abc_def1u64);
-        let ctx4 = IfmaModulus::new(&m4);
+        let ctx4 = IfmaModulus::new(&m4).unwrap();
         let a4 = ctx4.to_mont(&ctx4.pack(&refs));
         let mut out4 = ctx4.zero_lanes();
         let start = std::time::Instant::now();

@@ -251,7 +251,7 @@ pub(crate) struct SecretParts {
     table_p: OnceLock<Result<BaseTable>>,
     table_q: OnceLock<Result<BaseTable>>,
     #[cfg(target_arch = "x86_64")]
-    pub(crate) ifma_moduli: OnceLock<(crate::ifma::IfmaModulus, crate::ifma::IfmaModulus)>,
+    pub(crate) ifma_moduli: OnceLock<Option<(crate::ifma::IfmaModulus, crate::ifma::IfmaModulus)>>,
 }
 
 /// A Paillier private key: the factors p, q of n plus the public key.
@@ -282,8 +282,9 @@ impl DecryptionKey {
             return Err(Error::UnsupportedKeySize { bits });
         }
         let half = bits / 2;
+        // A failed pair condition redraws only q: primes are the expensive part.
+        let p = random_prime_3_mod_4(half)?;
         loop {
-            let p = random_prime_3_mod_4(half)?;
             let q = random_prime_3_mod_4(half)?;
             let n = Integer::from(&p * &q);
             if n.significant_bits() != bits {

@@ -242,10 +242,8 @@ impl DecryptionKey {
     /// exponentiation c^(p−1) mod p² (and mod q²).
     pub(crate) fn decrypt_batch(&self, ciphertexts: &[Ciphertext], first_index: usize) -> Result<Vec<Integer>> {
         #[cfg(target_arch = "x86_64")]
-        if ciphertexts.len() >= 2 && crate::ifma::available() {
+        if let Some((modulus_p, modulus_q)) = self.ifma_moduli(ciphertexts.len()) {
             let s = &self.secret;
-            let (modulus_p, modulus_q) =
-                s.ifma_moduli.get_or_init(|| (crate::ifma::IfmaModulus::new(&s.p_squared), crate::ifma::IfmaModulus::new(&s.q_squared)));
             let mut out = Vec::with_capacity(ciphertexts.len());
             for (chunk_index, chunk) in ciphertexts.chunks(crate::ifma::LANES).enumerate() {
                 let bases = chunk
@@ -260,6 +258,18 @@ impl DecryptionKey {
             return Ok(out);
         }
         ciphertexts.iter().enumerate().map(|(i, c)| self.decrypt_at(c, first_index + i)).collect()
+    }
+
+    /// The IFMA contexts mod p² and q², when the engine runs and a batch is worth it.
+    #[cfg(target_arch = "x86_64")]
+    fn ifma_moduli(&self, batch: usize) -> Option<&(crate::ifma::IfmaModulus, crate::ifma::IfmaModulus)> {
+        if batch < 2 || !crate::ifma::available() {
+            return None;
+        }
+        let s = &self.secret;
+        s.ifma_moduli
+            .get_or_init(|| Some((crate::ifma::IfmaModulus::new(&s.p_squared)?, crate::ifma::IfmaModulus::new(&s.q_squared)?)))
+            .as_ref()
     }
 
     /// c mod p² and c mod q², after checking 0 < c < n² and that neither is 0.

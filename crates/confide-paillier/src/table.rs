@@ -27,7 +27,9 @@ impl BaseTable {
         }
         #[cfg(target_arch = "x86_64")]
         if crate::ifma::available() {
-            return Ok(BaseTable::Ifma(crate::ifma::IfmaTable::new(modulus, base, max_bits, window)));
+            if let Some(table) = crate::ifma::IfmaTable::new(modulus, base, max_bits, window) {
+                return Ok(BaseTable::Ifma(table));
+            }
         }
         Ok(BaseTable::Gmp(FixedBaseTable::new(Montgomery::new(modulus), base, max_bits, window)?))
     }

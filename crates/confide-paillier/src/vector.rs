@@ -216,6 +216,7 @@ impl DecryptionKey {
     /// # Errors
     /// `CiphertextOutOfRange`, `SignedOverflow`, with the failing index.
     pub fn decrypt_signed_many(&self, ciphertexts: &[Ciphertext]) -> Result<Vec<Integer>> {
-        ciphertexts.par_iter().enumerate().map(|(i, c)| self.decrypt_at(c, i).and_then(|m| self.public.decode_signed(&m, i))).collect()
+        let plaintexts = self.decrypt_many(ciphertexts)?;
+        plaintexts.par_iter().enumerate().map(|(i, m)| self.public.decode_signed(m, i)).collect()
     }
 }

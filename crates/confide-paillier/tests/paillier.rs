@@ -158,3 +158,20 @@ fn ciphertext_blocks_round_trip_and_reject_bad_input() {
     assert!(matches!(Ciphertext::new(public, Integer::new()), Err(Error::CiphertextOutOfRange { index: 0 })));
     assert!(matches!(Ciphertext::new(public, public.n_squared().clone()), Err(Error::CiphertextOutOfRange { index: 0 })));
 }
+
+#[test]
+fn larger_keys_work_on_every_path() {
+    // 3072- and 4096-bit n² need 119 and 158 radix-2^52 digits: the IFMA engine's
+    // largest sizes (a regression test for an accumulator sized for 80 digits).
+    for bits in [3072u32, 4096] {
+        let key = DecryptionKey::generate(bits).unwrap();
+        let public = key.encryption_key();
+        let plaintexts: Vec<Integer> = (0..11u32).map(|i| Integer::from(i) << (bits - 20)).collect();
+        let a = public.encrypt_many(&plaintexts, Randomizer::FixedBase).unwrap();
+        let b = key.encrypt_many(&plaintexts, Randomizer::FixedBase).unwrap();
+        let sum = public.add_many(&a, &b).unwrap();
+        let want: Vec<Integer> = plaintexts.iter().map(|m| Integer::from(m * 2u32) % public.n()).collect();
+        assert_eq!(key.decrypt_many(&sum).unwrap(), want, "{bits} bits");
+        assert_eq!(key.decrypt(&a[3]).unwrap(), plaintexts[3]);
+    }
+}
