@@ -335,7 +335,8 @@ impl IfmaTable {
         let mut tmp = self.modulus.zero_lanes();
         for row in 0..self.rows {
             for lane in 0..LANES {
-                let digit = exponents.get(lane).map_or(0, |e| extract_bits(e, row * self.window as usize, self.window as usize));
+                let digit =
+                    exponents.get(lane).map_or(0, |e| crate::table::extract_bits(e, row * self.window as usize, self.window as usize));
                 let source = if digit == 0 {
                     &self.one_digits[..]
                 } else {
@@ -354,20 +355,6 @@ impl IfmaTable {
         self.modulus.mul(&acc, &factors, &mut tmp);
         self.modulus.unpack(&tmp, exponents.len())
     }
-}
-
-/// Bits [start, start + width) of little-endian limbs (width ≤ 16).
-fn extract_bits(limbs: &[u64], start: usize, width: usize) -> u64 {
-    let word = start / 64;
-    let shift = start % 64;
-    if word >= limbs.len() {
-        return 0;
-    }
-    let mut value = limbs[word] >> shift;
-    if shift + width > 64 && word + 1 < limbs.len() {
-        value |= limbs[word + 1] << (64 - shift);
-    }
-    value & ((1u64 << width) - 1)
 }
 
 #[cfg(test)]

@@ -158,7 +158,7 @@ impl FixedBaseTable {
 }
 
 /// Bits [start, start + width) of a little-endian limb array (width ≤ 16).
-fn extract_bits(limbs: &[u64], start: usize, width: usize) -> u64 {
+pub(crate) fn extract_bits(limbs: &[u64], start: usize, width: usize) -> u64 {
     let word = start / 64;
     let shift = start % 64;
     if word >= limbs.len() {
