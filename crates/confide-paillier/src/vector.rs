@@ -25,10 +25,13 @@ pub fn with_threads<R: Send>(threads: usize, work: impl FnOnce() -> R + Send) ->
         return Err(invalid("threads", format!("must be at most {MAX_THREADS}, got {threads}")));
     }
     let threads = if threads == 0 { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { threads };
-    static POOLS: OnceLock<Mutex<HashMap<usize, Arc<ThreadPool>>>> = OnceLock::new();
+    // Keyed by process id too: after fork() the child has none of the parent's
+    // worker threads, so reusing a parent pool would block forever.
+    static POOLS: OnceLock<Mutex<HashMap<(u32, usize), Arc<ThreadPool>>>> = OnceLock::new();
+    let key = (std::process::id(), threads);
     let pool = {
         let mut pools = POOLS.get_or_init(Default::default).lock().map_err(|_| invalid("threads", "thread pool registry poisoned"))?;
-        match pools.get(&threads) {
+        match pools.get(&key) {
             Some(pool) => Arc::clone(pool),
             None => {
                 let pool = Arc::new(
@@ -38,7 +41,7 @@ pub fn with_threads<R: Send>(threads: usize, work: impl FnOnce() -> R + Send) ->
                         .build()
                         .map_err(|e| invalid("threads", e.to_string()))?,
                 );
-                pools.insert(threads, Arc::clone(&pool));
+                pools.insert(key, Arc::clone(&pool));
                 pool
             }
         }
