@@ -47,7 +47,7 @@ pub enum Randomizer {
 }
 
 impl EncryptionKey {
-    fn check_plaintext(&self, plaintext: &Integer) -> Result<()> {
+    pub(crate) fn check_plaintext(&self, plaintext: &Integer) -> Result<()> {
         if *plaintext < 0 || plaintext >= self.n() {
             return Err(Error::PlaintextOutOfRange { field: "plaintext", limit: "0 <= m < n".into() });
         }
@@ -68,14 +68,12 @@ impl EncryptionKey {
     /// `PlaintextOutOfRange`, `Randomness`.
     pub fn encrypt_with(&self, plaintext: &Integer, randomizer: Randomizer) -> Result<Ciphertext> {
         self.check_plaintext(plaintext)?;
-        // g^m = (1 + n)^m = 1 + m·n (mod n²): one multiplication, no exponentiation.
-        let g_m = Integer::from(plaintext * self.n()) + 1u32;
         match randomizer {
             Randomizer::FixedBase => first(self.encrypt_fixed_base_batch(std::slice::from_ref(plaintext))?),
             Randomizer::Classical => {
                 let r = random_unit(self.n())?;
                 let rho = r.pow_mod(self.n(), self.n_squared()).map_err(|_| Error::Randomness)?;
-                Ok(Ciphertext(g_m * rho % self.n_squared()))
+                Ok(Ciphertext(g_of(self, plaintext) * rho % self.n_squared()))
             }
         }
     }
@@ -85,8 +83,7 @@ impl EncryptionKey {
     pub(crate) fn encrypt_fixed_base_batch(&self, plaintexts: &[Integer]) -> Result<Vec<Ciphertext>> {
         let table = self.table()?;
         let exponents = plaintexts.iter().map(|_| random_limbs(self.rand_bits())).collect::<Result<Vec<_>>>()?;
-        // g^m = (1 + n)^m = 1 + m·n (mod n²): one multiplication, no exponentiation.
-        let factors: Vec<Integer> = plaintexts.iter().map(|m| Integer::from(m * self.n()) + 1u32).collect();
+        let factors: Vec<Integer> = plaintexts.iter().map(|m| g_of(self, m)).collect();
         let factors: Vec<&Integer> = factors.iter().collect();
         Ok(table.power_times(&exponents, &factors).into_iter().map(Ciphertext).collect())
     }
@@ -110,7 +107,7 @@ impl EncryptionKey {
     /// `PlaintextOutOfRange`.
     pub fn add_plain(&self, a: &Ciphertext, plaintext: &Integer) -> Result<Ciphertext> {
         self.check_plaintext(plaintext)?;
-        let g_b = Integer::from(plaintext * self.n()) + 1u32;
+        let g_b = g_of(self, plaintext);
         Ok(Ciphertext(g_b * &a.0 % self.n_squared()))
     }
 
@@ -184,24 +181,20 @@ impl DecryptionKey {
     /// # Errors
     /// `PlaintextOutOfRange`, `Randomness`.
     pub fn encrypt_with(&self, plaintext: &Integer, randomizer: Randomizer) -> Result<Ciphertext> {
-        let public = &self.public;
-        if *plaintext < 0 || plaintext >= public.n() {
-            return Err(Error::PlaintextOutOfRange { field: "plaintext", limit: "0 <= m < n".into() });
+        self.public.check_plaintext(plaintext)?;
+        if randomizer == Randomizer::FixedBase {
+            return first(self.encrypt_fixed_base_batch(std::slice::from_ref(plaintext))?);
         }
+        // Classical ρ = r^n, with the exponent n reduced mod p(p−1) and q(q−1).
         let s = &self.secret;
-        let g_m = Integer::from(plaintext * public.n()) + 1u32;
-        let (c_p, c_q) = match randomizer {
-            Randomizer::FixedBase => return first(self.encrypt_fixed_base_batch(std::slice::from_ref(plaintext))?),
-            Randomizer::Classical => {
-                let r = random_unit(public.n())?;
-                let half = |prime_squared: &Integer, exponent: &Integer| -> Result<Integer> {
-                    let base = Integer::from(&r % prime_squared);
-                    let rho = base.pow_mod(exponent, prime_squared).map_err(|_| Error::Randomness)?;
-                    Ok(rho * Integer::from(&g_m % prime_squared) % prime_squared)
-                };
-                (half(&s.p_squared, &s.n_mod_order_p)?, half(&s.q_squared, &s.n_mod_order_q)?)
-            }
+        let g_m = g_of(&self.public, plaintext);
+        let r = random_unit(self.public.n())?;
+        let half = |prime_squared: &Integer, exponent: &Integer| -> Result<Integer> {
+            let base = Integer::from(&r % prime_squared);
+            let rho = base.pow_mod(exponent, prime_squared).map_err(|_| Error::Randomness)?;
+            Ok(rho * Integer::from(&g_m % prime_squared) % prime_squared)
         };
+        let (c_p, c_q) = (half(&s.p_squared, &s.n_mod_order_p)?, half(&s.q_squared, &s.n_mod_order_q)?);
         Ok(Ciphertext(self.combine_mod_n_squared(&c_p, &c_q)))
     }
 
@@ -211,7 +204,7 @@ impl DecryptionKey {
         let (table_p, table_q) = self.crt_tables()?;
         let public = &self.public;
         let exponents = plaintexts.iter().map(|_| random_limbs(public.rand_bits())).collect::<Result<Vec<_>>>()?;
-        let g_m: Vec<Integer> = plaintexts.iter().map(|m| Integer::from(m * public.n()) + 1u32).collect();
+        let g_m: Vec<Integer> = plaintexts.iter().map(|m| g_of(public, m)).collect();
         let half = |table: &crate::table::BaseTable| {
             let reduced: Vec<Integer> = g_m.iter().map(|g| Integer::from(g % table.modulus())).collect();
             table.power_times(&exponents, &reduced.iter().collect::<Vec<_>>())
@@ -307,6 +300,11 @@ impl DecryptionKey {
         let raw = self.decrypt(ciphertext)?;
         self.public.decode_signed(&raw, 0)
     }
+}
+
+/// g^m = (1 + n)^m = 1 + m·n (mod n²): one multiplication, no exponentiation (§1.3).
+fn g_of(key: &EncryptionKey, plaintext: &Integer) -> Integer {
+    Integer::from(plaintext * key.n()) + 1u32
 }
 
 fn first(mut ciphertexts: Vec<Ciphertext>) -> Result<Ciphertext> {

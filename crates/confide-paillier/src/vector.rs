@@ -27,7 +27,8 @@ pub fn with_threads<R: Send>(threads: usize, work: impl FnOnce() -> R + Send) ->
     let threads = if threads == 0 { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { threads };
     // Keyed by process id too: after fork() the child has none of the parent's
     // worker threads, so reusing a parent pool would block forever.
-    static POOLS: OnceLock<Mutex<HashMap<(u32, usize), Arc<ThreadPool>>>> = OnceLock::new();
+    type Pools = HashMap<(u32, usize), Arc<ThreadPool>>;
+    static POOLS: OnceLock<Mutex<Pools>> = OnceLock::new();
     let key = (std::process::id(), threads);
     let pool = {
         let mut pools = POOLS.get_or_init(Default::default).lock().map_err(|_| invalid("threads", "thread pool registry poisoned"))?;
