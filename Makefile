@@ -9,17 +9,22 @@ PYTHON    := $(VENV)/bin/python
 STAMP     := $(VENV)/.confide-deps
 GMP       := build/gmp/.confide-gmp-6.3.0
 NATIVE    := python/confide/_native.abi3.so
+PROTO     := python/confide/v1/runtime_pb2.py
 RUST_SRC  := $(shell find crates -name '*.rs' -o -name Cargo.toml 2>/dev/null) Cargo.toml .cargo/config.toml
 
 .PHONY: help setup demo test test-rust test-python bench lint fmt clean
 
 help:
-	@echo "make demo   run the crypto demo on embedded data"
+	@echo "make demo   three hospitals train Homo LR in paillier mode (separate processes, gRPC + mTLS)"
 	@echo "make test   run the whole test suite (Rust + Python)"
 	@echo "make bench  run benchmarks (writes benchmarks/results/*.json)"
 	@echo "make lint   clippy, rustfmt --check, ruff"
 
-setup: $(NATIVE)
+setup: $(NATIVE) $(PROTO)
+
+# Python modules for the wire contract, generated from proto/ (never edited by hand).
+$(PROTO): proto/confide/v1/runtime.proto $(STAMP)
+	$(PYTHON) -m grpc_tools.protoc -Iproto --python_out=python --grpc_python_out=python --pyi_out=python $<
 
 # System packages: python venv support and m4 (GMP's build). Installed only when missing.
 .system-deps:
@@ -42,7 +47,7 @@ $(NATIVE): $(STAMP) $(GMP) $(RUST_SRC) pyproject.toml
 	VIRTUAL_ENV=$(abspath $(VENV)) $(VENV)/bin/maturin develop --release -q
 
 demo: setup
-	$(PYTHON) examples/crypto_demo.py
+	$(VENV)/bin/confide run examples/breast_cancer.yaml --workdir reports/demo
 
 test: test-rust test-python
 

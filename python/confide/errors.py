@@ -6,13 +6,23 @@ Messages name the field and the limit and never contain secret values.
 """
 
 __all__ = [
+    "CertificateError",
     "ConfideError",
     "CryptoError",
     "EncodingError",
     "InvalidCiphertextError",
     "InvalidKeyError",
     "InvalidParameterError",
+    "JobFailedError",
     "KeyMismatchError",
+    "MessageTimeoutError",
+    "PermissionDeniedError",
+    "ProtocolError",
+    "ResourceLimitError",
+    "RoundAbortedError",
+    "RoundClosedError",
+    "TransportError",
+    "TransportUnavailableError",
     "WireFormatError",
 ]
 
@@ -47,3 +57,48 @@ class KeyMismatchError(CryptoError, ValueError):
 
 class WireFormatError(ConfideError, ValueError):
     """Bytes are not a valid encoding (truncated, wrong magic, wrong length...)."""
+
+
+class CertificateError(ConfideError, ValueError):
+    """A certificate is invalid or untrusted, or an identity does not match what was claimed."""
+
+
+class ProtocolError(ConfideError, ValueError):
+    """A message breaks the runtime protocol (wrong length, inconsistent header...); it names the field."""
+
+
+class TransportError(ConfideError):
+    """A call to another process failed."""
+
+
+class TransportUnavailableError(TransportError):
+    """The peer cannot be reached now (down, restarting, network); retrying may succeed."""
+
+
+class PermissionDeniedError(TransportError):
+    """The peer refused the caller's identity (certificate missing, untrusted or naming someone else)."""
+
+
+class ResourceLimitError(ConfideError):
+    """A bounded resource (mailbox bytes, message size...) would pass its limit; the message names it."""
+
+
+class RoundClosedError(ConfideError):
+    """A message arrived for a round attempt that is no longer open (late, aborted or superseded)."""
+
+
+class RoundAbortedError(ConfideError):
+    """The aggregator aborted a round attempt because participants dropped out."""
+
+    def __init__(self, message: str, dropped: list[str], survivors: list[str]) -> None:
+        super().__init__(message)
+        self.dropped = list(dropped)
+        self.survivors = list(survivors)
+
+
+class JobFailedError(ConfideError):
+    """A job cannot go on (dropout with on_dropout=fail, too few parties left, setup failure...)."""
+
+
+class MessageTimeoutError(ConfideError, TimeoutError):
+    """An expected message did not arrive in time; the message names it and the timeout."""

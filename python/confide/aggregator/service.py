@@ -1,0 +1,346 @@
+"""The aggregator process: Aggregation and Relay services over mutual TLS.
+
+It learns a round from the parties' headers (no job file needed) and combines slices as they
+arrive. It never holds key material: the protection modes give it float32 words (plain),
+masked words (secagg, groupmask) or ciphertexts and the public key (paillier). A round attempt
+ends in one of three ways: complete (every participant sent every slice; the result is stored
+on disk before the last slice is delivered), aborted (a participant's stream broke and it did
+not come back within ``dropout_grace_s``, or it never showed up within ``round_timeout_s``: the
+survivors are told and retry under a new attempt number), or superseded by the next round.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import grpc
+
+from confide.aggregator.mailbox import Mailboxes
+from confide.aggregator.rounds import RoundKey, RoundState, validate_header
+from confide.aggregator.store import ResultStore
+from confide.errors import ConfideError, PermissionDeniedError, ProtocolError, RoundClosedError
+from confide.transport import status, tls
+from confide.transport.certs import Identity
+from confide.v1 import runtime_pb2 as pb
+from confide.v1 import runtime_pb2_grpc as rpc
+
+__all__ = ["AggregatorConfig", "AggregatorCore", "serve"]
+
+log = logging.getLogger("confide.aggregator")
+Observer = Callable[[str, str, object], None]
+MAX_NAME = 64
+
+
+@dataclass(frozen=True)
+class AggregatorConfig:
+    """Aggregator settings.
+
+    Parameters
+    ----------
+    round_timeout_s : float
+        A participant that has sent no header this long after a round attempt opened is dropped.
+    dropout_grace_s : float
+        A participant whose slice stream broke with slices missing may reconnect within this time.
+    state_dir : str or None
+        Where completed rounds are stored (None: memory only; a restart then loses them).
+    mailbox_cap_bytes : int
+        Cap on relay/delivery bytes retained for all parties together.
+    max_workers : int
+        gRPC worker threads; every connected party holds two streams.
+    """
+
+    round_timeout_s: float = 120.0
+    dropout_grace_s: float = 5.0
+    state_dir: str | None = None
+    mailbox_cap_bytes: int = 2 * 1024**3
+    max_workers: int = 128
+
+
+class AggregatorCore:
+    """Round states, completed results and mailboxes; the servicers are thin shells over it."""
+
+    def __init__(self, config: AggregatorConfig, observer: Observer | None = None) -> None:
+        self.config = config
+        self.mailboxes = Mailboxes(config.mailbox_cap_bytes)
+        self.store = ResultStore(config.state_dir)
+        self.observer = observer
+        self.slices_aggregated = 0
+        self._rounds: dict[RoundKey, RoundState] = {}
+        self._completed: dict[RoundKey, tuple[pb.RoundHeader, dict[int, bytes]]] = {}
+        self._latest: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self._stopped = threading.Event()
+        for header, done in self.store.load():
+            key = (header.job_id, header.round, header.attempt)
+            self._completed[key] = (header, done)
+            self._latest[header.job_id] = max(self._latest.get(header.job_id, 0), header.round)
+        self._monitor = threading.Thread(target=self._watch, name="confide-round-monitor", daemon=True)
+        self._monitor.start()
+
+    # -- rounds ---------------------------------------------------------------------------
+    def open_round(self, header: pb.RoundHeader) -> RoundState | None:
+        """The state for the header's attempt (created on first contact); None if completed."""
+        key = (header.job_id, header.round, header.attempt)
+        with self._lock:
+            if key in self._completed:
+                stored = self._completed[key][0]
+                if header.party_id not in stored.participants:
+                    raise PermissionDeniedError(f"{header.party_id!r} is not a participant of round attempt {key}")
+                return None
+            latest = self._latest.get(header.job_id, 0)
+            if header.round + 1 < latest:
+                raise RoundClosedError(
+                    f"round {header.round} of job {header.job_id!r} is closed; the job is at round {latest}"
+                )
+            state = self._rounds.get(key)
+            if state is None:
+                encryption_key = validate_header(header)
+                state = RoundState(key=key, header=header, encryption_key=encryption_key)
+                self._rounds[key] = state
+                self._latest[header.job_id] = max(latest, header.round)
+                self.mailboxes.retire(header.job_id, header.round - 1)
+            else:
+                validate_header(header)
+                state.check_header(header)
+        if state.status == "aborted":
+            raise RoundClosedError(f"round {header.round} attempt {header.attempt} was aborted: {state.reason}")
+        with state.lock:
+            state.joined.add(header.party_id)
+            state.broken.pop(header.party_id, None)
+        return state
+
+    def push(self, party: str, state: RoundState, message: pb.Slice) -> bool:
+        """Fold one slice in; deliver the combined slice when its index completes."""
+        accepted, combined = state.accept(party, message)
+        if combined is not None:
+            self.slices_aggregated += 1
+            if state.status == "complete":
+                self._complete(state)
+            self._emit(state.header, message.index, combined, None)
+        return accepted
+
+    def stream_ended(self, party: str, state: RoundState) -> None:
+        """A party's slice stream ended; with slices missing it is a dropout candidate."""
+        with state.lock:
+            if state.status == "open" and party in state.missing():
+                state.broken[party] = time.monotonic()
+
+    def redeliver(self, key: RoundKey, party: str) -> None:
+        """Queue a completed round's slices for ``party`` again (it lost them)."""
+        header, done = self._completed[key]
+        for index, payload in sorted(done.items()):
+            self._emit(header, index, payload, party)
+
+    def fetch(self, key: RoundKey, party: str, indices: list[int]) -> list[pb.AggregatedSlice]:
+        """Combined slices of a completed attempt, for one of its participants."""
+        with self._lock:
+            if key not in self._completed:
+                raise RoundClosedError(f"round attempt {key} is not complete here")
+            header, done = self._completed[key]
+        if party not in header.participants:
+            raise PermissionDeniedError(f"{party!r} is not a participant of round attempt {key}")
+        wanted = indices or sorted(done)
+        unknown = [i for i in wanted if i not in done]
+        if unknown:
+            raise ProtocolError(f"indices {unknown[:5]} are out of range (num_slices {header.num_slices})")
+        return [self._aggregated(header, i, done[i]) for i in wanted]
+
+    def _complete(self, state: RoundState) -> None:
+        # Stored before the last slice goes out: whoever sees the round complete can get it again.
+        self.store.save(state.header, state.done)
+        with self._lock:
+            self._completed[state.key] = (state.header, state.done)
+            self._rounds.pop(state.key, None)
+            old = [k for k in self._completed if k[0] == state.key[0] and k[1] + 2 < state.key[1]]
+            for key in old:
+                del self._completed[key]
+
+    def _aggregated(self, header: pb.RoundHeader, index: int, payload: bytes) -> pb.AggregatedSlice:
+        from confide.aggregator.rounds import expected_length
+
+        return pb.AggregatedSlice(
+            round=header.round,
+            attempt=header.attempt,
+            slice=pb.Slice(index=index, n_valid=expected_length(header, index), payload=payload),
+        )
+
+    def _emit(self, header: pb.RoundHeader, index: int, payload: bytes, only: str | None) -> None:
+        participants = list(header.participants)
+        if header.routing == pb.RESULT_ROUTING_ROUND_ROBIN:
+            recipients = [participants[index % len(participants)]]
+        else:
+            recipients = participants
+        if only is not None:
+            recipients = [p for p in recipients if p == only]
+        if not recipients:
+            return
+        delivery = pb.Delivery(job_id=header.job_id, aggregate=self._aggregated(header, index, payload))
+        for party in recipients:
+            self.mailboxes.deliver(header.job_id, party, header.round, delivery)
+
+    def abort(self, state: RoundState, dropped: list[str], reason: str) -> None:
+        """Abort a round attempt and tell every participant who is left."""
+        with state.lock:
+            if state.status != "open":
+                return
+            state.status = "aborted"
+            state.reason = reason
+            state.partial.clear()
+        survivors = [p for p in state.participants if p not in dropped]
+        log.warning("round %s aborted: %s", state.key, reason)
+        control = pb.RoundControl(
+            kind=pb.RoundControl.KIND_ABORTED,
+            round=state.header.round,
+            attempt=state.header.attempt,
+            dropped=dropped,
+            survivors=survivors,
+            reason=reason,
+        )
+        delivery = pb.Delivery(job_id=state.header.job_id, control=control)
+        for party in state.participants:
+            self.mailboxes.deliver(state.header.job_id, party, state.header.round, delivery)
+
+    def _watch(self) -> None:
+        while not self._stopped.wait(0.2):
+            now = time.monotonic()
+            with self._lock:
+                states = [s for s in self._rounds.values() if s.status == "open"]
+            for state in states:
+                with state.lock:
+                    gone = [p for p, t in state.broken.items() if now - t > self.config.dropout_grace_s]
+                    late = now - state.created > self.config.round_timeout_s
+                    absent = [p for p in state.participants if p not in state.joined]
+                    stalled = state.missing() if late else []
+                if gone:
+                    self.abort(
+                        state,
+                        gone,
+                        f"{', '.join(gone)} dropped out mid-round (stream broke and did not resume within "
+                        f"{self.config.dropout_grace_s:g} s)",
+                    )
+                elif late and (absent or stalled):
+                    dropped = absent or stalled
+                    self.abort(
+                        state,
+                        dropped,
+                        f"{', '.join(dropped)} sent no complete update within {self.config.round_timeout_s:g} s",
+                    )
+            with self._lock:
+                closed = [k for k, s in self._rounds.items() if s.status == "aborted" and now - s.created > 600]
+                for key in closed:
+                    del self._rounds[key]
+
+    def open_rounds(self) -> int:
+        """Round attempts still collecting slices."""
+        with self._lock:
+            return sum(1 for s in self._rounds.values() if s.status == "open")
+
+    def close(self) -> None:
+        """Stop the monitor thread."""
+        self._stopped.set()
+
+    def observe(self, event: str, party: str, message: object) -> None:
+        """Hand a received message to the observer (tests, audits)."""
+        if self.observer is not None:
+            self.observer(event, party, message)
+
+
+class AggregationServicer(rpc.AggregationServicer):
+    """gRPC Aggregation service."""
+
+    def __init__(self, core: AggregatorCore, name: str) -> None:
+        self._core = core
+        self._name = name
+
+    def PushSlices(self, request_iterator, context):  # noqa: N802 - gRPC method name
+        """Receive one party's slices for one round attempt."""
+        state: RoundState | None = None
+        party = ""
+        accepted = duplicates = 0
+        try:
+            first = next(request_iterator, None)
+            if first is None or not first.HasField("header"):
+                raise ProtocolError("a PushSlices stream must start with a header")
+            header = first.header
+            party = tls.require_caller(context, header.party_id, "header.party_id")
+            self._core.observe("header", party, header)
+            state = self._core.open_round(header)
+            if state is None:
+                self._core.redeliver((header.job_id, header.round, header.attempt), party)
+                return pb.PushReply(round_complete=True)
+            for message in request_iterator:
+                if not message.HasField("slice"):
+                    raise ProtocolError("only the first message of a PushSlices stream may be a header")
+                self._core.observe("slice", party, message.slice)
+                if self._core.push(party, state, message.slice):
+                    accepted += 1
+                else:
+                    duplicates += 1
+            return pb.PushReply(accepted=accepted, duplicates=duplicates, round_complete=state.status == "complete")
+        except (ConfideError, ValueError) as error:
+            status.abort(context, error)
+        finally:
+            if state is not None:
+                self._core.stream_ended(party, state)
+
+    def FetchResult(self, request, context):  # noqa: N802
+        """Combined slices of a completed round attempt again."""
+        try:
+            party = tls.caller_name(context) or ""
+            key = (request.job_id, request.round, request.attempt)
+            yield from self._core.fetch(key, party, list(request.indices))
+        except (ConfideError, ValueError) as error:
+            status.abort(context, error)
+
+    @status.guarded
+    def Health(self, request, context):  # noqa: N802
+        """Name and load."""
+        return pb.HealthReply(
+            name=self._name, open_rounds=self._core.open_rounds(), slices_aggregated=self._core.slices_aggregated
+        )
+
+
+class RelayServicer(rpc.RelayServicer):
+    """gRPC Relay service: routes end-to-end protected envelopes between parties."""
+
+    def __init__(self, core: AggregatorCore) -> None:
+        self._core = core
+
+    @status.guarded
+    def Send(self, request, context):  # noqa: N802
+        """Deliver one envelope to its recipients' mailboxes."""
+        tls.require_caller(context, request.sender, "envelope.sender")
+        if not request.job_id or not request.tag:
+            raise ProtocolError("envelope.job_id and envelope.tag are required")
+        recipients = list(request.recipients)
+        if not recipients or any(not 0 < len(r) <= MAX_NAME for r in recipients):
+            raise ProtocolError(f"envelope.recipients must list 1.. names of 1..{MAX_NAME} characters")
+        self._core.observe("envelope", request.sender, request)
+        delivery = pb.Delivery(job_id=request.job_id, envelope=request)
+        for party in recipients:
+            self._core.mailboxes.deliver(request.job_id, party, request.round, delivery)
+        return pb.RelayReply(delivered=len(recipients))
+
+    def Subscribe(self, request, context):  # noqa: N802
+        """Replay the party's mailbox, then stream new deliveries."""
+        try:
+            tls.require_caller(context, request.party_id, "subscribe.party_id")
+        except ConfideError as error:
+            status.abort(context, error)
+        yield from self._core.mailboxes.subscribe(request.job_id, request.party_id, context.is_active)
+
+
+def serve(
+    identity: Identity, address: str, config: AggregatorConfig, *, observer: Observer | None = None
+) -> tuple[grpc.Server, int, AggregatorCore]:
+    """Start the aggregator's gRPC server; returns (server, bound port, core)."""
+    core = AggregatorCore(config, observer)
+    server, port = tls.server(identity, address, max_workers=config.max_workers)
+    rpc.add_AggregationServicer_to_server(AggregationServicer(core, identity.name), server)
+    rpc.add_RelayServicer_to_server(RelayServicer(core), server)
+    server.start()
+    return server, port, core

@@ -1,0 +1,498 @@
+r"""Logistic regression for horizontal federated learning (FedAvg of LR), numpy only.
+
+Every party holds rows with the same ``d`` features and a binary label ``y in {0, 1}``.
+The model is ``w = (coef, intercept)`` with decision value ``z = x . coef + intercept``.
+
+Loss (what :meth:`HomoLR.loss` returns) over ``n`` rows::
+
+    L(w) = 1/n sum_i [ log(1 + exp(z_i)) - y_i z_i ]  +  l2/2 ||coef||^2
+
+``log(1 + exp(z))`` is evaluated as ``np.logaddexp(0, z)``, which never overflows, and the
+sigmoid as ``0.5 + 0.5 tanh(z / 2)``, which is exact in real arithmetic and stable for any z.
+The intercept is not penalised.
+
+Gradient over a mini-batch ``B`` of ``m`` rows, with ``p_i = sigmoid(z_i)``::
+
+    g_coef      = 1/m sum_{i in B} (p_i - y_i) x_i  +  l2 coef
+    g_intercept = 1/m sum_{i in B} (p_i - y_i)
+
+Update (plain mini-batch SGD with a constant learning rate ``lr``)::
+
+    coef      <- coef - lr g_coef          (computed as (1 - lr l2) coef - lr/m X_B^T r)
+    intercept <- intercept - lr g_intercept
+
+One local epoch is one pass over the rows in a fresh random order (a permutation drawn from
+the instance's ``np.random.Generator``, seeded by ``seed``), cut into batches of
+``batch_size`` rows; the last batch may be smaller.
+
+Federated round (FedAvg): each party loads the global weights with :meth:`HomoLR.set_weights`,
+runs :meth:`HomoLR.local_train` for ``local_epochs`` epochs on its own rows, and sends
+:meth:`HomoLR.get_weights` (a flat ``[coef..., intercept]`` vector) together with its sample
+count ``n_k``. The new global model is ``sum_k n_k w_k / sum_k n_k``. That weighted average, and
+its protection, happen in the federated runtime (aggregator and party), not in this module.
+
+Inputs: ``X`` is a dense numpy array or a ``scipy.sparse`` matrix (kept sparse, converted to
+CSR when it is not CSR already; never densified). The heavy products run in ``X``'s own
+floating dtype (float32 stays float32; integer or bool inputs are converted to float64 once),
+while the master weights are always float64.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import os
+import sys
+import zipfile
+from typing import Any
+
+import numpy as np
+
+from confide.errors import InvalidParameterError
+
+__all__ = ["HomoLR"]
+
+_FORMAT = "confide.HomoLR/1"
+_MAX_FEATURES = 100_000_000
+
+
+def _is_sparse(X: Any) -> bool:
+    """Tell whether X is a scipy.sparse matrix or array (this module never imports scipy)."""
+    sparse = sys.modules.get("scipy.sparse")
+    return sparse is not None and bool(sparse.issparse(X))
+
+
+def _check_int(name: str, value: Any, low: int, high: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise InvalidParameterError(f"{name} must be an integer, got {value!r}")
+    value = int(value)
+    if value < low or (high is not None and value > high):
+        limit = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise InvalidParameterError(f"{name} must be {limit}, got {value}")
+    return value
+
+
+def _check_float(name: str, value: Any, *, low: float, strict: bool) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise InvalidParameterError(f"{name} must be a real number, got {value!r}")
+    value = float(value)
+    if not math.isfinite(value) or (value <= low if strict else value < low):
+        raise InvalidParameterError(f"{name} must be {'>' if strict else '>='} {low:g} and finite, got {value!r}")
+    return value
+
+
+def _sigmoid(z: np.ndarray) -> np.ndarray:
+    """Logistic function, stable for any z (no overflow), in z's dtype."""
+    out = np.multiply(z, 0.5, dtype=z.dtype)
+    np.tanh(out, out=out)
+    out *= 0.5
+    out += 0.5
+    return out
+
+
+class HomoLR:
+    """Binary logistic regression trained by mini-batch SGD, ready for FedAvg.
+
+    Parameters
+    ----------
+    learning_rate : float, default 0.1
+        SGD step size, > 0.
+    local_epochs : int, default 1
+        Passes over the local rows per :meth:`local_train` call, >= 1.
+    batch_size : int, default 64
+        Rows per mini-batch, >= 1.
+    l2 : float, default 0.0
+        L2 penalty ``l2/2 ||coef||^2`` (intercept not penalised), >= 0.
+    seed : int, default 0
+        Seed of the generator that shuffles rows, >= 0. Two models built with the same
+        seed and given the same calls produce the same weights.
+
+    Attributes
+    ----------
+    n_features_in_ : int
+        Number of features ``d`` (after :meth:`initialize`, :meth:`set_weights` or :meth:`fit`).
+    coef_ : numpy.ndarray
+        float64 weights, shape ``(d,)`` (a copy).
+    intercept_ : float
+        The bias.
+
+    Notes
+    -----
+    The module docstring states the loss, gradient and update. The weighted average of
+    the parties' weights (FedAvg) is done by the federated runtime, not here.
+    """
+
+    def __init__(
+        self,
+        learning_rate: float = 0.1,
+        local_epochs: int = 1,
+        batch_size: int = 64,
+        l2: float = 0.0,
+        seed: int = 0,
+    ) -> None:
+        self.learning_rate = _check_float("learning_rate", learning_rate, low=0.0, strict=True)
+        self.local_epochs = _check_int("local_epochs", local_epochs, 1)
+        self.batch_size = _check_int("batch_size", batch_size, 1)
+        self.l2 = _check_float("l2", l2, low=0.0, strict=False)
+        self.seed = _check_int("seed", seed, 0)
+        self._rng = np.random.default_rng(self.seed)
+        self._w: np.ndarray | None = None  # float64 [coef..., intercept]
+
+    def __repr__(self) -> str:
+        return (
+            f"HomoLR(learning_rate={self.learning_rate!r}, local_epochs={self.local_epochs!r}, "
+            f"batch_size={self.batch_size!r}, l2={self.l2!r}, seed={self.seed!r})"
+        )
+
+    # ------------------------------------------------------------------ weights
+
+    @property
+    def n_features_in_(self) -> int:
+        """Number of features ``d`` the model was initialised for."""
+        return self._weights().size - 1
+
+    @property
+    def coef_(self) -> np.ndarray:
+        """float64 coefficients, shape ``(d,)`` (a copy)."""
+        return self._weights()[:-1].copy()
+
+    @property
+    def intercept_(self) -> float:
+        """The intercept (bias)."""
+        return float(self._weights()[-1])
+
+    def _weights(self) -> np.ndarray:
+        if self._w is None:
+            raise InvalidParameterError("weights are not initialized; call initialize(n_features), set_weights or fit")
+        return self._w
+
+    def initialize(self, n_features: int) -> None:
+        """Set all weights (coefficients and intercept) to zero for ``n_features`` features.
+
+        Parameters
+        ----------
+        n_features : int
+            Number of features ``d``, in [1, 100_000_000].
+        """
+        d = _check_int("n_features", n_features, 1, _MAX_FEATURES)
+        self._w = np.zeros(d + 1, dtype=np.float64)
+
+    def get_weights(self) -> np.ndarray:
+        """Return the weights as one flat float64 vector ``[coef..., intercept]`` (a copy).
+
+        Returns
+        -------
+        numpy.ndarray
+            Shape ``(d + 1,)``.
+        """
+        return self._weights().copy()
+
+    def set_weights(self, weights: Any) -> None:
+        """Load a flat ``[coef..., intercept]`` vector, for example the global model of a round.
+
+        Parameters
+        ----------
+        weights : array_like
+            1-D, finite, length ``d + 1``. On a model that is not initialised yet, ``d`` is taken
+            from the length (which must then be >= 2).
+
+        Raises
+        ------
+        InvalidParameterError
+            Wrong shape or length, or a non-finite value.
+        """
+        try:
+            w = np.array(weights, dtype=np.float64, copy=True)
+        except (TypeError, ValueError) as exc:
+            raise InvalidParameterError(f"weights must be a 1-D array of real numbers: {exc}") from None
+        if w.ndim != 1:
+            raise InvalidParameterError(f"weights must be 1-D, got shape {w.shape}")
+        expected = None if self._w is None else self._w.size
+        if expected is not None and w.size != expected:
+            raise InvalidParameterError(f"weights must have length n_features + 1 = {expected}, got {w.size}")
+        if w.size < 2 or w.size - 1 > _MAX_FEATURES:
+            raise InvalidParameterError(f"weights must have length in [2, {_MAX_FEATURES + 1}], got {w.size}")
+        if not np.isfinite(w).all():
+            raise InvalidParameterError("weights must be finite (no NaN or inf)")
+        self._w = w
+
+    # ------------------------------------------------------------------ inputs
+
+    def _check_X(self, X: Any, name: str = "X") -> Any:
+        """Validate X against the model width; return a float dense array or a float CSR matrix."""
+        d = self.n_features_in_
+        if _is_sparse(X):
+            if X.ndim != 2:
+                raise InvalidParameterError(f"{name} must be 2-D, got {X.ndim}-D")
+            if X.format != "csr":
+                X = X.tocsr()
+            if X.dtype not in (np.float32, np.float64):
+                X = X.astype(np.float32 if X.dtype == np.float16 else np.float64)
+            data = X.data
+        else:
+            X = np.asarray(X)
+            if X.dtype not in (np.float32, np.float64):
+                if X.dtype.kind not in "biuf":
+                    raise InvalidParameterError(f"{name} must hold real numbers, got dtype {X.dtype}")
+                X = X.astype(np.float32 if X.dtype == np.float16 else np.float64)
+            if X.ndim != 2:
+                raise InvalidParameterError(f"{name} must be 2-D (rows x features), got shape {X.shape}")
+            data = X
+        if X.shape[0] < 1:
+            raise InvalidParameterError(f"{name} must have at least 1 row, got 0")
+        if X.shape[1] != d:
+            raise InvalidParameterError(f"{name} must have n_features_in_ = {d} columns, got {X.shape[1]}")
+        if not np.isfinite(data).all():
+            raise InvalidParameterError(f"{name} must be finite (no NaN or inf)")
+        return X
+
+    @staticmethod
+    def _check_y(y: Any, n: int, dtype: np.dtype) -> np.ndarray:
+        y = np.asarray(y)
+        if y.ndim == 2 and y.shape[1] == 1:
+            y = y[:, 0]
+        if y.ndim != 1:
+            raise InvalidParameterError(f"y must be 1-D, got shape {y.shape}")
+        if y.shape[0] != n:
+            raise InvalidParameterError(f"y must have one label per row of X ({n}), got {y.shape[0]}")
+        if y.dtype.kind not in "biuf":
+            raise InvalidParameterError(f"y must hold 0/1 labels, got dtype {y.dtype}")
+        if not ((y == 0) | (y == 1)).all():
+            raise InvalidParameterError("y must be binary with values in {0, 1}")
+        return y.astype(dtype)
+
+    # ------------------------------------------------------------------ training
+
+    def local_train(self, X: Any, y: Any, *, epochs: int | None = None) -> float:
+        """Run mini-batch SGD from the current weights over the local rows.
+
+        Parameters
+        ----------
+        X : numpy.ndarray or scipy.sparse matrix
+            Shape ``(n, d)``; sparse input stays sparse.
+        y : array_like
+            Shape ``(n,)``, values in {0, 1}.
+        epochs : int, optional
+            Passes over the shuffled rows (>= 1); defaults to ``local_epochs``.
+
+        Returns
+        -------
+        float
+            :meth:`loss` on ``(X, y)`` after training.
+        """
+        w = self._weights()
+        epochs = self.local_epochs if epochs is None else _check_int("epochs", epochs, 1)
+        lr = _check_float("learning_rate", self.learning_rate, low=0.0, strict=True)
+        l2 = _check_float("l2", self.l2, low=0.0, strict=False)
+        bs = _check_int("batch_size", self.batch_size, 1)
+        X = self._check_X(X)
+        n = X.shape[0]
+        y = self._check_y(y, n, X.dtype)
+        bs = min(bs, n)
+        buf = None if _is_sparse(X) else np.empty((bs, X.shape[1]), dtype=X.dtype)
+        shrink = 1.0 - lr * l2
+        w = w.copy()  # committed only if training stays finite
+        with np.errstate(over="ignore", invalid="ignore"):  # divergence is checked once, below
+            self._sgd(X, y, w, epochs, lr, shrink, bs, buf)
+        if not np.isfinite(w).all():
+            raise InvalidParameterError(
+                f"training diverged (non-finite weights, model left unchanged); lower learning_rate "
+                f"(got {self.learning_rate})"
+            )
+        self._w = w
+        return self.loss(X, y)
+
+    def _sgd(
+        self, X: Any, y: np.ndarray, w: np.ndarray, epochs: int, lr: float, shrink: float, bs: int, buf: Any
+    ) -> None:
+        n, dt, sparse = X.shape[0], X.dtype, buf is None
+        coef = w[:-1]  # view: updated in place
+        for _ in range(epochs):
+            order = self._rng.permutation(n)
+            for start in range(0, n, bs):
+                idx = order[start : start + bs]
+                m = idx.size
+                if sparse:
+                    xb = X[idx]
+                else:
+                    xb = np.take(X, idx, axis=0, out=buf[:m])
+                z = xb @ coef.astype(dt, copy=False)
+                z += dt.type(w[-1])
+                r = _sigmoid(z)
+                r -= y[idx]
+                g = xb.T @ r
+                if shrink != 1.0:
+                    coef *= shrink
+                coef -= (lr / m) * g
+                w[-1] -= lr * float(np.mean(r, dtype=np.float64))
+
+    def fit(self, X: Any, y: Any, *, epochs: int = 10) -> HomoLR:
+        """Centralised training with the same optimiser as :meth:`local_train`.
+
+        Initialises zero weights for ``X``'s width when the model has none; otherwise training
+        continues from the current weights (whose width must match ``X``).
+
+        Parameters
+        ----------
+        X : numpy.ndarray or scipy.sparse matrix
+            Shape ``(n, d)``.
+        y : array_like
+            Shape ``(n,)``, values in {0, 1}.
+        epochs : int, default 10
+            Passes over the data, >= 1.
+
+        Returns
+        -------
+        HomoLR
+            ``self``.
+        """
+        epochs = _check_int("epochs", epochs, 1)
+        if self._w is None:
+            shape = getattr(X, "shape", None)
+            if shape is None:
+                shape = np.shape(X)
+            if len(shape) != 2:
+                raise InvalidParameterError(f"X must be 2-D (rows x features), got shape {tuple(shape)}")
+            self.initialize(shape[1])
+        self.local_train(X, y, epochs=epochs)
+        return self
+
+    # ------------------------------------------------------------------ inference
+
+    def _z(self, X: Any) -> np.ndarray:
+        w = self._weights()
+        z = X @ w[:-1].astype(X.dtype, copy=False)
+        z += X.dtype.type(w[-1])
+        return np.asarray(z).reshape(-1)
+
+    def loss(self, X: Any, y: Any) -> float:
+        """Mean logistic loss plus ``l2/2 ||coef||^2``.
+
+        Parameters
+        ----------
+        X : numpy.ndarray or scipy.sparse matrix
+            Shape ``(n, d)``.
+        y : array_like
+            Shape ``(n,)``, values in {0, 1}.
+
+        Returns
+        -------
+        float
+            The loss (see the module docstring).
+        """
+        X = self._check_X(X)
+        y = self._check_y(y, X.shape[0], X.dtype)
+        z = self._z(X)
+        per_row = np.logaddexp(0, z)
+        per_row -= y * z
+        coef = self._weights()[:-1]
+        return float(np.mean(per_row, dtype=np.float64)) + 0.5 * self.l2 * float(coef @ coef)
+
+    def decision_function(self, X: Any) -> np.ndarray:
+        """Decision values ``X . coef + intercept``.
+
+        Parameters
+        ----------
+        X : numpy.ndarray or scipy.sparse matrix
+            Shape ``(n, d)``.
+
+        Returns
+        -------
+        numpy.ndarray
+            float64, shape ``(n,)``.
+        """
+        return self._z(self._check_X(X)).astype(np.float64)
+
+    def predict_proba(self, X: Any) -> np.ndarray:
+        """Class probabilities, like scikit-learn: column 0 is P(y=0), column 1 is P(y=1).
+
+        Parameters
+        ----------
+        X : numpy.ndarray or scipy.sparse matrix
+            Shape ``(n, d)``.
+
+        Returns
+        -------
+        numpy.ndarray
+            float64, shape ``(n, 2)``.
+        """
+        p = _sigmoid(self.decision_function(X))
+        return np.column_stack((1.0 - p, p))
+
+    def predict(self, X: Any) -> np.ndarray:
+        """Predicted labels (1 where the decision value is > 0).
+
+        Parameters
+        ----------
+        X : numpy.ndarray or scipy.sparse matrix
+            Shape ``(n, d)``.
+
+        Returns
+        -------
+        numpy.ndarray
+            int64 labels in {0, 1}, shape ``(n,)``.
+        """
+        return (self.decision_function(X) > 0).astype(np.int64)
+
+    # ------------------------------------------------------------------ persistence
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the weights and hyper-parameters to ``path`` as an ``.npz`` archive.
+
+        The file is written at exactly ``path`` (no suffix is added). The shuffling
+        generator's state is not saved: a loaded model restarts it from ``seed``.
+
+        Parameters
+        ----------
+        path : str or os.PathLike
+            Destination file.
+        """
+        w = self._weights()
+        with open(path, "wb") as fh:
+            np.savez(
+                fh,
+                format=np.array(_FORMAT),
+                weights=w,
+                learning_rate=np.float64(self.learning_rate),
+                local_epochs=np.int64(self.local_epochs),
+                batch_size=np.int64(self.batch_size),
+                l2=np.float64(self.l2),
+                seed=np.int64(self.seed),
+            )
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> HomoLR:
+        """Read a model written by :meth:`save`.
+
+        Parameters
+        ----------
+        path : str or os.PathLike
+            File written by :meth:`save`.
+
+        Returns
+        -------
+        HomoLR
+            The model, with its hyper-parameters and weights.
+
+        Raises
+        ------
+        InvalidParameterError
+            The file is not a saved HomoLR model or its contents are invalid.
+        """
+        keys = ("format", "weights", "learning_rate", "local_epochs", "batch_size", "l2", "seed")
+        try:
+            with np.load(path, allow_pickle=False) as npz:
+                data = {k: npz[k] for k in keys}
+        except (KeyError, ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
+            raise InvalidParameterError(f"path {os.fspath(path)!r} is not a saved HomoLR model: {exc}") from None
+        if str(data["format"]) != _FORMAT:
+            raise InvalidParameterError(f"format must be {_FORMAT!r}, got {str(data['format'])!r}")
+        model = cls(
+            learning_rate=float(data["learning_rate"]),
+            local_epochs=int(data["local_epochs"]),
+            batch_size=int(data["batch_size"]),
+            l2=float(data["l2"]),
+            seed=int(data["seed"]),
+        )
+        model.set_weights(data["weights"])
+        return model

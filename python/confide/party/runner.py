@@ -1,0 +1,457 @@
+"""The party process: local data, local training, one protected aggregation per round.
+
+Per round: train locally from the global model, weight the change by this party's share of
+the participants' samples (FedAvg), then run one round attempt:
+
+1. open the upload stream with the header (so the aggregator knows we are alive), agree on
+   the encoding scale with the peers (``begin_round``), then protect and stream the slices,
+   slice i being protected while slice i-1 is sent (:func:`confide.transport.slicing.pipelined`);
+2. wait for the combined slices (and, in ``paillier``, the peers' decrypted parts), decode.
+
+If the aggregator aborts the attempt because a participant dropped out, the survivors retry
+the round under a new attempt number (``on_dropout: retry``, at least ``min_parties`` left)
+or the job fails with the reason (``on_dropout: fail``). If the aggregator itself goes away,
+the party reconnects and uploads the same attempt again from its cached slices. After every
+completed round the model is checkpointed and the report rewritten (atomic replace).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from confide.data import breast_cancer_federation, synthetic_lr
+from confide.errors import (
+    ConfideError,
+    JobFailedError,
+    MessageTimeoutError,
+    RoundAbortedError,
+    RoundClosedError,
+    TransportUnavailableError,
+)
+from confide.ml import HomoLR
+from confide.protect import ProtectionParams, RoundContext, make_protection
+from confide.spec import JobSpec
+from confide.transport.certs import Identity
+from confide.transport.client import AGGREGATOR, AggregatorClient
+from confide.transport.slicing import pipelined, slice_length_for
+from confide.v1 import runtime_pb2 as pb
+
+__all__ = ["PartyExchange", "load_party_data", "run_party"]
+
+log = logging.getLogger("confide.party")
+MAX_WEIGHTS_IN_REPORT = 10_000
+
+
+@dataclass
+class PartyData:
+    """One party's rows (and a local test split when the data set gives one)."""
+
+    X: object
+    y: np.ndarray
+    X_test: object | None = None
+    y_test: np.ndarray | None = None
+
+
+def load_party_data(spec: JobSpec, party_id: str) -> PartyData:
+    """Rows of ``party_id`` as the job's data spec provisions them (generated or embedded)."""
+    index = spec.parties.index(party_id)
+    data = spec.data
+    if data.dataset == "breast_cancer":
+        federation = breast_cancer_federation(
+            len(spec.parties), split=data.split, skew=data.skew, test_fraction=data.test_fraction, seed=data.seed
+        )
+        X, y = federation.parts[index]
+        return PartyData(X, y)
+    X, y, X_test, y_test = synthetic_lr(
+        index,
+        len(spec.parties),
+        samples=data.samples,
+        features=data.features,
+        density=data.density,
+        alpha=data.alpha,
+        beta=data.beta,
+        seed=data.seed,
+        test_fraction=min(data.test_fraction, 0.5),
+    )
+    return PartyData(X, y, X_test, y_test)
+
+
+class RoundUpload:
+    """One attempt's upload: header first, slices once the scale is agreed; retried on reconnect."""
+
+    def __init__(self, client: AggregatorClient, header: pb.RoundHeader, produce, count: int, spec: JobSpec) -> None:
+        self._client = client
+        self._header = header
+        self._produce = produce
+        self._count = count
+        self._spec = spec
+        self._cache: list[pb.Slice] = []
+        self._ready = threading.Event()
+        self._cancelled = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+        self.reply: pb.PushReply | None = None
+        self.seconds = 0.0
+
+    def start(self) -> None:
+        """Begin (or begin again) uploading in a background thread."""
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self.reply = None
+        self._thread = threading.Thread(target=self._run, name="confide-upload", daemon=True)
+        self._thread.start()
+
+    def release(self) -> None:
+        """The scale is agreed: slices may flow."""
+        self._ready.set()
+
+    def cancel(self) -> None:
+        """Stop uploading (the attempt was aborted)."""
+        self._cancelled.set()
+        self._ready.set()
+
+    def join(self) -> None:
+        """Wait for the upload thread."""
+        if self._thread is not None:
+            self._thread.join()
+
+    def _requests(self):
+        self._ready.wait()
+        if self._cancelled.is_set():
+            return
+        yield from list(self._cache)
+        start = len(self._cache)
+        transport = self._spec.transport
+        for item in pipelined(
+            lambda i: self._produce(start + i),
+            self._count - start,
+            depth=transport.pipeline_depth,
+            enabled=transport.pipeline,
+        ):
+            self._cache.append(item)
+            yield item
+
+    def _run(self) -> None:
+        deadline = time.monotonic() + self._spec.transport.reconnect_timeout_s
+        while not self._cancelled.is_set():
+            started = time.perf_counter()
+            try:
+                self.reply = self._client.push(self._header, self._requests())
+                self.seconds += time.perf_counter() - started
+                return
+            except TransportUnavailableError as error:
+                if time.monotonic() > deadline:
+                    self.error = error
+                    return
+                time.sleep(0.3)
+            except BaseException as error:  # noqa: BLE001 - handed to the round's main thread
+                self.error = error
+                return
+
+
+class PartyExchange:
+    """:class:`confide.protect.Exchange` over the aggregator client, aware of the open attempt.
+
+    Waits run in one-second steps: between steps a failed upload surfaces, and after a
+    reconnect (the aggregator may have restarted and lost the attempt's partial sums) the
+    upload runs again from its cache.
+    """
+
+    def __init__(self, client: AggregatorClient) -> None:
+        self.client = client
+        self.job_id = client.job_id
+        self.party_id = client.party_id
+        self.identity = client.identity
+        self.upload: RoundUpload | None = None
+        self._reconnects = 0
+        self.wait_seconds = 0.0
+
+    def send(self, round_number: int, tag: str, payload: bytes, recipients) -> None:
+        """Relay a payload."""
+        self.client.send(round_number, tag, payload, recipients)
+
+    def recv(self, round_number: int, tag: str, sender: str, *, timeout: float | None = None) -> bytes:
+        """Wait for a relayed payload."""
+        return self.wait((self.job_id, round_number, tag, sender), timeout)
+
+    def wait(self, key: tuple, timeout: float | None = None):
+        """Wait for a pooled message, re-uploading after a reconnect."""
+        timeout = self.client.message_timeout_s if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        started = time.perf_counter()
+        try:
+            while True:
+                upload = self.upload
+                if upload is not None and upload.error is not None:
+                    self._upload_failed(upload, key)
+                if self.client.reconnects != self._reconnects:
+                    self._reconnects = self.client.reconnects
+                    if upload is not None:
+                        log.info("reconnected to the aggregator: uploading the open attempt again")
+                        upload.start()
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise MessageTimeoutError(f"no message {key!r} within {timeout:g} s")
+                try:
+                    return self.client.wait(key, min(1.0, remaining))
+                except MessageTimeoutError:
+                    continue
+        finally:
+            self.wait_seconds += time.perf_counter() - started
+
+    def _upload_failed(self, upload: RoundUpload, key: tuple) -> None:
+        if isinstance(upload.error, RoundClosedError):
+            # The attempt was aborted: the abort notice explains why; give it a moment to arrive.
+            try:
+                self.client.wait(("", -1, "", ""), 5.0)
+            except MessageTimeoutError:
+                pass
+        raise upload.error
+
+
+def run_party(
+    spec: JobSpec,
+    party_id: str,
+    *,
+    aggregator: str,
+    certs_dir: str | os.PathLike,
+    workdir: str | os.PathLike,
+    on_round: Callable[[dict], None] | None = None,
+) -> dict:
+    """Run this party's side of a job to the end; returns (and writes) its report."""
+    if party_id not in spec.parties:
+        raise JobFailedError(f"party {party_id!r} is not in the job's parties {spec.parties}")
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    report_path = workdir / f"{party_id}.report.json"
+    identity = Identity.load(certs_dir, party_id)
+    data = load_party_data(spec, party_id)
+    model = HomoLR(
+        learning_rate=spec.model.learning_rate,
+        local_epochs=spec.model.local_epochs,
+        batch_size=spec.model.batch_size,
+        l2=spec.model.l2,
+        seed=spec.seed * 1000 + spec.parties.index(party_id),
+    )
+    model.initialize(data.X.shape[1])
+    report = {
+        "job_id": spec.job_id,
+        "party": party_id,
+        "status": "starting",
+        "samples": int(data.X.shape[0]),
+        "features": int(data.X.shape[1]),
+        "rounds": [],
+    }
+    client = AggregatorClient(
+        aggregator,
+        identity,
+        spec.job_id,
+        reconnect_timeout_s=spec.transport.reconnect_timeout_s,
+        message_timeout_s=spec.transport.message_timeout_s,
+    )
+    exchange = PartyExchange(client)
+    params = ProtectionParams(
+        key_bits=spec.protection.key_bits,
+        bits=spec.protection.bits,
+        clipping=spec.protection.clipping,
+        share_timeout_s=spec.protection.share_timeout_s,
+        setup_timeout_s=spec.protection.setup_timeout_s,
+    )
+    current: dict = {}
+
+    def fetch(context: RoundContext, indices: list[int]) -> list[pb.Slice]:
+        return client.fetch(context.round, context.attempt, indices)
+
+    extra = {"fetch": fetch} if spec.protection.mode == "paillier" else {}
+    protection = make_protection(spec.protection.mode, exchange, params, **extra)
+    try:
+        client.connect()
+        started = time.perf_counter()
+        protection.setup(list(spec.parties))
+        counts = protection.exchange_values(
+            0, "samples", [float(data.X.shape[0])], [p for p in spec.parties if p != party_id]
+        )
+        report["setup_seconds"] = time.perf_counter() - started
+        report["protection"] = protection.report()
+        participants = list(spec.parties)
+        slice_length = slice_length_for(spec.transport.slice_bytes)
+        for round_number in range(1, spec.rounds + 1):
+            current = {"round": round_number}
+            entry = _train_and_aggregate(
+                spec,
+                party_id,
+                model,
+                data,
+                protection,
+                exchange,
+                client,
+                counts,
+                participants,
+                slice_length,
+                round_number,
+            )
+            participants = entry["participants"]
+            report["rounds"].append(entry)
+            report["status"] = "running"
+            _checkpoint(workdir, party_id, round_number, model)
+            _write_json(report_path, report)
+            if on_round is not None:
+                on_round(entry)
+        report["status"] = "completed"
+        report["protection"] = protection.report()
+        report["weights"] = model.get_weights().tolist() if model.get_weights().size <= MAX_WEIGHTS_IN_REPORT else None
+        model.save(workdir / f"{party_id}.model.npz")
+    except ConfideError as error:
+        report["status"] = "failed"
+        report["error"] = f"{type(error).__name__}: {error}"
+        report["failed_round"] = current.get("round")
+        _write_json(report_path, report)
+        raise
+    finally:
+        report["bytes_setup"] = {"sent": client.bytes_sent.get(0, 0), "received": client.bytes_received.get(0, 0)}
+        report["reconnects"] = client.reconnects
+        if report["status"] != "failed":
+            _write_json(report_path, report)
+        client.close()
+    return report
+
+
+def _train_and_aggregate(
+    spec, party_id, model, data, protection, exchange, client, counts, participants, slice_length, round_number
+) -> dict:
+    timings: dict[str, float] = {}
+    round_started = time.perf_counter()
+    global_weights = model.get_weights()
+    started = time.perf_counter()
+    model.local_train(data.X, data.y)
+    timings["train_s"] = time.perf_counter() - started
+    delta = model.get_weights() - global_weights
+    attempt = 0
+    while True:
+        total = sum(float(counts[p][0]) for p in participants)
+        vector = delta * (float(counts[party_id][0]) / total)
+        context = RoundContext(
+            round=round_number,
+            attempt=attempt,
+            participants=list(participants),
+            party_id=party_id,
+            vector_length=vector.size,
+            slice_length=slice_length,
+        )
+        try:
+            aggregate, attempt_timings = _run_attempt(protection, exchange, client, context, vector, spec)
+            timings.update(attempt_timings)
+            break
+        except RoundAbortedError as aborted:
+            if party_id in aborted.dropped:
+                raise JobFailedError(f"this party was dropped from round {round_number}: {aborted}") from None
+            if spec.protection.on_dropout == "fail":
+                raise JobFailedError(f"{aborted}; on_dropout is 'fail'") from None
+            if len(aborted.survivors) < spec.protection.min_parties:
+                raise JobFailedError(
+                    f"{aborted}; {len(aborted.survivors)} parties left, protection.min_parties is "
+                    f"{spec.protection.min_parties}"
+                ) from None
+            log.warning("%s; retrying round %d with %s", aborted, round_number, aborted.survivors)
+            participants = list(aborted.survivors)
+            attempt += 1
+    model.set_weights(global_weights + aggregate)
+    entry = {
+        "round": round_number,
+        "attempts": attempt + 1,
+        "participants": list(participants),
+        "seconds": time.perf_counter() - round_started,
+        **{k: round(v, 6) for k, v in timings.items()},
+        "train_loss": model.loss(data.X, data.y),
+        "bytes_sent": client.bytes_sent.get(round_number, 0),
+        "bytes_received": client.bytes_received.get(round_number, 0),
+        "stats": context.stats,
+    }
+    if data.X_test is not None and len(np.unique(data.y_test)) == 2:
+        from sklearn.metrics import roc_auc_score
+
+        entry["test_auc"] = float(roc_auc_score(data.y_test, model.decision_function(data.X_test)))
+    weights = model.get_weights()
+    if weights.size <= MAX_WEIGHTS_IN_REPORT:
+        entry["weights"] = weights.tolist()
+    return entry
+
+
+def _run_attempt(protection, exchange: PartyExchange, client: AggregatorClient, context: RoundContext, vector, spec):
+    timings = {"encode_s": 0.0}
+    header = pb.RoundHeader(
+        job_id=client.job_id,
+        round=context.round,
+        attempt=context.attempt,
+        party_id=context.party_id,
+        participants=context.participants,
+        kind=protection.kind,
+        num_slices=context.num_slices,
+        slice_length=context.slice_length,
+        vector_length=context.vector_length,
+        routing=protection.routing,
+        encryption_key=protection.header_key(),
+        mode=protection.mode,
+    )
+    encode_lock = threading.Lock()
+
+    def produce(index: int) -> pb.Slice:
+        start, stop = context.bounds(index)
+        began = time.perf_counter()
+        payload = protection.encode(context, index, vector[start:stop])
+        with encode_lock:
+            timings["encode_s"] += time.perf_counter() - began
+        return pb.Slice(index=index, n_valid=stop - start, payload=payload)
+
+    upload = RoundUpload(client, header, produce, context.num_slices, spec)
+    client.watch_round(context.round, context.attempt)
+    exchange.upload = upload
+    exchange.wait_seconds = 0.0
+    upload.start()
+    try:
+        began = time.perf_counter()
+        protection.begin_round(context, vector)
+        timings["agree_s"] = time.perf_counter() - began
+        upload.release()
+        exchange.wait_seconds = 0.0
+        began = time.perf_counter()
+
+        def result(index: int) -> pb.Slice:
+            return exchange.wait((client.job_id, context.round, f"agg/{context.attempt}/{index}", AGGREGATOR))
+
+        aggregate = protection.finish_round(context, result)
+        finish = time.perf_counter() - began
+        timings["upload_s"] = upload.seconds
+        timings["wait_s"] = exchange.wait_seconds
+        timings["decode_s"] = max(0.0, finish - exchange.wait_seconds)
+        timings["crypto_s"] = timings["encode_s"] + timings["decode_s"]
+        upload.join()
+        return aggregate, timings
+    except BaseException:
+        upload.cancel()
+        raise
+    finally:
+        client.watch_round(None)
+        exchange.upload = None
+
+
+def _checkpoint(workdir: Path, party_id: str, round_number: int, model: HomoLR) -> None:
+    path = workdir / f"{party_id}.checkpoint.npz"
+    temporary = workdir / f"{party_id}.checkpoint.tmp.npz"
+    np.savez(temporary, round=round_number, weights=model.get_weights())
+    os.replace(temporary, path)
+
+
+def _write_json(path: Path, data: dict) -> None:
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text(json.dumps(data, indent=1, default=float))
+    os.replace(temporary, path)

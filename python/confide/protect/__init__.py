@@ -1,0 +1,40 @@
+"""Protection modes for horizontal aggregation, as protocols between parties.
+
+=========== ================================= ============================== =================
+mode        aggregator learns                 parties share                  cost
+=========== ================================= ============================== =================
+plain       every update                      nothing                        baseline
+secagg      only the sum                      pairwise X25519 keys           ~plain
+paillier    nothing                           one Paillier key (leader)      packed HE
+groupmask   nothing                           one group key (leader)         ~plain
+=========== ================================= ============================== =================
+
+:func:`make_protection` builds one; a mode name it does not know is an error, never a
+fallback to plaintext.
+"""
+
+from __future__ import annotations
+
+from confide.errors import InvalidParameterError
+from confide.protect.base import Exchange, Protection, ProtectionParams, RoundContext
+from confide.protect.masking import GroupMask, SecAgg
+from confide.protect.paillier import PaillierProtection
+from confide.protect.plain import Plain
+
+__all__ = ["MODES", "Exchange", "Protection", "ProtectionParams", "RoundContext", "make_protection"]
+
+MODES: dict[str, type[Protection]] = {
+    "plain": Plain,
+    "secagg": SecAgg,
+    "paillier": PaillierProtection,
+    "groupmask": GroupMask,
+}
+
+
+def make_protection(mode: str, exchange: Exchange, params: ProtectionParams, **extra) -> Protection:
+    """The protection object for ``mode`` (one of :data:`MODES`)."""
+    if mode not in MODES:
+        raise InvalidParameterError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    if mode == "paillier":
+        return PaillierProtection(exchange, params, **extra)
+    return MODES[mode](exchange, params)

@@ -1,0 +1,183 @@
+"""What every protection mode shares: the session it talks through, the round it protects.
+
+A protection mode is a protocol between parties, with the aggregator as an untrusted relay and
+combiner: ``setup`` (once per job: keys), then per round attempt ``begin_round`` (agree on
+scales), ``encode`` (one slice at a time, called from the pipeline thread), and
+``finish_round`` (turn the combined slices into the float aggregate). Everything leaves a
+party through :class:`Exchange`, so the modes run the same over gRPC or in a test harness.
+"""
+
+from __future__ import annotations
+
+import struct
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import ClassVar, Protocol
+
+import numpy as np
+
+from confide.transport.certs import Identity
+from confide.v1 import runtime_pb2 as pb
+
+__all__ = ["Exchange", "Protection", "ProtectionParams", "RoundContext", "SETUP_ROUND"]
+
+#: Round number of job-level setup messages (training rounds count from 1).
+SETUP_ROUND = 0
+
+
+class Exchange(Protocol):
+    """How a party reaches its peers (through the aggregator's relay)."""
+
+    job_id: str
+    party_id: str
+    identity: Identity
+
+    def send(self, round_number: int, tag: str, payload: bytes, recipients: Sequence[str]) -> None:
+        """Send one payload to ``recipients`` (one upload, the relay fans it out)."""
+
+    def recv(self, round_number: int, tag: str, sender: str, *, timeout: float | None = None) -> bytes:
+        """The payload ``sender`` sent under (round, tag); interrupted if the round is aborted."""
+
+
+@dataclass(frozen=True)
+class ProtectionParams:
+    """Mode parameters (from the job specification).
+
+    Parameters
+    ----------
+    key_bits : int
+        Paillier modulus size.
+    bits : int
+        Paillier: BatchCrypt quantization width r.
+    clipping : {"daciq", "max"}
+        Paillier: dACIQ threshold from the parties' max/min, or the largest magnitude (no clipping).
+    share_timeout_s : float
+        Paillier: wait for another party's decrypted part before decrypting it locally.
+    setup_timeout_s : float
+        How long key set-up waits for every peer.
+    """
+
+    key_bits: int = 2048
+    bits: int = 16
+    clipping: str = "daciq"
+    share_timeout_s: float = 30.0
+    setup_timeout_s: float = 120.0
+
+
+@dataclass
+class RoundContext:
+    """One round attempt as a party sees it."""
+
+    round: int
+    attempt: int
+    participants: list[str]
+    party_id: str
+    vector_length: int
+    slice_length: int
+    stats: dict = field(default_factory=dict)
+
+    @property
+    def position(self) -> int:
+        """Index of this party among the participants."""
+        return self.participants.index(self.party_id)
+
+    @property
+    def peers(self) -> list[str]:
+        """The other participants."""
+        return [p for p in self.participants if p != self.party_id]
+
+    @property
+    def num_slices(self) -> int:
+        """Slices of the vector."""
+        return -(-self.vector_length // self.slice_length)
+
+    def bounds(self, index: int) -> tuple[int, int]:
+        """(start, stop) of slice ``index``."""
+        start = index * self.slice_length
+        return start, min(start + self.slice_length, self.vector_length)
+
+    def tag(self, name: str) -> str:
+        """A message tag unique to this attempt."""
+        return f"{name}/{self.attempt}"
+
+
+class Protection(ABC):
+    """One protection mode as seen by one party."""
+
+    mode: ClassVar[str]
+    kind: ClassVar[int]
+    routing: ClassVar[int] = pb.RESULT_ROUTING_ALL
+    #: What the aggregator can learn, for reports.
+    aggregator_sees: ClassVar[str]
+
+    def __init__(self, exchange: Exchange, params: ProtectionParams) -> None:
+        self.exchange = exchange
+        self.params = params
+
+    def setup(self, participants: list[str]) -> None:  # noqa: B027 - optional hook
+        """Job-level key set-up with the other participants (none by default)."""
+
+    @abstractmethod
+    def share(self, round_number: int, tag: str, payload: bytes, peers: Sequence[str]) -> None:
+        """Send a payload every peer can read and the aggregator cannot (where the mode allows)."""
+
+    @abstractmethod
+    def collect(self, round_number: int, tag: str, peer: str, timeout: float | None = None) -> bytes:
+        """Receive what ``peer`` sent with :meth:`share`."""
+
+    def exchange_values(self, round_number: int, tag: str, values: Sequence[float], peers: Sequence[str]) -> dict:
+        """Share a few float64 numbers with ``peers``; returns {party: values} including our own."""
+        mine = np.asarray(values, dtype="<f8")
+        self.share(round_number, tag, mine.tobytes(), peers)
+        out = {self.exchange.party_id: mine}
+        for peer in peers:
+            data = self.collect(round_number, tag, peer)
+            if len(data) != mine.nbytes:
+                raise ValueError(f"{tag} from {peer!r} holds {len(data)} bytes, expected {mine.nbytes}")
+            out[peer] = np.frombuffer(data, dtype="<f8")
+        return out
+
+    def begin_round(self, context: RoundContext, vector: np.ndarray) -> None:  # noqa: B027 - optional hook
+        """Agree on whatever the encoding of this attempt needs (none by default)."""
+
+    @abstractmethod
+    def encode(self, context: RoundContext, index: int, values: np.ndarray) -> bytes:
+        """Protect slice ``index`` (thread-safe: runs in the pipeline thread)."""
+
+    def header_key(self) -> bytes:
+        """Public key material the aggregator needs (paillier only)."""
+        return b""
+
+    @abstractmethod
+    def finish_round(self, context: RoundContext, result: Callable[[int], pb.Slice]) -> np.ndarray:
+        """Float64 aggregate from the combined slices (``result(i)`` waits for slice i)."""
+
+    def report(self) -> dict:
+        """What ran, for the job report."""
+        return {"mode": self.mode, "aggregator_sees": self.aggregator_sees}
+
+
+def pack_parts(parts: dict[int, np.ndarray]) -> bytes:
+    """Slices of float32 values with their indices (decrypted shares)."""
+    out = [struct.pack("<I", len(parts))]
+    for index, values in sorted(parts.items()):
+        data = np.ascontiguousarray(values, dtype="<f4").tobytes()
+        out.append(struct.pack("<II", index, len(data) // 4))
+        out.append(data)
+    return b"".join(out)
+
+
+def unpack_parts(data: bytes) -> dict[int, np.ndarray]:
+    """Inverse of :func:`pack_parts`."""
+    (count,) = struct.unpack_from("<I", data, 0)
+    offset = 4
+    parts = {}
+    for _ in range(count):
+        index, length = struct.unpack_from("<II", data, offset)
+        offset += 8
+        parts[index] = np.frombuffer(data, dtype="<f4", count=length, offset=offset)
+        offset += 4 * length
+    if offset != len(data):
+        raise ValueError(f"decrypted-share message has {len(data) - offset} trailing bytes")
+    return parts

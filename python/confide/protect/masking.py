@@ -1,0 +1,241 @@
+"""Fixed-point encoding in Z_{2^32} and the two masking modes: ``secagg`` and ``groupmask``.
+
+Encoding (algorithms.md §4.3, item 3): the parties agree on the bound ``B`` = the largest
+magnitude any of them will send, then ``x~ = round(x * 2^f) mod 2^32`` with the largest ``f``
+such that ``m * B * 2^f < 2^31``; the sum of ``m`` encodings read as a signed 32-bit integer,
+divided by ``2^f``, is the sum of the inputs to within ``m / 2^(f+1)``. Nothing is clipped,
+because ``B`` bounds every input.
+
+``secagg``: pairwise masks. With ``K_uv`` from :class:`PeerKeys` (purpose "mask") and a
+per-attempt key ``K_uv,t,a``, party u sends ``x~_u + sum_{v != u} sgn(u - v) * PRG(K_uv,t,a, slice)``;
+the masks cancel in the sum, so the aggregator learns the sum and nothing else. A dropout
+aborts the attempt; the survivors retry under a new attempt number, so masks are never reused
+with another participant set.
+
+``groupmask``: one-time pads from a PRF under the group key ``G`` (distributed by the leader
+like the Paillier key). With ``a_i = PRF(G, t, a, slice, i)`` and ``R = PRF(G, t, a, slice, "sum")``,
+party i sends ``x~_i + a_i - a_{i+1 mod m}`` (+ ``R`` for i = 0): the pads of the m parties are
+jointly uniform (``R`` is), so the aggregator learns nothing, not even the sum; the parties
+subtract ``R`` from the combined slice. Each party computes three keystreams per slice,
+whatever ``m``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from confide.errors import EncodingError, ProtocolError
+from confide.protect.base import SETUP_ROUND, Protection, RoundContext
+from confide.protect.keys import GroupCipher, PeerKeys, decode_fields, encode_fields, prg_words, round_key
+from confide.v1 import runtime_pb2 as pb
+
+__all__ = ["FixedPoint", "GroupMask", "SecAgg", "distribute_group_secrets"]
+
+
+class FixedPoint:
+    """Signed fixed point in Z_{2^32} for sums of ``parties`` values bounded by ``bound``."""
+
+    def __init__(self, bound: float, parties: int) -> None:
+        if not math.isfinite(bound) or bound < 0:
+            raise EncodingError(f"bound must be finite and >= 0, got {bound}")
+        bound = max(bound, 2.0**-20)
+        self.fraction_bits = min(40, math.floor(math.log2((2**31 - 1) / (parties * bound))))
+        if self.fraction_bits < 0:
+            raise EncodingError(
+                f"values up to {bound:g} from {parties} parties do not fit a 32-bit ring "
+                "(bound * parties must be < 2^31)"
+            )
+        self.scale = float(2**self.fraction_bits)
+        self.bound = bound
+
+    def encode(self, values: np.ndarray) -> np.ndarray:
+        """uint32 words of ``values`` (|values| <= bound)."""
+        scaled = np.rint(np.clip(values, -self.bound, self.bound) * self.scale)
+        return scaled.astype(np.int64).astype(np.uint32)
+
+    def decode(self, words: np.ndarray) -> np.ndarray:
+        """Float64 values of a sum of encodings."""
+        return words.view(np.int32).astype(np.float64) / self.scale
+
+
+class _Masking(Protection):
+    kind = pb.AGGREGATION_KIND_UINT32_SUM
+
+    def __init__(self, exchange, params) -> None:
+        super().__init__(exchange, params)
+        self._fixed: FixedPoint | None = None
+
+    def begin_round(self, context: RoundContext, vector: np.ndarray) -> None:
+        """Agree on the bound: the largest magnitude any participant sends."""
+        local = float(np.max(np.abs(vector))) if vector.size else 0.0
+        values = self.exchange_values(context.round, context.tag("bound"), [local], context.peers)
+        bound = max(float(v[0]) for v in values.values())
+        self._fixed = FixedPoint(bound, len(context.participants))
+        context.stats["fraction_bits"] = self._fixed.fraction_bits
+
+    def _encode_words(self, values: np.ndarray) -> np.ndarray:
+        assert self._fixed is not None, "begin_round first"
+        return self._fixed.encode(values)
+
+    def _decode_words(self, words: np.ndarray) -> np.ndarray:
+        assert self._fixed is not None, "begin_round first"
+        return self._fixed.decode(words)
+
+
+class SecAgg(_Masking):
+    """Pairwise X25519 + ChaCha20 masks; the aggregator learns only the sum."""
+
+    mode = "secagg"
+    aggregator_sees = "the sum of the participants' updates (each update is hidden by pairwise masks)"
+
+    def __init__(self, exchange, params) -> None:
+        super().__init__(exchange, params)
+        self.keys = PeerKeys(exchange.identity, exchange.job_id)
+        self._round_keys: dict[str, tuple[int, bytes]] = {}
+
+    def setup(self, participants: list[str]) -> None:
+        """Announce and verify X25519 keys with every peer."""
+        peers = [p for p in participants if p != self.exchange.party_id]
+        announce_and_verify(self.exchange, self.keys, peers, self.params.setup_timeout_s)
+
+    def share(self, round_number, tag, payload, peers) -> None:
+        """Sealed pairwise: the aggregator reads none of it."""
+        for peer in peers:
+            self.exchange.send(round_number, tag, self.keys.seal_to(peer, tag, payload), [peer])
+
+    def collect(self, round_number, tag, peer, timeout=None) -> bytes:
+        """Open what ``peer`` sealed for us."""
+        return self.keys.open_from(peer, tag, self.exchange.recv(round_number, tag, peer, timeout=timeout))
+
+    def begin_round(self, context: RoundContext, vector: np.ndarray) -> None:
+        """Agree on the bound and derive this attempt's pairwise mask keys."""
+        super().begin_round(context, vector)
+        me = context.position
+        self._round_keys = {}
+        for position, peer in enumerate(context.participants):
+            if peer == context.party_id:
+                continue
+            key = round_key(self.keys.pair_key(peer, b"mask"), b"secagg-mask", context.round, context.attempt)
+            self._round_keys[peer] = (1 if me > position else -1, key)
+
+    def encode(self, context: RoundContext, index: int, values: np.ndarray) -> bytes:
+        """x~ + sum of signed pairwise masks, mod 2^32."""
+        words = self._encode_words(values)
+        for sign, key in self._round_keys.values():
+            mask = prg_words(key, index, words.size)
+            if sign > 0:
+                np.add(words, mask, out=words)
+            else:
+                np.subtract(words, mask, out=words)
+        return words.tobytes()
+
+    def finish_round(self, context: RoundContext, result: Callable[[int], pb.Slice]) -> np.ndarray:
+        """The masks cancelled at the aggregator: decode the sum."""
+        out = np.empty(context.vector_length, dtype=np.float64)
+        for index in range(context.num_slices):
+            start, stop = context.bounds(index)
+            out[start:stop] = self._decode_words(np.frombuffer(result(index).payload, dtype="<u4"))
+        return out
+
+
+class GroupMask(_Masking):
+    """One-time pads under a group key; the aggregator learns nothing."""
+
+    mode = "groupmask"
+    aggregator_sees = "nothing: one-time-padded words whose sum is padded too"
+
+    def __init__(self, exchange, params) -> None:
+        super().__init__(exchange, params)
+        self.keys = PeerKeys(exchange.identity, exchange.job_id)
+        self._group: GroupCipher | None = None
+        self._group_key = b""
+        self._pads: tuple[bytes, bytes, bytes, bool] | None = None
+
+    def setup(self, participants: list[str]) -> None:
+        """Announce keys; the leader hands every party the group key, sealed pairwise."""
+        secrets = distribute_group_secrets(self.exchange, self.keys, participants, {}, self.params.setup_timeout_s)
+        self._group_key = secrets["group_key"]
+        self._group = GroupCipher(self._group_key, self.exchange.job_id)
+
+    def share(self, round_number, tag, payload, peers) -> None:
+        """One upload under the group key."""
+        assert self._group is not None, "setup first"
+        self.exchange.send(round_number, tag, self._group.seal(tag, self.exchange.party_id, payload), list(peers))
+
+    def collect(self, round_number, tag, peer, timeout=None) -> bytes:
+        """Open a group message from ``peer``."""
+        assert self._group is not None, "setup first"
+        return self._group.open(tag, peer, self.exchange.recv(round_number, tag, peer, timeout=timeout))
+
+    def begin_round(self, context: RoundContext, vector: np.ndarray) -> None:
+        """Agree on the bound; derive this attempt's pad keys."""
+        super().begin_round(context, vector)
+        m = len(context.participants)
+        base = round_key(self._group_key, b"groupmask-pad", context.round, context.attempt)
+        me, following = context.position, (context.position + 1) % m
+        mine = round_key(base, b"pad", me, 0)
+        nxt = round_key(base, b"pad", following, 0)
+        total = round_key(base, b"sum", 0, 0)
+        self._pads = (mine, nxt, total, me == 0)
+
+    def encode(self, context: RoundContext, index: int, values: np.ndarray) -> bytes:
+        """x~ + a_i - a_{i+1} (+ R for the first participant), mod 2^32."""
+        assert self._pads is not None, "begin_round first"
+        mine, nxt, total, first = self._pads
+        words = self._encode_words(values)
+        np.add(words, prg_words(mine, index, words.size), out=words)
+        np.subtract(words, prg_words(nxt, index, words.size), out=words)
+        if first:
+            np.add(words, prg_words(total, index, words.size), out=words)
+        return words.tobytes()
+
+    def finish_round(self, context: RoundContext, result: Callable[[int], pb.Slice]) -> np.ndarray:
+        """Remove R from each combined slice and decode."""
+        assert self._pads is not None, "begin_round first"
+        total = self._pads[2]
+        out = np.empty(context.vector_length, dtype=np.float64)
+        for index in range(context.num_slices):
+            start, stop = context.bounds(index)
+            words = np.frombuffer(result(index).payload, dtype="<u4") - prg_words(total, index, stop - start)
+            out[start:stop] = self._decode_words(words)
+        return out
+
+    def report(self) -> dict:
+        """Mode, and that the pads hide even the sum."""
+        return {**super().report(), "group_key_holders": "participants only (sealed pairwise by the leader)"}
+
+
+def announce_and_verify(exchange, keys: PeerKeys, peers: Sequence[str], timeout: float) -> None:
+    """Send our signed X25519 announcement to ``peers`` and verify theirs."""
+    exchange.send(SETUP_ROUND, "keys/announce", keys.announcement(), list(peers))
+    for peer in peers:
+        keys.accept(peer, exchange.recv(SETUP_ROUND, "keys/announce", peer, timeout=timeout))
+
+
+def distribute_group_secrets(
+    exchange, keys: PeerKeys, participants: list[str], extra: dict[str, bytes], timeout: float
+) -> dict[str, bytes]:
+    """The leader (first participant) makes a group key and seals it, with ``extra``, to each party.
+
+    Returns the secrets every participant now holds: ``group_key`` plus the leader's ``extra``
+    (the Paillier secret key in ``paillier`` mode). Nothing passes the relay unsealed.
+    """
+    me = exchange.party_id
+    peers = [p for p in participants if p != me]
+    announce_and_verify(exchange, keys, peers, timeout)
+    leader = participants[0]
+    if me == leader:
+        secrets = {"group_key": os.urandom(32), **extra}
+        message = encode_fields(**secrets)
+        for peer in peers:
+            exchange.send(SETUP_ROUND, "keys/group", keys.seal_to(peer, "keys/group", message), [peer])
+        return secrets
+    sealed = exchange.recv(SETUP_ROUND, "keys/group", leader, timeout=timeout)
+    fields = decode_fields(keys.open_from(leader, "keys/group", sealed), "group_key")
+    if not isinstance(fields["group_key"], bytes) or len(fields["group_key"]) != 32:
+        raise ProtocolError(f"group key from leader {leader!r} must be 32 bytes")
+    return fields

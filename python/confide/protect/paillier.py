@@ -1,0 +1,171 @@
+"""``paillier``: BatchCrypt-packed Paillier aggregation; the aggregator learns nothing.
+
+Set-up: the leader (first participant) generates the key pair and seals the secret key and a
+group key to each party under its X25519 pair key (see :mod:`confide.protect.keys`), so the
+aggregator and the relay only ever hold the public key.
+
+Per round attempt: every party shares the max and min of its (weighted) update under the group
+key; dACIQ picks the clipping threshold alpha from them (algorithms.md §2.6); every slice is
+clipped, quantized to r bits with stochastic rounding, packed with ceil(log2 m) carry bits and
+encrypted (CRT path: each party holds the secret key). The aggregator multiplies ciphertexts.
+Combined slice i goes to participant (i mod m) only; it decrypts and decodes it and shares the
+float32 sums with the others under the group key, so each party decrypts ~1/m of the aggregate.
+If a part does not arrive within ``share_timeout_s`` (its decryptor dropped out after the
+round completed), the party fetches those combined slices from the aggregator and decrypts them
+itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from confide.crypto import BatchCryptCodec, DecryptionKey, EncryptedVector, daciq_threshold, decrypt_packed
+from confide.crypto import encrypt_packed as _encrypt_packed
+from confide.errors import MessageTimeoutError, ProtocolError
+from confide.protect.base import Protection, RoundContext, pack_parts, unpack_parts
+from confide.protect.keys import GroupCipher, PeerKeys
+from confide.protect.masking import distribute_group_secrets
+from confide.v1 import runtime_pb2 as pb
+
+__all__ = ["PaillierProtection"]
+
+log = logging.getLogger("confide.protect.paillier")
+
+
+class PaillierProtection(Protection):
+    """BatchCrypt + Paillier with decryption split among the parties."""
+
+    mode = "paillier"
+    kind = pb.AGGREGATION_KIND_PAILLIER_PRODUCT
+    routing = pb.RESULT_ROUTING_ROUND_ROBIN
+    aggregator_sees = "nothing: Paillier ciphertexts and the public key (no party's key material)"
+
+    def __init__(self, exchange, params, fetch: Callable[[RoundContext, list[int]], list[pb.Slice]] | None = None):
+        super().__init__(exchange, params)
+        self.keys = PeerKeys(exchange.identity, exchange.job_id)
+        self._fetch = fetch
+        self._key: DecryptionKey | None = None
+        self._group: GroupCipher | None = None
+        self._codec: BatchCryptCodec | None = None
+        self.last_alpha = float("nan")
+        self.crypto_seconds = 0.0
+        self.local_fallbacks = 0
+
+    def setup(self, participants: list[str]) -> None:
+        """Leader generates the key pair; everyone ends up with it and the group key."""
+        extra = {}
+        if self.exchange.party_id == participants[0]:
+            key = DecryptionKey.generate(self.params.key_bits)
+            extra["secret_key"] = key.export_secret()
+        secrets = distribute_group_secrets(self.exchange, self.keys, participants, extra, self.params.setup_timeout_s)
+        if "secret_key" not in secrets or not isinstance(secrets["secret_key"], bytes):
+            raise ProtocolError(f"key bundle from leader {participants[0]!r} lacks the Paillier secret key")
+        self._key = DecryptionKey.import_secret(secrets["secret_key"])
+        self._key.precompute()
+        self._group = GroupCipher(secrets["group_key"], self.exchange.job_id)
+
+    @property
+    def encryption_key(self):
+        """The shared public key."""
+        assert self._key is not None, "setup first"
+        return self._key.encryption_key
+
+    def share(self, round_number, tag, payload, peers) -> None:
+        """One upload under the group key."""
+        assert self._group is not None, "setup first"
+        self.exchange.send(round_number, tag, self._group.seal(tag, self.exchange.party_id, payload), list(peers))
+
+    def collect(self, round_number, tag, peer, timeout=None) -> bytes:
+        """Open a group message from ``peer``."""
+        assert self._group is not None, "setup first"
+        return self._group.open(tag, peer, self.exchange.recv(round_number, tag, peer, timeout=timeout))
+
+    def header_key(self) -> bytes:
+        """The public key, for the aggregator's ciphertext products."""
+        return self.encryption_key.to_bytes()
+
+    def begin_round(self, context: RoundContext, vector: np.ndarray) -> None:
+        """Pick the dACIQ threshold from every participant's max and min."""
+        local = [float(vector.max()), float(vector.min())] if vector.size else [0.0, 0.0]
+        values = self.exchange_values(context.round, context.tag("range"), local, context.peers)
+        maxima = np.array([v[0] for v in values.values()])
+        minima = np.array([v[1] for v in values.values()])
+        m = len(context.participants)
+        if self.params.clipping == "daciq":
+            alpha = daciq_threshold(maxima, minima, context.vector_length, bits=self.params.bits, parties=m)
+        else:
+            alpha = float(max(np.abs(maxima).max(), np.abs(minima).max()))
+        alpha = max(alpha, 1e-12)
+        self.last_alpha = alpha
+        self._codec = BatchCryptCodec(bits=self.params.bits, max_parties=m, alpha=alpha)
+        context.stats.update(alpha=alpha, bits=self.params.bits, key_bits=self.params.key_bits)
+
+    def encode(self, context: RoundContext, index: int, values: np.ndarray) -> bytes:
+        """Clip, quantize, pack and encrypt one slice (CRT encryption, all cores)."""
+        assert self._codec is not None and self._key is not None, "begin_round first"
+        start = time.perf_counter()
+        data = _encrypt_packed(values, self._codec, self._key).to_bytes()
+        self.crypto_seconds += time.perf_counter() - start
+        return data
+
+    def _decrypt(self, payload: bytes) -> np.ndarray:
+        assert self._key is not None
+        start = time.perf_counter()
+        vector = EncryptedVector.from_bytes(payload, self._key.encryption_key)
+        values = decrypt_packed(vector, self._key).astype(np.float32)
+        self.crypto_seconds += time.perf_counter() - start
+        return values
+
+    def finish_round(self, context: RoundContext, result: Callable[[int], pb.Slice]) -> np.ndarray:
+        """Decrypt our 1/m of the slices, share them, receive the rest."""
+        m, me = len(context.participants), context.position
+        mine = {i: self._decrypt(result(i).payload) for i in range(me, context.num_slices, m)}
+        tag = context.tag("shares")
+        if mine:
+            self.share(context.round, tag, pack_parts(mine), context.peers)
+        parts = dict(mine)
+        for position, peer in enumerate(context.participants):
+            expected = list(range(position, context.num_slices, m))
+            if peer == context.party_id or not expected:
+                continue
+            try:
+                theirs = unpack_parts(self.collect(context.round, tag, peer, timeout=self.params.share_timeout_s))
+            except MessageTimeoutError:
+                theirs = self._decrypt_locally(context, peer, expected)
+            if sorted(theirs) != expected:
+                raise ProtocolError(f"decrypted share of {peer!r} holds slices {sorted(theirs)[:5]}..., not its own")
+            parts.update(theirs)
+        out = np.empty(context.vector_length, dtype=np.float64)
+        for index in range(context.num_slices):
+            start, stop = context.bounds(index)
+            if parts[index].size != stop - start:
+                raise ProtocolError(
+                    f"decrypted slice {index} holds {parts[index].size} values, expected {stop - start}"
+                )
+            out[start:stop] = parts[index]
+        return out
+
+    def _decrypt_locally(self, context: RoundContext, peer: str, indices: list[int]) -> dict[int, np.ndarray]:
+        if self._fetch is None:
+            raise ProtocolError(f"no decrypted share from {peer!r} and no way to fetch its slices")
+        log.warning(
+            "no decrypted share from %s within %ss: decrypting its slices here", peer, self.params.share_timeout_s
+        )
+        self.local_fallbacks += 1
+        return {s.index: self._decrypt(s.payload) for s in self._fetch(context, indices)}
+
+    def report(self) -> dict:
+        """Mode, key size, quantization and the last clipping threshold."""
+        return {
+            **super().report(),
+            "key_bits": self.params.key_bits,
+            "quantization_bits": self.params.bits,
+            "clipping": self.params.clipping,
+            "last_alpha": self.last_alpha,
+            "secret_key_holders": "participants only (sealed pairwise by the leader)",
+            "decryption": "split: participant (slice mod m) decrypts, shares under the group key",
+        }

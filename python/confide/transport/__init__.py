@@ -1,0 +1,1 @@
+"""gRPC transport: mTLS identities, message pool, slicing and the aggregator/relay services."""

@@ -1,0 +1,730 @@
+"""The PKI of a local federation: one CA and one certificate per party, service and admin.
+
+Every participant talks gRPC over mutual TLS. :func:`init_federation` writes a
+self-signed CA and one identity per name into a directory::
+
+    from confide.transport.certs import Identity, init_federation
+
+    init_federation("pki", parties=["hospital-a", "hospital-b"])
+    me = Identity.load("pki", "hospital-a")     # cert, key and CA as PEM bytes
+    signature = me.sign(b"payload")
+
+Layout: ``ca.crt``, ``ca.key`` and, per name, ``<name>.crt`` and ``<name>.key``;
+key files are created with mode 0600. Keys are ECDSA P-256 and every signature,
+certificate or message, is ECDSA with SHA-256.
+
+A certificate carries its holder's name as subject CN and its role as OU, plus
+the URI ``confide://<role>/<name>`` as a SubjectAlternativeName. Service
+certificates also name the hosts they serve (DNS names and IP addresses) so gRPC
+clients can check them; parties and admins get their own name as DNS name.
+:func:`peer_identity` and :func:`verify_signature` check a certificate against
+the federation CA; :func:`name_from_auth_context` reads the peer's name from a
+gRPC call that the TLS layer has already authenticated.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+import secrets
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from confide.errors import CertificateError, InvalidParameterError
+
+__all__ = [
+    "CA_CERT_FILE",
+    "CA_KEY_FILE",
+    "ROLES",
+    "ROLE_ADMIN",
+    "ROLE_PARTY",
+    "ROLE_SERVICE",
+    "Identity",
+    "init_federation",
+    "issue_identity",
+    "name_from_auth_context",
+    "peer_identity",
+    "verify_signature",
+]
+
+ROLE_PARTY = "party"
+ROLE_SERVICE = "service"
+ROLE_ADMIN = "admin"
+ROLES = (ROLE_PARTY, ROLE_SERVICE, ROLE_ADMIN)
+
+CA_CERT_FILE = "ca.crt"
+CA_KEY_FILE = "ca.key"
+
+DEFAULT_HOSTS = ("localhost", "127.0.0.1")
+MAX_NAME_LEN = 64
+MAX_DAYS = 36500
+URI_SCHEME = "confide"
+
+_NAME_RE = re.compile(r"[a-z0-9-]{1,64}")
+_RESERVED_NAMES = frozenset({"ca"})  # would collide with ca.crt / ca.key
+_DNS_LABEL_RE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+_BACKDATE = timedelta(minutes=5)
+_CURVE = ec.SECP256R1
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Argument checks
+
+
+def _check_name(name: object, field: str = "name") -> str:
+    if not isinstance(name, str):
+        raise InvalidParameterError(f"{field} must be a str, got {type(name).__name__}")
+    if not _NAME_RE.fullmatch(name):
+        raise InvalidParameterError(f"{field} must be 1..{MAX_NAME_LEN} characters of [a-z0-9-], got {name!r}")
+    if name in _RESERVED_NAMES:
+        raise InvalidParameterError(f"{field} {name!r} is reserved for the federation CA")
+    return name
+
+
+def _check_role(role: object) -> str:
+    if role not in ROLES:
+        raise InvalidParameterError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
+    return str(role)
+
+
+def _check_days(days: object) -> int:
+    if isinstance(days, bool) or not isinstance(days, int) or not 1 <= days <= MAX_DAYS:
+        raise InvalidParameterError(f"days must be an int in [1, {MAX_DAYS}], got {days!r}")
+    return days
+
+
+def _check_names(names: object, field: str) -> list[str]:
+    if isinstance(names, (str, bytes)) or not isinstance(names, Sequence):
+        raise InvalidParameterError(f"{field} must be a list of names, got {type(names).__name__}")
+    return [_check_name(n, f"{field} entry") for n in names]
+
+
+def _check_hosts(hosts: object) -> list[x509.GeneralName]:
+    if isinstance(hosts, (str, bytes)) or not isinstance(hosts, Sequence):
+        raise InvalidParameterError(f"hosts must be a list of DNS names or IP addresses, got {type(hosts).__name__}")
+    out: list[x509.GeneralName] = []
+    for host in hosts:
+        if not isinstance(host, str):
+            raise InvalidParameterError(f"hosts entry must be a str, got {type(host).__name__}")
+        try:
+            general: x509.GeneralName = x509.IPAddress(ipaddress.ip_address(host))
+        except ValueError:
+            labels = host.rstrip(".").split(".") if host else []
+            if not labels or len(host) > 253 or not all(_DNS_LABEL_RE.fullmatch(label) for label in labels):
+                raise InvalidParameterError(
+                    f"hosts entry must be an IP address or a DNS name (labels of [A-Za-z0-9-], at most 253 "
+                    f"characters), got {host!r}"
+                ) from None
+            general = x509.DNSName(host.rstrip(".").lower())
+        if general not in out:
+            out.append(general)
+    return out
+
+
+def _data_bytes(value: object, field: str) -> bytes:
+    if not isinstance(value, (bytes, bytearray, memoryview)):
+        raise InvalidParameterError(f"{field} must be bytes, got {type(value).__name__}")
+    return bytes(value)
+
+
+def _as_bytes(value: object, field: str) -> bytes:
+    """PEM input: bytes, or a str of ASCII text."""
+    if isinstance(value, str):
+        return value.encode("ascii", "replace")
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value)
+    raise InvalidParameterError(f"{field} must be bytes, got {type(value).__name__}")
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Files
+
+
+def _write_file(path: Path, data: bytes, mode: int) -> None:
+    """Write ``data`` to ``path`` atomically; the file never exists with wider permissions than ``mode``."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)  # created 0600
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _read_file(path: Path, what: str) -> bytes:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{what} file not found: {path}") from None
+
+
+def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+
+
+def _cert_pem(cert: x509.Certificate) -> bytes:
+    return cert.public_bytes(serialization.Encoding.PEM)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Certificate building
+
+
+def _uri(role: str, name: str) -> str:
+    return f"{URI_SCHEME}://{role}/{name}"
+
+
+def _make_ca(days: int) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+    key = ec.generate_private_key(_CURVE())
+    subject = x509.Name(
+        [
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "Confide"),
+            # A random suffix keeps the subjects of independent federations apart.
+            x509.NameAttribute(NameOID.COMMON_NAME, f"Confide federation CA {secrets.token_hex(4)}"),
+        ]
+    )
+    now = datetime.now(timezone.utc)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject)
+        .public_key(key.public_key())
+        .serial_number(_serial())
+        .not_valid_before(now - _BACKDATE)
+        .not_valid_after(now + timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=False,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    return key, cert
+
+
+def _serial() -> int:
+    # 128 random bits (RFC 5280 allows up to 20 octets); a serial must be positive.
+    return secrets.randbits(128) or 1
+
+
+def _make_leaf(
+    ca_key: ec.EllipticCurvePrivateKey,
+    ca_cert: x509.Certificate,
+    name: str,
+    role: str,
+    hosts: list[x509.GeneralName],
+    days: int,
+) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+    key = ec.generate_private_key(_CURVE())
+    now = datetime.now(timezone.utc)
+    not_after = min(now + timedelta(days=days), ca_cert.not_valid_after_utc)  # a leaf never outlives its CA
+    if role == ROLE_SERVICE:
+        sans: list[x509.GeneralName] = [*hosts, x509.UniformResourceIdentifier(_uri(role, name))]
+        usages = [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
+    else:
+        sans = [x509.DNSName(name), x509.UniformResourceIdentifier(_uri(role, name))]
+        # Parties may serve each other later (party-to-party), so they can act as TLS servers too.
+        usages = (
+            [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
+            if role == ROLE_PARTY
+            else [ExtendedKeyUsageOID.CLIENT_AUTH]
+        )
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(
+            x509.Name(
+                [
+                    x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, role),
+                    x509.NameAttribute(NameOID.COMMON_NAME, name),
+                ]
+            )
+        )
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(_serial())
+        .not_valid_before(now - _BACKDATE)
+        .not_valid_after(not_after)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=False,
+                crl_sign=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
+        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_cert.public_key()),
+            critical=False,
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    return key, cert
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Public API: issuing
+
+
+def init_federation(
+    directory: str | os.PathLike[str],
+    *,
+    parties: Sequence[str],
+    services: Sequence[str] = ("aggregator",),
+    admins: Sequence[str] = ("runner",),
+    hosts: Sequence[str] = DEFAULT_HOSTS,
+    days: int = 365,
+    overwrite: bool = False,
+) -> dict[str, Path]:
+    """Create a federation CA and one identity per name in ``directory``.
+
+    Parameters
+    ----------
+    directory : str or os.PathLike
+        Where to write ``ca.crt``, ``ca.key`` and ``<name>.crt`` / ``<name>.key``;
+        created (mode 0700) if missing. Key files get mode 0600.
+    parties, services, admins : sequence of str
+        The names per role: 1..64 characters of ``[a-z0-9-]``, unique across all
+        roles; ``"ca"`` is reserved.
+    hosts : sequence of str
+        DNS names and IP addresses written into every service certificate, the
+        names gRPC clients dial (default ``localhost`` and ``127.0.0.1``).
+    days : int
+        Validity of the CA and of every certificate, 1..36500 days. Validity starts
+        5 minutes in the past to tolerate clock skew.
+    overwrite : bool
+        Replace existing files. Without it, an existing ``ca.crt`` (or any other
+        file this call would write) is an error naming that file.
+
+    Returns
+    -------
+    dict of str to pathlib.Path
+        Each identity's name mapped to its certificate path.
+
+    Raises
+    ------
+    InvalidParameterError
+        A name, ``hosts`` or ``days`` is invalid, a name repeats, or a file exists
+        and ``overwrite`` is false.
+    """
+    roles: dict[str, str] = {}
+    for role, names, field in (
+        (ROLE_PARTY, parties, "parties"),
+        (ROLE_SERVICE, services, "services"),
+        (ROLE_ADMIN, admins, "admins"),
+    ):
+        for name in _check_names(names, field):
+            if name in roles:
+                raise InvalidParameterError(
+                    f"{field} entry {name!r} is already used (as {roles[name]}); names must be unique across all roles"
+                )
+            roles[name] = role
+    host_names = _check_hosts(hosts)
+    if services and not host_names:
+        raise InvalidParameterError("hosts must name at least one DNS name or IP address for the service certificates")
+    days = _check_days(days)
+
+    root = Path(directory)
+    targets = [root / CA_CERT_FILE, root / CA_KEY_FILE]
+    for name in roles:
+        targets += [root / f"{name}.crt", root / f"{name}.key"]
+    if not overwrite:
+        for path in targets:
+            if path.exists():
+                raise InvalidParameterError(f"{path} already exists; pass overwrite=True to replace the federation")
+
+    root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    ca_key, ca_cert = _make_ca(days)
+    out: dict[str, Path] = {}
+    for name, role in roles.items():
+        key, cert = _make_leaf(ca_key, ca_cert, name, role, host_names, days)
+        _write_file(root / f"{name}.key", _key_pem(key), 0o600)
+        _write_file(root / f"{name}.crt", _cert_pem(cert), 0o644)
+        out[name] = root / f"{name}.crt"
+    # The CA goes last, so that an interrupted run does not leave a CA without its identities.
+    _write_file(root / CA_KEY_FILE, _key_pem(ca_key), 0o600)
+    _write_file(root / CA_CERT_FILE, _cert_pem(ca_cert), 0o644)
+    return out
+
+
+def issue_identity(
+    directory: str | os.PathLike[str],
+    name: str,
+    role: str,
+    *,
+    hosts: Sequence[str] = DEFAULT_HOSTS,
+    days: int = 365,
+) -> Path:
+    """Add one identity to an existing federation, signed by its ``ca.key``.
+
+    Parameters
+    ----------
+    directory : str or os.PathLike
+        The federation directory written by :func:`init_federation`.
+    name : str
+        1..64 characters of ``[a-z0-9-]``, not already used in ``directory``.
+    role : str
+        ``"party"``, ``"service"`` or ``"admin"``.
+    hosts : sequence of str
+        DNS names and IP addresses for a service certificate; ignored for other roles.
+    days : int
+        Validity in days, 1..36500; never beyond the CA's own expiry.
+
+    Returns
+    -------
+    pathlib.Path
+        The new certificate's path (the key is next to it, mode 0600).
+
+    Raises
+    ------
+    InvalidParameterError
+        An argument is invalid or ``<name>.crt`` / ``<name>.key`` already exists.
+    FileNotFoundError
+        ``ca.crt`` or ``ca.key`` is missing.
+    CertificateError
+        ``ca.key`` does not belong to ``ca.crt``, or the CA has expired.
+    """
+    name = _check_name(name)
+    role = _check_role(role)
+    host_names = _check_hosts(hosts)
+    if role == ROLE_SERVICE and not host_names:
+        raise InvalidParameterError("hosts must name at least one DNS name or IP address for a service certificate")
+    days = _check_days(days)
+    root = Path(directory)
+    cert_path, key_path = root / f"{name}.crt", root / f"{name}.key"
+    for path in (cert_path, key_path):
+        if path.exists():
+            raise InvalidParameterError(f"{path} already exists; identity names must be unique in a federation")
+
+    ca_cert = _load_cert(_read_file(root / CA_CERT_FILE, "CA certificate"), "ca.crt")
+    ca_key = _load_key(_read_file(root / CA_KEY_FILE, "CA key"), "ca.key")
+    if ca_key.public_key().public_numbers() != ca_cert.public_key().public_numbers():
+        raise CertificateError(f"{root / CA_KEY_FILE} does not belong to {root / CA_CERT_FILE}")
+    if ca_cert.not_valid_after_utc <= datetime.now(timezone.utc):
+        raise CertificateError(f"the federation CA expired at {ca_cert.not_valid_after_utc.isoformat()}")
+    key, cert = _make_leaf(ca_key, ca_cert, name, role, host_names, days)
+    _write_file(key_path, _key_pem(key), 0o600)
+    _write_file(cert_path, _cert_pem(cert), 0o644)
+    return cert_path
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Public API: checking
+
+
+def _load_cert(pem: object, field: str) -> x509.Certificate:
+    data = _as_bytes(pem, field)
+    try:
+        return x509.load_pem_x509_certificate(data)
+    except ValueError:
+        raise CertificateError(f"{field} is not a PEM X.509 certificate") from None
+
+
+def _load_key(pem: object, field: str) -> ec.EllipticCurvePrivateKey:
+    data = _as_bytes(pem, field)
+    try:
+        key = serialization.load_pem_private_key(data, password=None)
+    except (ValueError, TypeError):
+        raise CertificateError(f"{field} is not an unencrypted PEM private key") from None
+    if not isinstance(key, ec.EllipticCurvePrivateKey) or not isinstance(key.curve, _CURVE):
+        raise CertificateError(f"{field} is not an ECDSA P-256 private key")
+    return key
+
+
+def _single_attr(cert: x509.Certificate, oid: x509.ObjectIdentifier, what: str) -> str:
+    values = cert.subject.get_attributes_for_oid(oid)
+    if len(values) != 1 or not isinstance(values[0].value, str):
+        raise CertificateError(f"certificate subject must have exactly one {what}, found {len(values)}")
+    return values[0].value
+
+
+def _is_ca(cert: x509.Certificate) -> bool:
+    try:
+        return bool(cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca)
+    except x509.ExtensionNotFound:
+        return False
+
+
+def _check_validity(cert: x509.Certificate, what: str, now: datetime) -> None:
+    if now < cert.not_valid_before_utc:
+        raise CertificateError(f"{what} is not valid before {cert.not_valid_before_utc.isoformat()}")
+    if now > cert.not_valid_after_utc:
+        raise CertificateError(f"{what} expired at {cert.not_valid_after_utc.isoformat()}")
+
+
+def _verified_peer(cert_pem: object, ca_pem: object) -> tuple[x509.Certificate, str, str]:
+    cert = _load_cert(cert_pem, "cert_pem")
+    ca = _load_cert(ca_pem, "ca_pem")
+    if not _is_ca(ca):
+        raise CertificateError("ca_pem is not a CA certificate (BasicConstraints ca=True missing)")
+    if cert.issuer != ca.subject:
+        raise CertificateError(
+            f"certificate was issued by {cert.issuer.rfc4514_string()!r}, not by the federation CA "
+            f"{ca.subject.rfc4514_string()!r}"
+        )
+    try:
+        cert.verify_directly_issued_by(ca)
+    except (ValueError, TypeError, InvalidSignature):
+        raise CertificateError("certificate signature does not verify with the federation CA key") from None
+    now = datetime.now(timezone.utc)
+    _check_validity(ca, "the federation CA", now)
+    _check_validity(cert, "certificate", now)
+    try:
+        constraints = cert.extensions.get_extension_for_class(x509.BasicConstraints).value
+    except x509.ExtensionNotFound:
+        raise CertificateError("certificate has no BasicConstraints extension; expected ca=False") from None
+    if constraints.ca:
+        raise CertificateError("certificate is a CA certificate, not a federation identity")
+    name = _single_attr(cert, NameOID.COMMON_NAME, "common name (CN)")
+    role = _single_attr(cert, NameOID.ORGANIZATIONAL_UNIT_NAME, "organizational unit (OU)")
+    if not _NAME_RE.fullmatch(name) or name in _RESERVED_NAMES:
+        raise CertificateError(f"certificate CN {name!r} is not a valid identity name")
+    if role not in ROLES:
+        raise CertificateError(f"certificate OU {role!r} is not a role ({', '.join(ROLES)})")
+    try:
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        uris = [u for u in san.get_values_for_type(x509.UniformResourceIdentifier) if u.startswith(f"{URI_SCHEME}://")]
+    except x509.ExtensionNotFound:
+        uris = []
+    if uris and _uri(role, name) not in uris:
+        raise CertificateError(f"certificate URI {uris[0]!r} disagrees with its subject {_uri(role, name)!r}")
+    return cert, name, role
+
+
+def peer_identity(cert_pem: bytes, ca_pem: bytes) -> tuple[str, str]:
+    """Check a certificate against the federation CA and return who it names.
+
+    Parameters
+    ----------
+    cert_pem : bytes
+        The peer's certificate (PEM).
+    ca_pem : bytes
+        The federation CA certificate (PEM).
+
+    Returns
+    -------
+    tuple of (str, str)
+        The ``(name, role)`` from the certificate's CN and OU.
+
+    Raises
+    ------
+    CertificateError
+        The certificate is not signed by this CA (issuer or signature), is outside
+        its validity period, is itself a CA, or its subject is not a federation
+        identity; the message says which.
+    """
+    _, name, role = _verified_peer(cert_pem, ca_pem)
+    return name, role
+
+
+def verify_signature(
+    cert_pem: bytes,
+    ca_pem: bytes,
+    data: bytes,
+    signature: bytes,
+    *,
+    expected_name: str | None = None,
+) -> str:
+    """Check that ``signature`` over ``data`` was made by the holder of ``cert_pem``.
+
+    Parameters
+    ----------
+    cert_pem : bytes
+        The signer's certificate (PEM), checked with :func:`peer_identity`.
+    ca_pem : bytes
+        The federation CA certificate (PEM).
+    data : bytes
+        The signed bytes.
+    signature : bytes
+        A DER ECDSA-SHA256 signature, as made by :meth:`Identity.sign`.
+    expected_name : str, optional
+        The name the message claims; it must equal the certificate's CN.
+
+    Returns
+    -------
+    str
+        The signer's name.
+
+    Raises
+    ------
+    CertificateError
+        The certificate is not trusted, names someone other than ``expected_name``,
+        or the signature does not verify.
+    InvalidParameterError
+        ``data`` or ``signature`` is not bytes.
+    """
+    data = _data_bytes(data, "data")
+    signature = _data_bytes(signature, "signature")
+    cert, name, _ = _verified_peer(cert_pem, ca_pem)
+    if expected_name is not None and expected_name != name:
+        raise CertificateError(f"certificate names {name!r}, message claims {expected_name!r}")
+    public_key = cert.public_key()
+    if not isinstance(public_key, ec.EllipticCurvePublicKey):
+        raise CertificateError(f"certificate of {name!r} does not hold an ECDSA key")
+    try:
+        public_key.verify(signature, data, ec.ECDSA(hashes.SHA256()))
+    except InvalidSignature:
+        raise CertificateError(f"signature does not verify with the certificate of {name!r}") from None
+    return name
+
+
+def name_from_auth_context(auth_context: dict | None) -> str | None:
+    """Return the peer's certificate CN from a gRPC ``auth_context()``, or None.
+
+    The TLS layer has already checked the certificate against the server's root
+    certificates (``require_client_auth=True``); this only reads the name.
+
+    Parameters
+    ----------
+    auth_context : dict or None
+        ``grpc.ServicerContext.auth_context()``: property names mapped to lists
+        of bytes, such as ``x509_common_name`` and ``x509_pem_cert``.
+
+    Returns
+    -------
+    str or None
+        The CN, or None when the peer presented no certificate.
+    """
+    if not auth_context:
+        return None
+    for value in auth_context.get("x509_common_name") or ():
+        text = value.decode("utf-8", "replace") if isinstance(value, (bytes, bytearray)) else str(value)
+        if text:
+            return text
+    for value in auth_context.get("x509_pem_cert") or ():
+        try:
+            cert = x509.load_pem_x509_certificate(value.encode() if isinstance(value, str) else bytes(value))
+        except (ValueError, TypeError):
+            continue
+        names = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+        if names and isinstance(names[0].value, str):
+            return names[0].value
+    return None
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Identity
+
+
+@dataclass(frozen=True, repr=False)
+class Identity:
+    """One participant's certificate, private key and the federation CA, all PEM.
+
+    Parameters
+    ----------
+    name : str
+        The identity's name, e.g. ``"hospital-a"`` or ``"aggregator"``.
+    role : str
+        ``"party"``, ``"service"`` or ``"admin"``.
+    cert_pem : bytes
+        The identity's certificate.
+    key_pem : bytes
+        Its PKCS#8 private key, unencrypted; never shown by ``repr``.
+    ca_pem : bytes
+        The federation CA certificate.
+    """
+
+    name: str
+    role: str
+    cert_pem: bytes
+    key_pem: bytes
+    ca_pem: bytes
+
+    def __post_init__(self) -> None:
+        _check_name(self.name)
+        _check_role(self.role)
+        for field in ("cert_pem", "key_pem", "ca_pem"):
+            if not isinstance(getattr(self, field), bytes):
+                raise InvalidParameterError(f"{field} must be bytes, got {type(getattr(self, field)).__name__}")
+
+    def __repr__(self) -> str:
+        return f"Identity(name={self.name!r}, role={self.role!r}, key_pem=<hidden>)"
+
+    def sign(self, data: bytes) -> bytes:
+        """Sign ``data`` with this identity's key.
+
+        Parameters
+        ----------
+        data : bytes
+            The bytes to sign.
+
+        Returns
+        -------
+        bytes
+            A DER-encoded ECDSA-SHA256 signature; check it with :func:`verify_signature`.
+        """
+        payload = _data_bytes(data, "data")
+        return _load_key(self.key_pem, "key_pem").sign(payload, ec.ECDSA(hashes.SHA256()))
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike[str], name: str) -> Identity:
+        """Read ``<name>.crt``, ``<name>.key`` and ``ca.crt`` from ``directory``.
+
+        Parameters
+        ----------
+        directory : str or os.PathLike
+            The federation directory.
+        name : str
+            The identity to load.
+
+        Returns
+        -------
+        Identity
+            The identity; its role comes from the certificate.
+
+        Raises
+        ------
+        FileNotFoundError
+            A file is missing; the message names it.
+        CertificateError
+            The certificate is not issued by ``ca.crt``, is expired, names someone
+            else, or the key does not belong to it.
+        """
+        name = _check_name(name)
+        root = Path(directory)
+        cert_pem = _read_file(root / f"{name}.crt", "certificate")
+        key_pem = _read_file(root / f"{name}.key", "private key")
+        ca_pem = _read_file(root / CA_CERT_FILE, "CA certificate")
+        cert, cn, role = _verified_peer(cert_pem, ca_pem)
+        if cn != name:
+            raise CertificateError(f"{root / f'{name}.crt'} names {cn!r}, expected {name!r}")
+        key = _load_key(key_pem, f"{name}.key")
+        if key.public_key().public_numbers() != cert.public_key().public_numbers():
+            raise CertificateError(f"{root / f'{name}.key'} does not belong to {root / f'{name}.crt'}")
+        return cls(name=name, role=role, cert_pem=cert_pem, key_pem=key_pem, ca_pem=ca_pem)
