@@ -94,8 +94,8 @@ class LocalFederation:
         self.port = int(port_file.read_text())
         return self.port
 
-    def start_party(self, party: str) -> subprocess.Popen:
-        """Start one party process."""
+    def start_party(self, party: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+        """Start one party process (``env`` adds environment variables, e.g. fault injection)."""
         command = [
             sys.executable,
             "-m",
@@ -113,7 +113,7 @@ class LocalFederation:
             str(self.workdir / "parties"),
         ]
         log = open(self.workdir / "logs" / f"{party}.log", "ab")
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=_child_env())
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env={**_child_env(), **(env or {})})
         log.close()
         self.parties[party] = process
         return process
@@ -152,27 +152,37 @@ def _child_env() -> dict[str, str]:
     return env
 
 
-def run_local(spec: JobSpec, workdir: str | os.PathLike, *, progress: bool = True, echo=print) -> dict:
-    """Run ``spec`` on a local federation in ``workdir``; returns the job report."""
+def run_local(
+    spec: JobSpec,
+    workdir: str | os.PathLike,
+    *,
+    progress: bool = True,
+    echo=print,
+    party_env: dict[str, dict[str, str]] | None = None,
+) -> dict:
+    """Run ``spec`` on a local federation in ``workdir``; returns the job report.
+
+    ``party_env`` adds environment variables per party (fault injection in tests).
+    """
     federation = LocalFederation(spec, Path(workdir))
     federation.prepare()
     started = time.perf_counter()
     try:
         federation.start_aggregator()
         for party in spec.parties:
-            federation.start_party(party)
+            federation.start_party(party, (party_env or {}).get(party))
         _follow(federation, progress, echo)
     finally:
         federation.stop()
-    failures = {p: federation.report_of(p) for p, proc in federation.parties.items() if proc.returncode != 0}
-    if failures:
-        reasons = []
-        for party, report in failures.items():
-            reason = (report or {}).get("error") or federation._tail(party)
-            reasons.append(f"{party}: {reason}")
-        raise JobFailedError("job failed:\n  " + "\n  ".join(reasons))
-    reports = {p: federation.report_of(p) for p in spec.parties}
-    report = build_report(spec, reports, time.perf_counter() - started)
+    reports = {p: federation.report_of(p) or {"status": "failed", "rounds": []} for p in spec.parties}
+    completed = [r for r in reports.values() if r.get("status") == "completed"]
+    final = set(completed[0]["rounds"][-1]["participants"]) if completed else set()
+    failed = [p for p, proc in federation.parties.items() if proc.returncode != 0]
+    if not completed or final & set(failed):
+        reasons = [f"{p}: {reports[p].get('error') or federation._tail(p)}" for p in failed]
+        raise JobFailedError("job failed:\n  " + "\n  ".join(reasons or ["no party completed"]))
+    dropped = {p: reports[p].get("error") or f"exited with status {federation.parties[p].returncode}" for p in failed}
+    report = build_report(spec, reports, time.perf_counter() - started, dropped)
     paths = write_report(report, Path(workdir))
     report["files"] = {k: str(v) for k, v in paths.items()}
     return report
@@ -187,19 +197,16 @@ def _follow(federation: LocalFederation, progress: bool, echo) -> None:
     try:
         while True:
             alive = [p for p in federation.parties.values() if p.poll() is None]
-            reports = [federation.report_of(p) for p in spec.parties]
-            done = [len(r["rounds"]) for r in reports if r and r.get("status") != "failed"]
+            reports = [r for r in (federation.report_of(p) for p in spec.parties) if r]
+            running = [r for r in reports if r.get("status") != "failed"]
+            done = [len(r["rounds"]) for r in running]
             finished = min(done) if done else 0
             while shown < finished:
                 shown += 1
-                line = _round_line(spec, shown, [r for r in reports if r])
+                line = _round_line(spec, shown, running)
                 bar.write(line) if progress else echo(line)
                 bar.update(1)
             if not alive:
-                return
-            if any(p.returncode not in (None, 0) for p in federation.parties.values()):
-                # One party failed: give the others a moment to report, then stop everyone.
-                time.sleep(1.0)
                 return
             time.sleep(0.2)
     finally:
@@ -208,7 +215,7 @@ def _follow(federation: LocalFederation, progress: bool, echo) -> None:
 
 def _round_line(spec: JobSpec, number: int, reports: list[dict]) -> str:
     entries = [r["rounds"][number - 1] for r in reports if len(r["rounds"]) >= number]
-    loss = _weighted_loss(entries, reports)
+    loss = _weighted_loss(number, reports)
     sent = sum(e["bytes_sent"] for e in entries)
     auc = _round_auc(spec, entries)
     auc_text = f"  AUC {auc:.4f}" if auc is not None else ""
@@ -218,10 +225,11 @@ def _round_line(spec: JobSpec, number: int, reports: list[dict]) -> str:
     )
 
 
-def _weighted_loss(entries: list[dict], reports: list[dict]) -> float:
-    samples = np.array([r["samples"] for r in reports if r["rounds"]][: len(entries)], dtype=float)
-    losses = np.array([e["train_loss"] for e in entries])
-    return float(np.dot(samples, losses) / samples.sum())
+def _weighted_loss(number: int, reports: list[dict]) -> float:
+    """Sample-weighted mean of the parties' training losses in round ``number``."""
+    pairs = [(r["samples"], r["rounds"][number - 1]["train_loss"]) for r in reports if len(r["rounds"]) >= number]
+    samples = np.array([p[0] for p in pairs], dtype=float)
+    return float(np.dot(samples, [p[1] for p in pairs]) / samples.sum())
 
 
 @functools.lru_cache(maxsize=4)
@@ -279,9 +287,9 @@ def centralized_baseline(spec: JobSpec) -> dict:
     }
 
 
-def build_report(spec: JobSpec, reports: dict[str, dict], wall_seconds: float) -> dict:
-    """The job report from the parties' reports."""
-    first = next(iter(reports.values()))
+def build_report(spec: JobSpec, reports: dict[str, dict], wall_seconds: float, dropped: dict[str, str]) -> dict:
+    """The job report from the parties' reports (``dropped``: parties that left, and why)."""
+    first = next(r for r in reports.values() if r.get("status") == "completed")
     rounds = []
     for number in range(1, spec.rounds + 1):
         entries = [r["rounds"][number - 1] for r in reports.values() if len(r["rounds"]) >= number]
@@ -290,7 +298,7 @@ def build_report(spec: JobSpec, reports: dict[str, dict], wall_seconds: float) -
                 "round": number,
                 "participants": entries[0]["participants"],
                 "attempts": max(e["attempts"] for e in entries),
-                "loss": _weighted_loss(entries, list(reports.values())),
+                "loss": _weighted_loss(number, list(reports.values())),
                 "auc": _round_auc(spec, entries),
                 "bytes_sent": sum(e["bytes_sent"] for e in entries),
                 "bytes_received": sum(e["bytes_received"] for e in entries),
@@ -306,12 +314,14 @@ def build_report(spec: JobSpec, reports: dict[str, dict], wall_seconds: float) -
         "mode_requested": spec.protection.mode,
         "aggregator_saw": protection["aggregator_sees"],
         "protection": protection,
-        "parties": {p: {"samples": r["samples"], "status": r["status"]} for p, r in reports.items()},
+        "parties": {p: {"samples": r.get("samples"), "status": r["status"]} for p, r in reports.items()},
+        "dropped": dropped,
         "rounds": rounds,
         "final_auc": rounds[-1]["auc"],
         "centralized": centralized_baseline(spec),
         "wall_seconds": wall_seconds,
         "setup_seconds": max(r.get("setup_seconds", 0.0) for r in reports.values()),
+        "reconnects": sum(r.get("reconnects", 0) for r in reports.values()),
         "spec": json.loads(spec.model_dump_json()),
     }
 

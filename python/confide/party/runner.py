@@ -49,6 +49,8 @@ __all__ = ["PartyExchange", "load_party_data", "run_party"]
 
 log = logging.getLogger("confide.party")
 MAX_WEIGHTS_IN_REPORT = 10_000
+#: Fault injection (tests only): the party process exits abruptly once it has opened this round.
+_FAULT_EXIT_ROUND = int(os.environ["CONFIDE_FAULT_EXIT_ROUND"]) if os.environ.get("CONFIDE_FAULT_EXIT_ROUND") else None
 
 
 @dataclass
@@ -125,6 +127,10 @@ class RoundUpload:
             self._thread.join()
 
     def _requests(self):
+        if _FAULT_EXIT_ROUND is not None and self._header.round == _FAULT_EXIT_ROUND:
+            # Fault injection for tests: die mid-round, after the header went out.
+            time.sleep(0.5)
+            os._exit(17)
         self._ready.wait()
         if self._cancelled.is_set():
             return

@@ -1,0 +1,78 @@
+"""Faults on loopback: a party dying mid-round, the aggregator restarting mid-job."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+
+from confide.errors import JobFailedError
+from confide.local import LocalFederation, build_report, run_local
+from tests.integration.conftest import make_spec
+
+FAULT = {"CONFIDE_FAULT_EXIT_ROUND": "4"}
+
+
+@pytest.mark.parametrize("mode", ["secagg", "paillier"])
+def test_party_killed_mid_round_round_is_retried_without_it(tmp_path, mode):
+    spec = make_spec(job_id=f"dropout-{mode}", rounds=8, protection={"mode": mode, "on_dropout": "retry"})
+    report = run_local(spec, tmp_path, progress=False, echo=lambda *_: None, party_env={"hospital-c": FAULT})
+    rounds = report["rounds"]
+    assert [r["round"] for r in rounds] == list(range(1, 9))
+    assert rounds[2]["participants"] == ["hospital-a", "hospital-b", "hospital-c"]
+    assert rounds[3]["attempts"] == 2, "round 4 is aborted once, then retried by the survivors"
+    assert all(r["participants"] == ["hospital-a", "hospital-b"] for r in rounds[3:])
+    assert "hospital-c" in report["dropped"]
+    assert report["final_auc"] > 0.98
+
+
+def test_party_killed_with_on_dropout_fail_fails_the_job_clearly(tmp_path):
+    spec = make_spec(job_id="dropout-fail", rounds=6, protection={"mode": "groupmask", "on_dropout": "fail"})
+    with pytest.raises(JobFailedError) as failure:
+        run_local(spec, tmp_path, progress=False, echo=lambda *_: None, party_env={"hospital-c": FAULT})
+    message = str(failure.value)
+    assert "hospital-c" in message and "on_dropout is 'fail'" in message
+
+
+def test_too_few_parties_left_fails_the_job(tmp_path):
+    spec = make_spec(job_id="dropout-min", rounds=6, protection={"mode": "plain", "min_parties": 3})
+    with pytest.raises(JobFailedError, match="min_parties is 3"):
+        run_local(spec, tmp_path, progress=False, echo=lambda *_: None, party_env={"hospital-c": FAULT})
+
+
+@pytest.mark.parametrize("mode", ["paillier", "secagg"])
+def test_aggregator_restarted_mid_job_loses_no_round(tmp_path, mode):
+    spec = make_spec(job_id=f"restart-{mode}", rounds=30, protection={"mode": mode})
+    federation = LocalFederation(spec, tmp_path)
+    federation.prepare()
+    try:
+        port = federation.start_aggregator()
+        for party in spec.parties:
+            federation.start_party(party)
+        deadline = time.monotonic() + 120
+        while True:
+            report = federation.report_of("hospital-a")
+            if report and len(report["rounds"]) >= 5:
+                break
+            assert time.monotonic() < deadline, "job did not reach round 5"
+            time.sleep(0.01)
+        federation.aggregator.send_signal(signal.SIGKILL)
+        federation.aggregator.wait()
+        killed_at = len(federation.report_of("hospital-a")["rounds"])
+        time.sleep(1.0)
+        federation.start_aggregator(port)
+        for process in federation.parties.values():
+            assert process.wait(timeout=120) == 0
+    finally:
+        federation.stop()
+    reports = {p: federation.report_of(p) for p in spec.parties}
+    assert killed_at < 30, "the aggregator was killed before the job ended"
+    for party_report in reports.values():
+        assert party_report["status"] == "completed"
+        assert [r["round"] for r in party_report["rounds"]] == list(range(1, 31))
+    assert sum(r["reconnects"] for r in reports.values()) >= 3
+    weights = [tuple(r["weights"]) for r in reports.values()]
+    assert len(set(weights)) == 1, "every party ends with the same global model"
+    report = build_report(spec, reports, 0.0, {})
+    assert report["final_auc"] > 0.98
