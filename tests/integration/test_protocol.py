@@ -9,7 +9,6 @@ import pytest
 from confide.aggregator import AggregatorConfig, serve
 from confide.crypto import BatchCryptCodec, DecryptionKey, encrypt_packed
 from confide.errors import PermissionDeniedError, ProtocolError, RoundClosedError, TransportUnavailableError
-from confide.transport import tls
 from confide.transport.certs import Identity, init_federation
 from confide.transport.client import AGGREGATOR, AggregatorClient
 from confide.v1 import runtime_pb2 as pb
