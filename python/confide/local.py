@@ -192,6 +192,8 @@ def _follow(federation: LocalFederation, progress: bool, echo) -> None:
     from tqdm import tqdm
 
     spec = federation.spec
+    # The bar only where someone watches a terminal; logs and pipes get the round lines alone.
+    progress = progress and sys.stderr.isatty()
     bar = tqdm(total=spec.rounds, desc=f"{spec.job_id} [{spec.protection.mode}]", unit="round", disable=not progress)
     shown = 0
     try:

@@ -26,10 +26,13 @@ pub fn with_threads<R: Send>(threads: usize, work: impl FnOnce() -> R + Send) ->
     }
     let threads = if threads == 0 { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { threads };
     // Keyed by process id too: after fork() the child has none of the parent's
-    // worker threads, so reusing a parent pool would block forever.
-    type Pools = HashMap<(u32, usize), Arc<ThreadPool>>;
+    // worker threads, so reusing a parent pool would block forever. A one-thread
+    // request gets a pool per calling thread: callers that each ask for one core
+    // (slices encoded side by side) must not queue behind each other on a shared one.
+    type Pools = HashMap<(u32, usize, Option<std::thread::ThreadId>), Arc<ThreadPool>>;
     static POOLS: OnceLock<Mutex<Pools>> = OnceLock::new();
-    let key = (std::process::id(), threads);
+    let caller = (threads == 1).then(|| std::thread::current().id());
+    let key = (std::process::id(), threads, caller);
     let pool = {
         let mut pools = POOLS.get_or_init(Default::default).lock().map_err(|_| invalid("threads", "thread pool registry poisoned"))?;
         match pools.get(&key) {

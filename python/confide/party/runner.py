@@ -142,6 +142,7 @@ class RoundUpload:
             self._count - start,
             depth=transport.pipeline_depth,
             enabled=transport.pipeline,
+            workers=encode_workers(transport.pipeline),
         ):
             self._cache.append(item)
             yield item
@@ -279,6 +280,8 @@ def run_party(
 
     extra = {"fetch": fetch} if spec.protection.mode == "paillier" else {}
     protection = make_protection(spec.protection.mode, exchange, params, **extra)
+    # Several slices encoded at once, one thread each; without the pipeline one slice uses every core.
+    protection.encode_threads = 1 if encode_workers(spec.transport.pipeline) > 1 else 0
     try:
         client.connect()
         started = time.perf_counter()
@@ -448,6 +451,11 @@ def _run_attempt(protection, exchange: PartyExchange, client: AggregatorClient, 
     finally:
         client.watch_round(None)
         exchange.upload = None
+
+
+def encode_workers(pipeline: bool) -> int:
+    """Slices protected at once: one per core with the pipeline, one without."""
+    return max(1, os.cpu_count() or 1) if pipeline else 1
 
 
 def _checkpoint(workdir: Path, party_id: str, round_number: int, model: HomoLR) -> None:

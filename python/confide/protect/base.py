@@ -110,6 +110,8 @@ class Protection(ABC):
     routing: ClassVar[int] = pb.RESULT_ROUTING_ALL
     #: What the aggregator can learn, for reports.
     aggregator_sees: ClassVar[str]
+    #: Threads one ``encode`` call may use (0: every core; 1 when several slices are encoded at once).
+    encode_threads: int = 0
 
     def __init__(self, exchange: Exchange, params: ProtectionParams) -> None:
         self.exchange = exchange

@@ -108,7 +108,7 @@ class PaillierProtection(Protection):
         """Clip, quantize, pack and encrypt one slice (CRT encryption, all cores)."""
         assert self._codec is not None and self._key is not None, "begin_round first"
         start = time.perf_counter()
-        data = _encrypt_packed(values, self._codec, self._key).to_bytes()
+        data = _encrypt_packed(values, self._codec, self._key, threads=self.encode_threads).to_bytes()
         self.crypto_seconds += time.perf_counter() - start
         return data
 

@@ -2,16 +2,16 @@
 
 An update of ``length`` values is cut into slices of ``slice_length`` values (the default,
 64 KiB of float32 plaintext, is 16,384 values); the last slice may be shorter. Slices are
-protected one by one: with ``pipelined`` a producer thread protects slice i while the gRPC
-stream sends slice i-1, holding at most ``depth`` protected slices in memory. The native
-crypto releases the GIL, so the producer and the sender really run at the same time.
+protected one by one: with ``pipelined`` producer threads protect the next slices while the
+gRPC stream sends slice i-1, holding at most ``depth`` protected slices in memory. The native
+crypto releases the GIL, so the producers and the sender really run at the same time.
 """
 
 from __future__ import annotations
 
-import queue
-import threading
+from collections import deque
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 from confide.errors import InvalidParameterError
@@ -42,47 +42,32 @@ def slice_bounds(length: int, slice_length: int) -> list[tuple[int, int]]:
     return [(start, min(start + slice_length, length)) for start in range(0, length, slice_length)]
 
 
-def pipelined(produce: Callable[[int], T], count: int, *, depth: int = 4, enabled: bool = True) -> Iterator[T]:
-    """Yield ``produce(0..count-1)`` in order, computing ahead in a thread when ``enabled``.
+def pipelined(
+    produce: Callable[[int], T], count: int, *, depth: int = 4, enabled: bool = True, workers: int = 1
+) -> Iterator[T]:
+    """Yield ``produce(0..count-1)`` in order, computing ahead in threads when ``enabled``.
 
-    Without ``enabled`` every item is produced first and then yielded (the non-overlapped
-    reference). An exception in ``produce`` is re-raised by the iterator; abandoning the
-    iterator stops the producer.
+    ``workers`` threads protect different slices at once (each single-threaded is better on a
+    loaded machine than one slice split across cores: no thread waits for a descheduled
+    sibling); at most ``depth`` finished-or-running slices are held. Without ``enabled`` every
+    item is produced first and then yielded (the non-overlapped reference). An exception in
+    ``produce`` is re-raised by the iterator; abandoning the iterator cancels what is queued.
     """
     if not enabled:
         yield from [produce(index) for index in range(count)]
         return
-    if depth < 1:
-        raise InvalidParameterError(f"depth must be >= 1, got {depth}")
-    buffer: queue.Queue = queue.Queue(maxsize=depth)
-    stop = threading.Event()
-    done = object()
-
-    def worker() -> None:
+    if depth < 1 or workers < 1:
+        raise InvalidParameterError(f"depth and workers must be >= 1, got depth={depth}, workers={workers}")
+    ahead = max(depth, workers)
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="confide-slice") as pool:
+        pending: deque = deque()
+        submitted = 0
         try:
-            for index in range(count):
-                item = produce(index)
-                while not stop.is_set():
-                    try:
-                        buffer.put((None, item), timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
-                    return
-            buffer.put((None, done))
-        except BaseException as error:  # noqa: BLE001 - handed to the consuming thread
-            buffer.put((error, None))
-
-    thread = threading.Thread(target=worker, name="confide-slice-producer", daemon=True)
-    thread.start()
-    try:
-        while True:
-            error, item = buffer.get()
-            if error is not None:
-                raise error
-            if item is done:
-                return
-            yield item
-    finally:
-        stop.set()
+            while submitted < count or pending:
+                while submitted < count and len(pending) < ahead:
+                    pending.append(pool.submit(produce, submitted))
+                    submitted += 1
+                yield pending.popleft().result()
+        finally:
+            for future in pending:
+                future.cancel()
