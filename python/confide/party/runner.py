@@ -217,11 +217,8 @@ class PartyExchange:
 
     def _upload_failed(self, upload: RoundUpload, key: tuple) -> None:
         if isinstance(upload.error, RoundClosedError):
-            # The attempt was aborted: the abort notice explains why; give it a moment to arrive.
-            try:
-                self.client.wait(("", -1, "", ""), 5.0)
-            except MessageTimeoutError:
-                pass
+            # The attempt was aborted: the abort notice says who dropped; give it a moment to arrive.
+            self.client.raise_if_aborted(5.0)
         raise upload.error
 
 

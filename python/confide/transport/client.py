@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 import grpc
 
-from confide.errors import PermissionDeniedError, RoundAbortedError, TransportUnavailableError
+from confide.errors import MessageTimeoutError, RoundAbortedError, TransportUnavailableError
 from confide.transport import tls
 from confide.transport.certs import Identity
 from confide.transport.pool import Interrupted, MessagePool
@@ -104,7 +104,8 @@ class AggregatorClient:
         stream = self._stream
         if stream is not None:
             stream.cancel()
-        self._thread.join(timeout=5) if self._thread.is_alive() else None
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
         self._channel.close()
 
     def _raise_fatal(self) -> None:
@@ -192,6 +193,15 @@ class AggregatorClient:
         """Make every wait raise :class:`RoundAbortedError` once this attempt is aborted (None: stop)."""
         self._interrupt = None if round_number is None else (self.job_id, round_number, f"abort/{attempt}", AGGREGATOR)
 
+    def raise_if_aborted(self, timeout: float) -> None:
+        """Raise :class:`RoundAbortedError` if the watched attempt's abort arrives within ``timeout``."""
+        if self._interrupt is None:
+            return
+        try:
+            self.wait(self._interrupt, timeout)  # the abort key is its own interrupt: present means raise
+        except MessageTimeoutError:
+            return
+
     def wait(self, key: tuple, timeout: float | None = None):
         """The pooled message under ``key``, honouring the watched round's abort."""
         self._raise_fatal()
@@ -243,8 +253,3 @@ class AggregatorClient:
                     time.sleep(0.2)
                     continue
                 raise failure from None
-
-    def identity_check(self) -> None:
-        """Raise the fatal error of the delivery stream, if any (identity refused)."""
-        if isinstance(self._fatal, PermissionDeniedError):
-            raise self._fatal
