@@ -29,7 +29,8 @@ MAX_PARTIES = 200
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: "rounds: yes" is an error, not 1.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class ModelSpec(_Strict):

@@ -272,7 +272,8 @@ impl fmt::Debug for DecryptionKey {
 
 impl DecryptionKey {
     /// Generates a key pair of `bits` ∈ {2048, 3072, 4096} from the OS CSPRNG:
-    /// |p| = |q| = k/2, p ≡ q ≡ 3 (mod 4), gcd(p−1, q−1) = 2, |p − q| ≥ 2^(k/2−2),
+    /// |p| = |q| = k/2, p ≡ q ≡ 3 (mod 4), gcd(p−1, q−1) = 2, |p − q| > 2^(k/2−100)
+    /// (FIPS 186-4, B.3.1),
     /// n of exactly k bits; h = −x² mod n for a random unit x, h_s = h^n mod n².
     ///
     /// # Errors
@@ -282,16 +283,18 @@ impl DecryptionKey {
             return Err(Error::UnsupportedKeySize { bits });
         }
         let half = bits / 2;
-        // A failed pair condition redraws only q: primes are the expensive part.
-        let p = random_prime_3_mod_4(half)?;
+        // A failed pair condition redraws both primes. (Keeping p and redrawing only q
+        // made the run time heavy-tailed: for a p near the middle of its range almost
+        // no q passed the old |p − q| bound, and generation could stall for seconds.)
         loop {
+            let p = random_prime_3_mod_4(half)?;
             let q = random_prime_3_mod_4(half)?;
             let n = Integer::from(&p * &q);
             if n.significant_bits() != bits {
                 continue;
             }
             let difference = Integer::from(&p - &q).abs();
-            if difference.significant_bits() < half - 2 {
+            if difference.significant_bits() <= half - 100 {
                 continue;
             }
             let gcd = Integer::from(&p - 1u32).gcd(&Integer::from(&q - 1u32));

@@ -13,6 +13,7 @@ The aggregator combines only what it can without keys: float32 sums (plain), sum
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from confide.crypto import EncryptedVector, EncryptionKey, sum_encrypted
-from confide.errors import ConfideError, ProtocolError
+from confide.errors import ProtocolError, RoundClosedError
 from confide.v1 import runtime_pb2 as pb
 
 __all__ = ["Accumulator", "RoundKey", "RoundState", "expected_length", "make_accumulator"]
@@ -30,6 +31,8 @@ _HEADER_FIELDS = ("participants", "kind", "num_slices", "slice_length", "vector_
 MAX_PARTICIPANTS = 1024
 MAX_SLICES = 1 << 20
 MAX_SLICE_LENGTH = 4 * 1024 * 1024
+_JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+_KINDS = (pb.AGGREGATION_KIND_FLOAT32_SUM, pb.AGGREGATION_KIND_UINT32_SUM, pb.AGGREGATION_KIND_PAILLIER_PRODUCT)
 
 
 def expected_length(header: pb.RoundHeader, index: int) -> int:
@@ -134,8 +137,10 @@ def make_accumulator(header: pb.RoundHeader, key: EncryptionKey | None) -> Accum
 
 def validate_header(header: pb.RoundHeader) -> EncryptionKey | None:
     """Check one header on its own; returns the paillier public key when there is one."""
-    if not header.job_id or len(header.job_id) > 128:
-        raise ProtocolError("header.job_id must hold 1..128 characters")
+    if not _JOB_ID.match(header.job_id):
+        raise ProtocolError("header.job_id must be 1..128 characters of [A-Za-z0-9_.-], starting alphanumeric")
+    if header.kind not in _KINDS:
+        raise ProtocolError(f"header.kind {header.kind} is not an aggregation kind this aggregator runs")
     participants = list(header.participants)
     if not 1 <= len(participants) <= MAX_PARTICIPANTS or len(set(participants)) != len(participants):
         raise ProtocolError(f"header.participants must list 1..{MAX_PARTICIPANTS} distinct parties")
@@ -198,8 +203,12 @@ class RoundState:
 
     def accept(self, party: str, message: pb.Slice) -> tuple[bool, bytes | None]:
         """Fold ``message`` in; returns (accepted, combined payload if the index completed)."""
+        if self.status == "complete":
+            return False, None  # a late copy of a slice that already completed its index
         if self.status != "open":
-            raise ConfideError(f"round attempt {self.key} is {self.status}")
+            raise RoundClosedError(f"round attempt {self.key} is {self.status}")
+        if party not in self.header.participants:
+            raise ProtocolError(f"{party!r} is not a participant of round attempt {self.key}")
         index = message.index
         if index >= self.header.num_slices:
             raise ProtocolError(f"slice.index {index} is out of range (num_slices {self.header.num_slices})")

@@ -8,6 +8,7 @@ masked words otherwise). The last ``keep`` rounds per job are kept.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import struct
@@ -82,4 +83,7 @@ class ResultStore:
 
 
 def _safe(job_id: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", job_id)
+    """A directory name for ``job_id`` that stays inside the state directory."""
+    if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}", job_id):
+        return job_id
+    return "job-" + hashlib.sha256(job_id.encode()).hexdigest()[:32]

@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import base64
+import binascii
 import json
 import os
 import struct
@@ -54,7 +55,12 @@ def decode_fields(data: bytes, *required: str) -> dict:
         raise ProtocolError("message is not a valid fields encoding: not an object")
     fields = {}
     for name, value in raw.items():
-        fields[name] = base64.b64decode(value["b64"]) if isinstance(value, dict) and "b64" in value else value
+        if isinstance(value, dict) and "b64" in value:
+            try:
+                value = base64.b64decode(value["b64"], validate=True)
+            except (binascii.Error, TypeError, ValueError):
+                raise ProtocolError(f"message field {name!r} is not valid base64") from None
+        fields[name] = value
     missing = [name for name in required if name not in fields]
     if missing:
         raise ProtocolError(f"message lacks field(s) {', '.join(missing)}")
@@ -91,6 +97,14 @@ class PeerKeys:
         public = fields["public"]
         if not isinstance(public, bytes) or len(public) != 32:
             raise ProtocolError(f"announcement of {peer!r}: public key must be 32 bytes")
+        for name in ("certificate", "signature"):
+            if not isinstance(fields[name], bytes):
+                raise ProtocolError(f"announcement of {peer!r}: {name} must be bytes")
+        known = self._peers.get(peer)
+        if known is not None:
+            if known.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw) != public:
+                raise ProtocolError(f"{peer!r} announced a second, different key for job {self._job_id!r}")
+            return
         try:
             verify_signature(
                 fields["certificate"],
@@ -126,6 +140,7 @@ class PeerKeys:
     def open_from(self, peer: str, tag: str, sealed: bytes) -> bytes:
         """Decrypt what ``peer`` sealed for this party."""
         aad = _aad(self._job_id, tag, peer, self._identity.name)
+        _check_sealed(sealed, f"message {tag!r} from {peer!r}")
         try:
             return AESGCM(self.pair_key(peer, b"wrap")).decrypt(sealed[:_NONCE], sealed[_NONCE:], aad)
         except InvalidTag:
@@ -148,10 +163,16 @@ class GroupCipher:
 
     def open(self, tag: str, sender: str, sealed: bytes) -> bytes:
         """Decrypt a group message from ``sender``."""
+        _check_sealed(sealed, f"group message {tag!r} from {sender!r}")
         try:
             return self._aead.decrypt(sealed[:_NONCE], sealed[_NONCE:], _aad(self._job_id, tag, sender, "*"))
         except InvalidTag:
             raise ProtocolError(f"group message {tag!r} from {sender!r} fails authentication") from None
+
+
+def _check_sealed(sealed: bytes, what: str) -> None:
+    if not isinstance(sealed, bytes) or len(sealed) < _NONCE + 16:
+        raise ProtocolError(f"{what} is too short to be sealed ({len(sealed)} bytes, minimum {_NONCE + 16})")
 
 
 def _aad(job_id: str, tag: str, sender: str, recipient: str) -> bytes:

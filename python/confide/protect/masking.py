@@ -43,7 +43,11 @@ class FixedPoint:
         if not math.isfinite(bound) or bound < 0:
             raise EncodingError(f"bound must be finite and >= 0, got {bound}")
         bound = max(bound, 2.0**-20)
-        self.fraction_bits = min(40, math.floor(math.log2((2**31 - 1) / (parties * bound))))
+        # Each encoding is round(x * 2^f), up to B * 2^f + 1/2 in magnitude; m of them must stay below 2^31.
+        room = (2**31 - 1) / parties - 0.5
+        self.fraction_bits = min(40, math.floor(math.log2(room / bound))) if room > 0 else -1
+        if self.fraction_bits >= 0 and parties * (bound * 2.0**self.fraction_bits + 0.5) > 2**31 - 1:
+            self.fraction_bits -= 1
         if self.fraction_bits < 0:
             raise EncodingError(
                 f"values up to {bound:g} from {parties} parties do not fit a 32-bit ring "

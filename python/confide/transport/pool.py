@@ -102,6 +102,6 @@ class MessagePool:
 def _as_keys(interrupt: Hashable | Iterable[Hashable] | None) -> list[Hashable]:
     if interrupt is None:
         return []
-    if isinstance(interrupt, tuple):
-        return [interrupt]
-    return list(interrupt)
+    if isinstance(interrupt, (list, set, frozenset)):
+        return list(interrupt)
+    return [interrupt]  # one key (a tuple key, a string...)

@@ -67,7 +67,12 @@ def pipelined(
                 while submitted < count and len(pending) < ahead:
                     pending.append(pool.submit(produce, submitted))
                     submitted += 1
-                yield pending.popleft().result()
+                item = pending.popleft().result()
+                # Refill before handing the item over, so production goes on while it is sent.
+                while submitted < count and len(pending) < ahead:
+                    pending.append(pool.submit(produce, submitted))
+                    submitted += 1
+                yield item
         finally:
             for future in pending:
                 future.cancel()

@@ -1,0 +1,495 @@
+"""Aggregator state without the network: RoundState, ResultStore and Mailboxes."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from confide.aggregator.mailbox import Mailboxes
+from confide.aggregator.rounds import RoundState, expected_length, validate_header
+from confide.aggregator.store import ResultStore
+from confide.crypto import BatchCryptCodec, EncryptedVector, decrypt_packed, encrypt_packed, sum_encrypted
+from confide.errors import ConfideError, ProtocolError, ResourceLimitError
+from confide.v1 import runtime_pb2 as pb
+
+from .harness import fast_decryption_key, run_parallel
+
+PARTIES = ["a", "b", "c"]
+FLOAT = pb.AGGREGATION_KIND_FLOAT32_SUM
+UINT = pb.AGGREGATION_KIND_UINT32_SUM
+PAILLIER = pb.AGGREGATION_KIND_PAILLIER_PRODUCT
+
+
+def header(**overrides) -> pb.RoundHeader:
+    fields = {
+        "job_id": "j",
+        "round": 1,
+        "attempt": 0,
+        "party_id": "a",
+        "participants": PARTIES,
+        "kind": FLOAT,
+        "num_slices": 3,
+        "slice_length": 4,
+        "vector_length": 10,
+        "routing": pb.RESULT_ROUTING_ALL,
+        "mode": "plain",
+    }
+    fields.update(overrides)
+    return pb.RoundHeader(**fields)
+
+
+def state_for(h: pb.RoundHeader, encryption_key=None) -> RoundState:
+    assert validate_header(h) is None or encryption_key is not None
+    return RoundState(key=(h.job_id, h.round, h.attempt), header=h, encryption_key=encryption_key)
+
+
+def bounds(h: pb.RoundHeader, index: int) -> slice:
+    start = index * h.slice_length
+    return slice(start, start + expected_length(h, index))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# RoundState: property test over arrival orders
+
+
+@st.composite
+def arrivals(draw):
+    """Parties, geometry, per-party vectors and an arrival order with duplicates (all before the last)."""
+    m = draw(st.integers(1, 5))
+    slice_length = draw(st.integers(1, 6))
+    vector_length = draw(st.integers(1, 20))
+    num_slices = -(-vector_length // slice_length)
+    pairs = [(p, i) for p in range(m) for i in range(num_slices)]
+    order = draw(st.permutations(pairs))
+    n = len(order)
+    positioned = [(float(k), pair, False) for k, pair in enumerate(order)]
+    if n > 1:
+        duplicates = draw(st.lists(st.tuples(st.integers(0, n - 2), st.floats(0.01, 0.99)), max_size=2 * n))
+        for first, where in duplicates:
+            # after its first arrival, before the pair that completes the round
+            position = first + where * (n - 1 - first)
+            positioned.append((position, order[first], True))
+    positioned.sort(key=lambda item: item[0])
+    return m, slice_length, vector_length, [(pair, dup) for _, pair, dup in positioned]
+
+
+def run_arrivals(kind, m, slice_length, vector_length, sequence, vectors, payload_of):
+    names = [f"p{k}" for k in range(m)]
+    h = header(
+        participants=names,
+        party_id=names[0],
+        kind=kind,
+        num_slices=-(-vector_length // slice_length),
+        slice_length=slice_length,
+        vector_length=vector_length,
+    )
+    state = state_for(h)
+    completed: dict[int, bytes] = {}
+    for (party, index), duplicate in sequence:
+        part = vectors[party][bounds(h, index)]
+        accepted, combined = state.accept(
+            names[party], pb.Slice(index=index, n_valid=part.size, payload=payload_of(part))
+        )
+        if duplicate:
+            assert (accepted, combined) == (False, None)
+            continue
+        assert accepted is True
+        if combined is not None:
+            assert index not in completed, f"slice {index} completed twice"
+            completed[index] = combined
+    assert sorted(completed) == list(range(h.num_slices))
+    assert state.status == "complete"
+    assert state.missing() == []
+    assert state.contributed == {name: h.num_slices for name in names}
+    assert state.partial == {}
+    return h, completed
+
+
+@settings(max_examples=60, deadline=None)
+@given(arrivals(), st.data())
+def test_float32_sum_any_order_with_duplicates(case, data):
+    m, slice_length, vector_length, sequence = case
+    elements = st.floats(-1e6, 1e6, width=32, allow_subnormal=False)
+    vectors = [
+        np.array(data.draw(st.lists(elements, min_size=vector_length, max_size=vector_length)), dtype=np.float32)
+        for _ in range(m)
+    ]
+    h, completed = run_arrivals(FLOAT, m, slice_length, vector_length, sequence, vectors, lambda v: v.tobytes())
+    reference = np.sum([v.astype(np.float64) for v in vectors], axis=0)
+    magnitude = np.sum([np.abs(v.astype(np.float64)) for v in vectors], axis=0)
+    for index, payload in completed.items():
+        got = np.frombuffer(payload, dtype="<f4").astype(np.float64)
+        window = bounds(h, index)
+        tolerance = m * 2.0**-23 * magnitude[window] + 1e-30
+        assert np.all(np.abs(got - reference[window]) <= tolerance)
+
+
+@settings(max_examples=60, deadline=None)
+@given(arrivals(), st.data())
+def test_uint32_sum_any_order_with_duplicates_is_exact(case, data):
+    m, slice_length, vector_length, sequence = case
+    words = st.integers(0, 2**32 - 1)
+    vectors = [
+        np.array(data.draw(st.lists(words, min_size=vector_length, max_size=vector_length)), dtype=np.uint32)
+        for _ in range(m)
+    ]
+    h, completed = run_arrivals(UINT, m, slice_length, vector_length, sequence, vectors, lambda v: v.tobytes())
+    reference = np.sum([v.astype(np.uint64) for v in vectors], axis=0) % 2**32
+    for index, payload in completed.items():
+        assert np.array_equal(np.frombuffer(payload, dtype="<u4"), reference[bounds(h, index)].astype(np.uint32))
+
+
+def test_concurrent_arrivals_complete_each_slice_once():
+    names = [f"p{k}" for k in range(6)]
+    h = header(participants=names, party_id=names[0], kind=UINT, num_slices=50, slice_length=8, vector_length=400)
+    state = state_for(h)
+    completions: list[int] = []
+    lock = threading.Lock()
+    ones = np.ones(8, dtype=np.uint32).tobytes()
+
+    def send(party: str) -> None:
+        for index in range(50):
+            # every slice twice, except the last (a duplicate after completion: see the xfail below)
+            for copy in range(1 if index == 49 else 2):
+                accepted, combined = state.accept(party, pb.Slice(index=index, n_valid=8, payload=ones))
+                assert accepted is (copy == 0)
+                if combined is not None:
+                    with lock:
+                        completions.append(index)
+                    assert np.all(np.frombuffer(combined, dtype="<u4") == len(names))
+
+    run_parallel({name: (lambda n=name: send(n)) for name in names}, timeout=20)
+    assert sorted(completions) == list(range(50))
+    assert state.status == "complete"
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# RoundState: bad slices
+
+
+def test_wrong_n_valid_is_refused():
+    state = state_for(header())
+    with pytest.raises(ProtocolError, match="slice.n_valid"):
+        state.accept("a", pb.Slice(index=0, n_valid=3, payload=bytes(12)))
+    with pytest.raises(ProtocolError, match="slice.n_valid of slice 2 is 4; it must be 2"):
+        state.accept("a", pb.Slice(index=2, n_valid=4, payload=bytes(16)))
+
+
+@pytest.mark.parametrize("kind", [FLOAT, UINT])
+@pytest.mark.parametrize("size", [0, 15, 17, 32])
+def test_wrong_payload_length_is_refused(kind, size):
+    state = state_for(header(kind=kind))
+    with pytest.raises(ProtocolError, match=f"payload holds {size} bytes.*needs 16"):
+        state.accept("a", pb.Slice(index=0, n_valid=4, payload=bytes(size)))
+    assert state.contributed == {}
+
+
+@pytest.mark.parametrize("index", [3, 4, 2**32 - 1])
+def test_out_of_range_index_is_refused(index):
+    state = state_for(header())
+    with pytest.raises(ProtocolError, match="slice.index .*out of range"):
+        state.accept("a", pb.Slice(index=index, n_valid=4, payload=bytes(16)))
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_non_finite_float32_is_refused(bad):
+    state = state_for(header())
+    values = np.array([1.0, bad, 2.0, 3.0], dtype="<f4")
+    with pytest.raises(ProtocolError, match="non-finite"):
+        state.accept("a", pb.Slice(index=0, n_valid=4, payload=values.tobytes()))
+    # a uint32 round takes the same bytes: any word is a valid masked word
+    uint_state = state_for(header(kind=UINT))
+    assert uint_state.accept("a", pb.Slice(index=0, n_valid=4, payload=values.tobytes())) == (True, None)
+
+
+def test_refused_slice_leaves_the_party_free_to_send_it_properly():
+    state = state_for(header(participants=["a"], party_id="a", num_slices=1, vector_length=4))
+    with pytest.raises(ProtocolError):
+        state.accept("a", pb.Slice(index=0, n_valid=4, payload=bytes(15)))
+    good = np.arange(4, dtype="<f4").tobytes()
+    assert state.accept("a", pb.Slice(index=0, n_valid=4, payload=good)) == (True, good)
+
+
+def test_closed_round_refuses_slices():
+    state = state_for(header())
+    state.status = "aborted"
+    with pytest.raises(ConfideError, match="aborted"):
+        state.accept("a", pb.Slice(index=0, n_valid=4, payload=bytes(16)))
+
+
+def test_duplicate_after_completion_is_ignored():
+    state = state_for(header(participants=["a"], party_id="a", num_slices=1, vector_length=4))
+    message = pb.Slice(index=0, n_valid=4, payload=bytes(16))
+    assert state.accept("a", message)[0] is True
+    assert state.status == "complete"
+    assert state.accept("a", message) == (False, None)
+
+
+def test_paillier_product_combines_ciphertexts():
+    key = fast_decryption_key(2048)
+    public = key.encryption_key
+    h = header(kind=PAILLIER, mode="paillier", num_slices=2, slice_length=300, vector_length=500)
+    h.encryption_key = public.to_bytes()
+    state = RoundState(key=("j", 1, 0), header=h, encryption_key=validate_header(h))
+    codec = BatchCryptCodec(bits=16, max_parties=3, alpha=1.0)
+    rng = np.random.default_rng(0)
+    vectors = {p: rng.uniform(-0.5, 0.5, 500) for p in PARTIES}
+    results = {}
+    for p in PARTIES:
+        for index in range(2):
+            part = vectors[p][bounds(h, index)]
+            payload = encrypt_packed(part, codec, public).to_bytes()
+            accepted, combined = state.accept(p, pb.Slice(index=index, n_valid=part.size, payload=payload))
+            assert accepted
+            if combined is not None:
+                results[index] = combined
+    assert sorted(results) == [0, 1]
+    total = np.concatenate([decrypt_packed(EncryptedVector.from_bytes(results[i], public), key) for i in (0, 1)])
+    assert np.max(np.abs(total - sum(vectors.values()))) <= 3 * 3 / 2**15
+    # a ciphertext block that packs another count, or is already a sum, is refused
+    fresh = RoundState(key=("j", 1, 1), header=h, encryption_key=public)
+    block = encrypt_packed(vectors["a"][:300], codec, public)
+    with pytest.raises(ProtocolError, match="packs 300 values"):
+        fresh.accept("a", pb.Slice(index=1, n_valid=200, payload=block.to_bytes()))
+    with pytest.raises(ProtocolError, match="already a sum"):
+        fresh.accept("a", pb.Slice(index=0, n_valid=300, payload=sum_encrypted([block, block]).to_bytes()))
+    with pytest.raises(ValueError):
+        fresh.accept("a", pb.Slice(index=0, n_valid=300, payload=b"garbage"))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# validate_header / check_header
+
+
+def test_valid_headers():
+    assert validate_header(header()) is None
+    assert validate_header(header(kind=UINT, routing=pb.RESULT_ROUTING_ROUND_ROBIN)) is None
+    assert validate_header(header(num_slices=1, slice_length=10, vector_length=10)) is None
+
+
+@pytest.mark.parametrize(
+    "overrides,field",
+    [
+        ({"party_id": "z"}, "header.party_id"),
+        ({"participants": ["a", "b", "a"]}, "header.participants"),
+        ({"participants": []}, "header.participants"),
+        ({"num_slices": 2}, "header.num_slices"),
+        ({"num_slices": 4}, "header.num_slices"),
+        ({"num_slices": 0, "vector_length": 0}, "header.num_slices"),
+        ({"slice_length": 0}, "header.slice_length"),
+        ({"slice_length": 4 * 1024 * 1024 + 1}, "header.slice_length"),
+        ({"routing": pb.RESULT_ROUTING_UNSPECIFIED}, "header.routing"),
+        ({"job_id": ""}, "header.job_id"),
+        ({"job_id": "x" * 129}, "header.job_id"),
+        ({"kind": PAILLIER}, "header.encryption_key"),
+        ({"encryption_key": b"\x01\x02"}, "header.encryption_key"),
+    ],
+)
+def test_validate_header_errors_name_the_field(overrides, field):
+    with pytest.raises(ProtocolError, match=field.replace(".", r"\.")):
+        validate_header(header(**overrides))
+
+
+@pytest.mark.parametrize("kind", [pb.AGGREGATION_KIND_UNSPECIFIED, 7])
+def test_validate_header_rejects_unknown_kind(kind):
+    with pytest.raises(ProtocolError, match=r"header\.kind"):
+        validate_header(header(kind=kind))
+
+
+@pytest.mark.parametrize(
+    "overrides,field",
+    [
+        ({"participants": ["a", "c", "b"]}, "participants"),
+        ({"participants": ["a", "b"]}, "participants"),
+        ({"kind": UINT}, "kind"),
+        ({"num_slices": 5, "slice_length": 2}, "num_slices"),
+        ({"slice_length": 5}, "slice_length"),
+        ({"vector_length": 11}, "vector_length"),
+        ({"routing": pb.RESULT_ROUTING_ROUND_ROBIN}, "routing"),
+        ({"mode": "secagg"}, "mode"),
+        ({"encryption_key": b"k"}, "encryption_key"),
+    ],
+)
+def test_check_header_mismatch_names_the_field(overrides, field):
+    state = state_for(header())
+    state.check_header(header(party_id="b"))  # same round: fine
+    with pytest.raises(ProtocolError, match=rf"header\.{field} of 'c'"):
+        state.check_header(header(party_id="c", **overrides))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# ResultStore
+
+
+def test_result_store_round_trip(tmp_path):
+    store = ResultStore(tmp_path / "state")
+    h = header(kind=UINT, mode="secagg", party_id="b")
+    done = {2: b"\x03" * 8, 0: b"\x01" * 16, 1: b""}
+    store.save(h, done)
+    loaded = ResultStore(tmp_path / "state").load()
+    assert len(loaded) == 1
+    stored, slices = loaded[0]
+    expected = pb.RoundHeader()
+    expected.CopyFrom(h)
+    expected.party_id = ""  # who happened to open the round is not stored
+    assert stored == expected
+    assert slices == done
+    assert not list((tmp_path / "state").rglob("*.tmp"))
+
+
+def test_result_store_without_directory_is_a_no_op(tmp_path):
+    store = ResultStore(None)
+    store.save(header(), {0: b"x"})
+    assert store.load() == []
+    assert ResultStore(tmp_path / "missing").load() == []
+
+
+def test_result_store_keeps_the_last_three_rounds_per_job(tmp_path):
+    store = ResultStore(tmp_path, keep=3)
+    for round_number, attempt in [(8, 0), (9, 0), (9, 1), (10, 0), (11, 0), (2, 0)]:
+        store.save(header(round=round_number, attempt=attempt), {0: bytes([round_number])})
+    store.save(header(job_id="other", round=1), {0: b"o"})
+    kept = sorted((h.job_id, h.round, h.attempt) for h, _ in ResultStore(tmp_path).load())
+    # numeric order (round 10 and 11 are newer than 9), attempts count as separate rounds
+    assert kept == [("j", 9, 1), ("j", 10, 0), ("j", 11, 0), ("other", 1, 0)]
+
+
+def test_result_store_overwrites_same_attempt(tmp_path):
+    store = ResultStore(tmp_path)
+    store.save(header(), {0: b"first"})
+    store.save(header(), {0: b"second"})
+    assert [done for _, done in store.load()] == [{0: b"second"}]
+
+
+def test_result_store_sanitizes_job_directory(tmp_path):
+    store = ResultStore(tmp_path / "state")
+    store.save(header(job_id="a/../../b c"), {0: b"x"})
+    assert [h.job_id for h, _ in store.load()] == ["a/../../b c"]
+    assert all(p.resolve().is_relative_to((tmp_path / "state").resolve()) for p in tmp_path.rglob("*.bin"))
+
+
+@pytest.mark.parametrize("job_id", [".", ".."])
+def test_dot_job_ids_are_refused_by_the_aggregator_and_kept_inside_the_store(tmp_path, job_id):
+    h = header(job_id=job_id)
+    with pytest.raises(ProtocolError, match="header.job_id"):
+        validate_header(h)
+    store = ResultStore(tmp_path / "state")
+    store.save(h, {0: b"x"})
+    assert [stored.job_id for stored, _ in ResultStore(tmp_path / "state").load()] == [job_id]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Mailboxes
+
+
+def delivery(tag: str, size: int = 10) -> pb.Delivery:
+    return pb.Delivery(job_id="j", envelope=pb.Envelope(job_id="j", tag=tag, payload=bytes(size)))
+
+
+def tags(items) -> list[str]:
+    return [d.envelope.tag for d in items]
+
+
+def test_subscribe_replays_retained_then_streams_new():
+    boxes = Mailboxes()
+    boxes.deliver("j", "a", 1, delivery("r1"))
+    boxes.deliver("j", "a", 1, delivery("r2"))
+    boxes.deliver("j", "b", 1, delivery("for-b"))
+    boxes.deliver("k", "a", 1, delivery("other-job"))
+    active = threading.Event()
+    active.set()
+    received: list[pb.Delivery] = []
+    four = threading.Event()
+
+    def consume() -> None:
+        stream = boxes.subscribe("j", "a", active.is_set)
+        try:
+            for item in stream:
+                received.append(item)
+                if len(received) == 4:
+                    four.set()
+        finally:
+            stream.close()
+
+    thread = threading.Thread(target=consume)
+    thread.start()
+    deadline = time.monotonic() + 5
+    while len(received) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    boxes.deliver("j", "a", 2, delivery("n1"))
+    boxes.deliver("j", "b", 2, delivery("for-b-2"))
+    boxes.deliver("j", "a", 2, delivery("n2"))
+    assert four.wait(5)
+    active.clear()
+    thread.join(5)
+    assert not thread.is_alive()
+    assert tags(received) == ["r1", "r2", "n1", "n2"]
+    # the stream is gone: later deliveries are only retained
+    boxes.deliver("j", "a", 2, delivery("n3"))
+    assert tags(_drain(boxes, "j", "a")) == ["r1", "r2", "n1", "n2", "n3"]
+
+
+def _drain(boxes: Mailboxes, job: str, party: str) -> list[pb.Delivery]:
+    """The retained mailbox: what a fresh subscriber gets replayed."""
+    out = []
+    stream = boxes.subscribe(job, party, lambda: False)
+    try:
+        out.extend(stream)
+    finally:
+        stream.close()
+    return out
+
+
+def test_two_subscribers_both_get_new_deliveries():
+    boxes = Mailboxes()
+    first = boxes.subscribe("j", "a", lambda: True)
+    second = boxes.subscribe("j", "a", lambda: True)
+    try:
+        boxes.deliver("j", "a", 1, delivery("x"))
+        assert tags([next(first), next(second)]) == ["x", "x"]
+        boxes.deliver("j", "a", 1, delivery("y"))
+        assert tags([next(first), next(second)]) == ["y", "y"]
+    finally:
+        first.close()
+        second.close()
+
+
+def test_retire_drops_old_rounds_and_frees_bytes():
+    boxes = Mailboxes()
+    sizes = {}
+    for round_number in (1, 2, 3):
+        for party in ("a", "b"):
+            item = delivery(f"{party}{round_number}", size=100 * round_number)
+            sizes[(party, round_number)] = item.ByteSize()
+            boxes.deliver("j", party, round_number, item)
+    boxes.deliver("k", "a", 1, delivery("k1", size=7))
+    total = boxes.retained_bytes
+    assert total == sum(sizes.values()) + delivery("k1", size=7).ByteSize()
+    boxes.retire("j", 2)
+    assert boxes.retained_bytes == total - sizes[("a", 1)] - sizes[("b", 1)]
+    assert tags(_drain(boxes, "j", "a")) == ["a2", "a3"]
+    assert tags(_drain(boxes, "j", "b")) == ["b2", "b3"]
+    assert tags(_drain(boxes, "k", "a")) == ["k1"]  # another job is untouched
+    boxes.retire("j", 4)
+    assert boxes.retained_bytes == delivery("k1", size=7).ByteSize()
+    assert _drain(boxes, "j", "a") == []
+
+
+def test_cap_raises_resource_limit_and_retire_makes_room():
+    one = delivery("x", size=100)
+    boxes = Mailboxes(cap_bytes=3 * one.ByteSize())
+    for round_number in (1, 1, 2):
+        boxes.deliver("j", "a", round_number, delivery("x", size=100))
+    with pytest.raises(ResourceLimitError, match="cap"):
+        boxes.deliver("j", "a", 2, delivery("x", size=100))
+    assert boxes.retained_bytes == 3 * one.ByteSize()
+    assert len(_drain(boxes, "j", "a")) == 3  # the refused delivery was not kept
+    boxes.retire("j", 2)
+    boxes.deliver("j", "a", 2, delivery("x", size=100))
+    boxes.deliver("j", "a", 2, delivery("x", size=100))
+    assert boxes.retained_bytes == 3 * one.ByteSize()

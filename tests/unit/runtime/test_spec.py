@@ -1,0 +1,143 @@
+"""Job specifications: the example parses; every error names the offending field by its path."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from confide.errors import InvalidParameterError
+from confide.spec import JobSpec, load_job, parse_job
+
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "breast_cancer.yaml"
+BASE = {"job_id": "unit-job", "parties": ["hospital-a", "hospital-b", "hospital-c"]}
+
+
+def spec(**overrides) -> dict:
+    data = copy.deepcopy(BASE)
+    for key, value in overrides.items():
+        if isinstance(value, dict):
+            data[key] = {**data.get(key, {}), **value}
+        else:
+            data[key] = value
+    return data
+
+
+def error_of(data) -> str:
+    with pytest.raises(InvalidParameterError) as info:
+        parse_job(data)
+    assert isinstance(info.value, ValueError)
+    return str(info.value)
+
+
+def test_example_job_file_parses():
+    job = load_job(EXAMPLE)
+    assert isinstance(job, JobSpec)
+    assert job.job_id == "demo-breast-cancer"
+    assert job.rounds == 15
+    assert job.parties == ["hospital-a", "hospital-b", "hospital-c"]
+    assert job.model.learning_rate == 0.5 and job.model.local_epochs == 2 and job.model.batch_size == 32
+    assert job.data.dataset == "breast_cancer" and job.data.split == "iid" and job.data.seed == 7
+    assert job.protection.mode == "paillier" and job.protection.key_bits == 2048 and job.protection.bits == 16
+    assert job.transport.slice_bytes == 65536 and job.transport.pipeline is True
+    assert job.seed == 7
+
+
+def test_json_job_file_parses(tmp_path):
+    path = tmp_path / "job.json"
+    path.write_text(json.dumps(spec(protection={"mode": "secagg"})))
+    job = load_job(path)
+    assert job.protection.mode == "secagg"
+
+
+def test_defaults():
+    job = parse_job(spec())
+    assert job.rounds == 10 and job.protection.mode == "paillier" and job.protection.min_parties == 2
+    assert job.transport.slice_bytes == 64 * 1024
+
+
+@pytest.mark.parametrize("mode", ["plain", "secagg", "paillier", "groupmask"])
+def test_every_mode_accepted(mode):
+    assert parse_job(spec(protection={"mode": mode})).protection.mode == mode
+
+
+@pytest.mark.parametrize(
+    "data,path",
+    [
+        (spec(protection={"mdoe": "secagg"}), "protection.mdoe"),
+        (spec(transport={"slice_byte": 4096}), "transport.slice_byte"),
+        (spec(extra_top_level=1), "extra_top_level"),
+        (spec(protection={"mode": "homomorphic"}), "protection.mode"),
+        (spec(protection={"mode": "none"}), "protection.mode"),
+        (spec(rounds=0), "rounds"),
+        (spec(rounds=-3), "rounds"),
+        (spec(transport={"slice_bytes": 4098}), "transport.slice_bytes"),
+        (spec(transport={"slice_bytes": 512}), "transport.slice_bytes"),
+        (spec(parties=["hospital-a", "Hospital-B"]), "parties.1"),
+        (spec(parties=["hospital a", "hospital-b"]), "parties.0"),
+        (spec(parties=["hospital-a", "-b"]), "parties.1"),
+        (spec(parties=["only-one"]), "parties"),
+        (spec(protection={"key_bits": 1024}), "protection.key_bits"),
+        (spec(protection={"bits": 1}), "protection.bits"),
+        (spec(model={"learning_rate": 0}), "model.learning_rate"),
+        (spec(job_id=""), "job_id"),
+    ],
+)
+def test_errors_name_the_field_path(data, path):
+    message = error_of(data)
+    assert f"{path}:" in message, message
+
+
+def test_missing_required_fields_named():
+    message = error_of({"rounds": 3})
+    assert "job_id:" in message and "parties:" in message
+
+
+def test_several_errors_are_all_listed():
+    message = error_of(spec(rounds=0, protection={"mode": "bad", "bits": 99}))
+    assert "rounds:" in message and "protection.mode:" in message and "protection.bits:" in message
+
+
+def test_duplicate_parties_named():
+    message = error_of(spec(parties=["hospital-a", "hospital-b", "hospital-a"]))
+    assert "parties" in message and "distinct" in message
+
+
+def test_min_parties_above_party_count_named():
+    message = error_of(spec(protection={"min_parties": 4}))
+    assert "protection.min_parties" in message and "3" in message
+    assert parse_job(spec(protection={"min_parties": 3})).protection.min_parties == 3
+
+
+@pytest.mark.parametrize("data", [None, [], ["job"], "job_id: x", 42])
+def test_non_mapping_input(data):
+    message = error_of(data)
+    assert "mapping" in message
+
+
+@pytest.mark.parametrize("text", ["", "- a\n- b\n", "just text\n"])
+def test_non_mapping_file(tmp_path, text):
+    path = tmp_path / "job.yaml"
+    path.write_text(text)
+    with pytest.raises(InvalidParameterError, match="mapping"):
+        load_job(path)
+
+
+def test_invalid_yaml_file_names_the_path(tmp_path):
+    path = tmp_path / "broken.yaml"
+    path.write_text("job_id: [unclosed\n")
+    with pytest.raises(InvalidParameterError, match="broken.yaml"):
+        load_job(path)
+
+
+def test_spec_is_frozen():
+    job = parse_job(spec())
+    with pytest.raises(ValueError):
+        job.rounds = 3  # type: ignore[misc]
+
+
+def test_boolean_is_not_a_round_count():
+    message = error_of(spec(rounds=True))
+    assert "rounds:" in message
