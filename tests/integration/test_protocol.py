@@ -22,9 +22,7 @@ def federation(tmp_path):
     init_federation(tmp_path / "certs", parties=PARTIES)
     init_federation(tmp_path / "rogue", parties=PARTIES)
     identity = Identity.load(tmp_path / "certs", "aggregator")
-    server, port, core = serve(
-        identity, "127.0.0.1:0", AggregatorConfig(round_timeout_s=3.0, dropout_grace_s=0.5)
-    )
+    server, port, core = serve(identity, "127.0.0.1:0", AggregatorConfig(round_timeout_s=3.0, dropout_grace_s=0.5))
     clients = []
 
     def client(name: str, directory: str = "certs") -> AggregatorClient:
