@@ -20,7 +20,9 @@ separate machines. The output says so.
 Pipeline: one party pushes a large paillier update to the aggregator process with encryption
 of the next slices (one per core, single-threaded each) overlapped with sending slice i-1, then
 without overlap (encrypt all with every core per slice, then send); also encryption alone and
-sending alone, so the achieved overlap can be read off.
+sending alone, so the achieved overlap can be read off. Twice: over loopback as is, and with
+the sender paced to 100 Mbit/s (sleeping each slice's transmission time: a party on another
+continent), where sending is no longer negligible next to encryption.
 """
 
 from __future__ import annotations
@@ -112,8 +114,16 @@ def phe_per_value(sample: np.ndarray) -> dict[str, float]:
     return {"encrypt": t_encrypt, "add": t_add, "decrypt": t_decrypt}
 
 
-def pipeline_overlap(workdir: Path, values: int) -> dict[str, float]:
-    """One party pushes ``values`` paillier-packed values to the aggregator process."""
+def over_link(slices, mbps: float | None):
+    """Hand slices to the stream no faster than a link of ``mbps`` would carry them (None: as fast as it takes)."""
+    for item in slices:
+        yield item
+        if mbps:
+            time.sleep(len(item.payload) * 8 / (mbps * 1e6))
+
+
+def pipeline_overlap(workdir: Path, values: int, links: list[float | None]) -> dict[str, dict[str, float]]:
+    """One party pushes ``values`` paillier-packed values to the aggregator process, per link speed."""
     spec = parse_job({"job_id": "bench-pipeline", "parties": ["party-1", "party-2"], "rounds": 1})
     federation = LocalFederation(spec, workdir / "pipeline")
     federation.prepare()
@@ -156,23 +166,30 @@ def pipeline_overlap(workdir: Path, values: int) -> dict[str, float]:
         assert reply.accepted == count, reply
         return time.perf_counter() - start
 
+    out = {}
+    round_number = 1
     try:
         client.connect()
-        push(1, [produce(i) for i in range(count)])  # warm-up
-        timings = {"pipelined": [], "sequential": [], "encrypt_only": [], "send_only": []}
-        for repeat in range(3):
-            base = 10 + 10 * repeat
-            overlapped = pipelined(produce_single, count, depth=4, enabled=True, workers=workers)
-            timings["pipelined"].append(push(base, overlapped))
-            timings["sequential"].append(push(base + 1, pipelined(produce, count, enabled=False)))
-            start = time.perf_counter()
-            cached = [produce(i) for i in range(count)]
-            timings["encrypt_only"].append(time.perf_counter() - start)
-            timings["send_only"].append(push(base + 2, cached))
+        push(round_number, [produce(i) for i in range(count)])  # warm-up
+        for link in links:
+            timings = {"pipelined": [], "sequential": [], "encrypt_only": [], "send_only": []}
+            for _ in range(3):
+                round_number += 10
+                overlapped = pipelined(produce_single, count, depth=4, enabled=True, workers=workers)
+                timings["pipelined"].append(push(round_number, over_link(overlapped, link)))
+                sequential = pipelined(produce, count, enabled=False)
+                timings["sequential"].append(push(round_number + 1, over_link(sequential, link)))
+                start = time.perf_counter()
+                cached = [produce(i) for i in range(count)]
+                timings["encrypt_only"].append(time.perf_counter() - start)
+                timings["send_only"].append(push(round_number + 2, over_link(cached, link)))
+            out["loopback" if link is None else f"link{link:g}mbps"] = {
+                name: statistics.median(samples) for name, samples in timings.items()
+            } | {"slices": count}
     finally:
         client.close()
         federation.stop()
-    return {name: statistics.median(samples) for name, samples in timings.items()} | {"slices": count}
+    return out
 
 
 def main() -> None:
@@ -207,13 +224,14 @@ def main() -> None:
                     f"[{time.perf_counter() - started:.0f} s incl. set-up]"
                 )
             results.extend(shape_records(shape, measured, per_value, args, notes))
-        pipeline = pipeline_overlap(workdir, args.pipeline_values)
-    results.extend(pipeline_records(pipeline, args.pipeline_values))
-    print(
-        f"pipeline, {args.pipeline_values:,} values in {pipeline['slices']} slices of 64 KiB: "
-        f"pipelined {pipeline['pipelined']:.3f} s, sequential {pipeline['sequential']:.3f} s "
-        f"(encrypt alone {pipeline['encrypt_only']:.3f} s, send alone {pipeline['send_only']:.3f} s)"
-    )
+        pipelines = pipeline_overlap(workdir, args.pipeline_values, [None, 100.0])
+    for link, pipeline in pipelines.items():
+        results.extend(pipeline_records(link, pipeline, args.pipeline_values))
+        print(
+            f"pipeline ({link}), {args.pipeline_values:,} values in {pipeline['slices']} slices of 64 KiB: "
+            f"pipelined {pipeline['pipelined']:.3f} s, sequential {pipeline['sequential']:.3f} s "
+            f"(encrypt alone {pipeline['encrypt_only']:.3f} s, send alone {pipeline['send_only']:.3f} s)"
+        )
     for note in notes:
         print("note:", note)
     info["anchors"] = {"phe": "1.5.0 (per value, scaled linearly from a sample; see docstring)"}
@@ -263,19 +281,19 @@ def shape_records(shape: str, measured: dict, per_value: dict, args, notes: list
     return out
 
 
-def pipeline_records(pipeline: dict, values: int) -> list[dict]:
-    params = {"values": values, "slices": pipeline["slices"], "slice_bytes": 65536, "mode": "paillier"}
+def pipeline_records(link: str, pipeline: dict, values: int) -> list[dict]:
+    params = {"values": values, "slices": pipeline["slices"], "slice_bytes": 65536, "mode": "paillier", "link": link}
+    prefix = f"runtime.pipeline.paillier.{link}"
     out = [
-        record(f"runtime.pipeline.paillier.{name}_seconds", pipeline[name], "s", params=params)
+        record(f"{prefix}.{name}_seconds", pipeline[name], "s", params=params)
         for name in ("pipelined", "sequential", "encrypt_only", "send_only")
     ]
-    overlap = record(
-        "runtime.pipeline.paillier.speedup", pipeline["sequential"], "ratio", "pipelined", pipeline["pipelined"], params
-    )
-    overlap["value"] = overlap["ratio"]
+    speedup = record(f"{prefix}.speedup", pipeline["sequential"], "ratio", "pipelined", pipeline["pipelined"], params)
+    speedup["value"] = speedup["ratio"]
+    # Share of the shorter stage that the overlap hid (1.0 = pipelined took max(encrypt, send)).
     hidden = (pipeline["sequential"] - pipeline["pipelined"]) / min(pipeline["encrypt_only"], pipeline["send_only"])
-    out.append(overlap)
-    out.append(record("runtime.pipeline.paillier.hidden_fraction", hidden, "fraction", params=params))
+    out.append(speedup)
+    out.append(record(f"{prefix}.hidden_fraction", hidden, "fraction", params=params))
     return out
 
 

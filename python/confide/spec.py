@@ -69,6 +69,7 @@ class ProtectionSpec(_Strict):
     min_parties: int = Field(2, ge=2, le=MAX_PARTIES)
     share_timeout_s: float = Field(30.0, gt=0, le=3600)
     setup_timeout_s: float = Field(120.0, gt=0, le=3600)
+    mask_bound: float | None = Field(8.0, gt=0, le=2**20)
 
 
 class TransportSpec(_Strict):

@@ -269,6 +269,7 @@ def run_party(
         clipping=spec.protection.clipping,
         share_timeout_s=spec.protection.share_timeout_s,
         setup_timeout_s=spec.protection.setup_timeout_s,
+        mask_bound=spec.protection.mask_bound,
     )
     current: dict = {}
 
@@ -393,7 +394,8 @@ def _train_and_aggregate(
 
 
 def _run_attempt(protection, exchange: PartyExchange, client: AggregatorClient, context: RoundContext, vector, spec):
-    timings = {"encode_s": 0.0}
+    timings = {"encode_cpu_s": 0.0}
+    span = [float("inf"), 0.0]  # first encode start, last encode end: the wall time of encoding
     header = pb.RoundHeader(
         job_id=client.job_id,
         round=context.round,
@@ -414,8 +416,10 @@ def _run_attempt(protection, exchange: PartyExchange, client: AggregatorClient, 
         start, stop = context.bounds(index)
         began = time.perf_counter()
         payload = protection.encode(context, index, vector[start:stop])
+        ended = time.perf_counter()
         with encode_lock:
-            timings["encode_s"] += time.perf_counter() - began
+            timings["encode_cpu_s"] += ended - began
+            span[0], span[1] = min(span[0], began), max(span[1], ended)
         return pb.Slice(index=index, n_valid=stop - start, payload=payload)
 
     upload = RoundUpload(client, header, produce, context.num_slices, spec)
@@ -439,6 +443,7 @@ def _run_attempt(protection, exchange: PartyExchange, client: AggregatorClient, 
         timings["upload_s"] = upload.seconds
         timings["wait_s"] = exchange.wait_seconds
         timings["decode_s"] = max(0.0, finish - exchange.wait_seconds)
+        timings["encode_s"] = max(0.0, span[1] - span[0])
         timings["crypto_s"] = timings["encode_s"] + timings["decode_s"]
         upload.join()
         return aggregate, timings

@@ -56,6 +56,9 @@ class ProtectionParams:
         Paillier: wait for another party's decrypted part before decrypting it locally.
     setup_timeout_s : float
         How long key set-up waits for every peer.
+    mask_bound : float or None
+        secagg/groupmask: public clipping bound of the fixed-point encoding; None agrees on the
+        largest magnitude every round instead (one more message, nothing clipped).
     """
 
     key_bits: int = 2048
@@ -63,6 +66,7 @@ class ProtectionParams:
     clipping: str = "daciq"
     share_timeout_s: float = 30.0
     setup_timeout_s: float = 120.0
+    mask_bound: float | None = 8.0
 
 
 @dataclass

@@ -17,7 +17,8 @@ from confide.v1 import runtime_pb2 as pb
 
 from .harness import MemoryHub, run_parallel
 
-PARAMS = ProtectionParams(setup_timeout_s=10)
+# Agreement mode (mask_bound=None): the bound is the largest magnitude, nothing is clipped.
+PARAMS = ProtectionParams(setup_timeout_s=10, mask_bound=None)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -106,12 +107,12 @@ def test_fixed_point_sum_at_the_bound_does_not_wrap():
 class Session:
     """m parties running one protection class through the in-memory relay."""
 
-    def __init__(self, cls, identities, names, vector_length, slice_length):
+    def __init__(self, cls, identities, names, vector_length, slice_length, params=PARAMS):
         self.hub = MemoryHub()
         self.names = list(names)
         self.vector_length = vector_length
         self.slice_length = slice_length
-        self.parties = {name: cls(self.hub.exchange(identities[name]), PARAMS) for name in self.names}
+        self.parties = {name: cls(self.hub.exchange(identities[name]), params) for name in self.names}
         run_parallel({name: (lambda p=p: p.setup(self.names)) for name, p in self.parties.items()})
 
     def context(self, name: str, attempt: int, round_number: int = 1) -> RoundContext:
@@ -288,3 +289,31 @@ def test_masking_aggregate_of_tiny_and_zero_vectors(federation):
     truth = np.sum(list(vectors.values()), axis=0)
     for aggregate in session.finish(session.combine(payloads), attempt=0).values():
         assert np.allclose(aggregate, truth, atol=1e-9)
+
+
+@pytest.mark.parametrize("cls", [SecAgg, GroupMask])
+def test_public_mask_bound_needs_no_message_and_counts_what_it_clips(federation, cls):
+    names = list(federation)[:3]
+    params = ProtectionParams(setup_timeout_s=10, mask_bound=2.0)
+    session = Session(cls, federation, names, vector_length=3000, slice_length=1024, params=params)
+    vectors = make_vectors(names, 3000, seed=5, scale=0.3)
+    vectors[names[0]][:7] = 50.0  # beyond the bound: clipped, and counted
+    sent_before = len(session.hub.log)
+    contexts = {}
+
+    def encode(name):
+        protection, context = session.parties[name], session.context(name, 0)
+        protection.begin_round(context, vectors[name])
+        contexts[name] = context
+        return [protection.encode(context, i, vectors[name][slice(*context.bounds(i))]) for i in range(3)]
+
+    payloads = run_parallel({name: (lambda n=name: encode(n)) for name in names})
+    assert len(session.hub.log) == sent_before, "a public bound needs no message before the slices"
+    assert contexts[names[0]].stats["clipped"] == 7
+    assert contexts[names[1]].stats["clipped"] == 0
+    combined = session.combine(payloads)
+    clipped = {n: np.clip(v, -2.0, 2.0) for n, v in vectors.items()}
+    truth = np.sum(list(clipped.values()), axis=0)
+    fixed = FixedPoint(2.0, 3)
+    for aggregate in session.finish(combined, attempt=0).values():
+        assert np.max(np.abs(aggregate - truth)) <= resolution(fixed, 3)
