@@ -102,7 +102,10 @@ def test_paillier_aggregator_gets_ciphertexts_and_the_public_key_only(tmp_path, 
         for item in forbidden:
             assert item not in blob
     headers = [m for e, _, m in recorded if e == "header"]
-    assert all(EncryptionKey.from_bytes(h.encryption_key) == public for h in headers)
+    keyed = [h for h in headers if h.encryption_key]
+    assert {h.party_id for h in keyed} == set(PARTIES), "each party sends the public key once per job"
+    assert len(keyed) < len(headers), "later headers leave the key out"
+    assert all(EncryptionKey.from_bytes(h.encryption_key) == public for h in keyed)
     slices = [m for e, _, m in recorded if e == "slice"]
     assert slices
     for item in slices:

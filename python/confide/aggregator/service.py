@@ -72,6 +72,7 @@ class AggregatorCore:
         self._rounds: dict[RoundKey, RoundState] = {}
         self._completed: dict[RoundKey, tuple[pb.RoundHeader, dict[int, bytes]]] = {}
         self._latest: dict[str, int] = {}
+        self._job_keys: dict[str, bytes] = self.store.load_keys()
         self._lock = threading.Lock()
         self._stopped = threading.Event()
         for header, done in self.store.load():
@@ -85,6 +86,7 @@ class AggregatorCore:
     def open_round(self, header: pb.RoundHeader) -> RoundState | None:
         """The state for the header's attempt (created on first contact); None if completed."""
         key = (header.job_id, header.round, header.attempt)
+        header = self._with_job_key(header)
         with self._lock:
             if key in self._completed:
                 stored = self._completed[key][0]
@@ -112,6 +114,28 @@ class AggregatorCore:
             state.joined.add(header.party_id)
             state.broken.pop(header.party_id, None)
         return state
+
+    def _with_job_key(self, header: pb.RoundHeader) -> pb.RoundHeader:
+        """Paillier headers carry the job's public key once; later ones may leave it out."""
+        if header.kind != pb.AGGREGATION_KIND_PAILLIER_PRODUCT:
+            return header
+        with self._lock:
+            known = self._job_keys.get(header.job_id)
+            if header.encryption_key:
+                # The first key of a job sticks; a header with another key is checked against its
+                # round's other headers, never silently adopted for the job.
+                if known is None:
+                    self._job_keys[header.job_id] = header.encryption_key
+                    self.store.save_key(header.job_id, header.encryption_key)
+                return header
+        if known is None:
+            raise ProtocolError(
+                f"header.encryption_key is required: this aggregator holds no public key for job {header.job_id!r}"
+            )
+        resolved = pb.RoundHeader()
+        resolved.CopyFrom(header)
+        resolved.encryption_key = known
+        return resolved
 
     def push(self, party: str, state: RoundState, message: pb.Slice) -> bool:
         """Fold one slice in; deliver the combined slice when its index completes."""

@@ -2,6 +2,7 @@
 
 Each completed round attempt is written once, atomically (temporary file, fsync, rename), as
 ``<state>/<job>/round-<r>-<attempt>.bin``: the serialized header, then every combined slice.
+A paillier job's public key is kept in ``<state>/<job>/encryption_key.bin``.
 It holds only what the aggregator saw anyway (sums in plain/secagg, ciphertext products or
 masked words otherwise). The last ``keep`` rounds per job are kept.
 """
@@ -51,6 +52,27 @@ class ResultStore:
             os.fsync(file.fileno())
         os.replace(temporary, path)
         self._prune(job_dir)
+
+    def save_key(self, job_id: str, key: bytes) -> None:
+        """Persist a job's Paillier public key (headers may then leave it out)."""
+        if self._directory is None:
+            return
+        job_dir = self._directory / _safe(job_id)
+        job_dir.mkdir(parents=True, exist_ok=True)
+        temporary = job_dir / "encryption_key.tmp"
+        temporary.write_bytes(len(job_id.encode()).to_bytes(2, "little") + job_id.encode() + key)
+        os.replace(temporary, job_dir / "encryption_key.bin")
+
+    def load_keys(self) -> dict[str, bytes]:
+        """Every stored job's public key."""
+        if self._directory is None or not self._directory.exists():
+            return {}
+        keys = {}
+        for path in self._directory.glob("*/encryption_key.bin"):
+            data = path.read_bytes()
+            size = int.from_bytes(data[:2], "little")
+            keys[data[2 : 2 + size].decode()] = data[2 + size :]
+        return keys
 
     def load(self) -> list[tuple[pb.RoundHeader, dict[int, bytes]]]:
         """Every stored round attempt."""

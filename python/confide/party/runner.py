@@ -104,10 +104,15 @@ class RoundUpload:
         self.reply: pb.PushReply | None = None
         self.seconds = 0.0
 
-    def start(self) -> None:
-        """Begin (or begin again) uploading in a background thread."""
+    def start(self, key: bytes = b"") -> None:
+        """Begin (or begin again) uploading in a background thread; ``key`` goes into the header."""
         if self._thread is not None and self._thread.is_alive():
             return
+        if key and not self._header.encryption_key:
+            header = pb.RoundHeader()
+            header.CopyFrom(self._header)
+            header.encryption_key = key
+            self._header = header
         self.reply = None
         self._thread = threading.Thread(target=self._run, name="confide-upload", daemon=True)
         self._thread.start()
@@ -175,6 +180,9 @@ class PartyExchange:
 
     def __init__(self, client: AggregatorClient) -> None:
         self.client = client
+        #: Public key material for headers after a reconnect (a restarted aggregator may lack it).
+        self.header_key = b""
+        self.key_sent_at: int | None = None
         self.job_id = client.job_id
         self.party_id = client.party_id
         self.identity = client.identity
@@ -204,7 +212,7 @@ class PartyExchange:
                     self._reconnects = self.client.reconnects
                     if upload is not None:
                         log.info("reconnected to the aggregator: uploading the open attempt again")
-                        upload.start()
+                        upload.start(self.header_key)
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise MessageTimeoutError(f"no message {key!r} within {timeout:g} s")
@@ -407,7 +415,8 @@ def _run_attempt(protection, exchange: PartyExchange, client: AggregatorClient, 
         slice_length=context.slice_length,
         vector_length=context.vector_length,
         routing=protection.routing,
-        encryption_key=protection.header_key(),
+        # The public key goes to the aggregator once per job and again after a reconnect.
+        encryption_key=protection.header_key() if exchange.key_sent_at != client.reconnects else b"",
         mode=protection.mode,
     )
     encode_lock = threading.Lock()
@@ -425,6 +434,7 @@ def _run_attempt(protection, exchange: PartyExchange, client: AggregatorClient, 
     upload = RoundUpload(client, header, produce, context.num_slices, spec)
     client.watch_round(context.round, context.attempt)
     exchange.upload = upload
+    exchange.header_key = protection.header_key()
     exchange.wait_seconds = 0.0
     upload.start()
     try:
@@ -446,6 +456,8 @@ def _run_attempt(protection, exchange: PartyExchange, client: AggregatorClient, 
         timings["encode_s"] = max(0.0, span[1] - span[0])
         timings["crypto_s"] = timings["encode_s"] + timings["decode_s"]
         upload.join()
+        if upload.reply is not None:
+            exchange.key_sent_at = client.reconnects
         return aggregate, timings
     except BaseException:
         upload.cancel()
