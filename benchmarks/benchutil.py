@@ -77,6 +77,19 @@ def write(bench: str, machine_info: dict, results: list[dict]) -> Path:
     return path
 
 
+def results_table(results: list[dict], value: str = ",.2f", anchor: str = ",.1f", ratio: str = ".2f") -> list[str]:
+    """Markdown table lines of result records (format specs for value, anchor value and ratio)."""
+    lines = ["| record | value | unit | anchor | anchor value | ratio |", "|---|---:|---|---|---:|---:|"]
+    for r in results:
+        anchor_value = format(r["anchor_value"], anchor) if r["anchor_value"] is not None else ""
+        shown_ratio = format(r["ratio"], ratio) if r["ratio"] is not None else ""
+        lines.append(
+            f"| `{r['name']}` | {format(r['value'], value)} | {r['unit']} | {r['anchor'] or ''} "
+            f"| {anchor_value} | {shown_ratio} |"
+        )
+    return lines
+
+
 def write_markdown_block(bench: str, heading: str, lines: list[str]) -> Path:
     """Replace (or append) the generated block of ``bench`` in docs/benchmarks.md."""
     docs = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"

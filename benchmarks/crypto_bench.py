@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchutil import machine, rate, record, write, write_markdown_block  # noqa: E402
+from benchutil import machine, rate, record, results_table, write, write_markdown_block  # noqa: E402
 
 from confide.crypto import (  # noqa: E402
     ENGINE,
@@ -325,15 +325,8 @@ def write_markdown(info: dict, results: list[dict]) -> None:
         f"commit {info['commit']}; anchors phe {info['anchors']['phe']} with gmpy2 {info['anchors']['gmpy2']} "
         f"({info['anchors']['gmpy2_gmp']}), same run.",
         "",
-        "| record | value | unit | anchor | anchor value | ratio |",
-        "|---|---:|---|---|---:|---:|",
+        *results_table(results),
     ]
-    for r in results:
-        anchor_value = f"{r['anchor_value']:,.1f}" if r["anchor_value"] is not None else ""
-        ratio = f"{r['ratio']:.2f}" if r["ratio"] is not None else ""
-        lines.append(
-            f"| `{r['name']}` | {r['value']:,.2f} | {r['unit']} | {r['anchor'] or ''} | {anchor_value} | {ratio} |"
-        )
     for skipped in info.get("skipped", []):
         lines.append(f"\nNot measured: {skipped}")
     write_markdown_block("crypto_bench", "Crypto core (latest run)", lines)

@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchutil import machine, record, write, write_markdown_block  # noqa: E402
+from benchutil import machine, record, results_table, write, write_markdown_block  # noqa: E402
 
 from confide.crypto import BatchCryptCodec, DecryptionKey, encrypt_packed  # noqa: E402
 from confide.local import LocalFederation, run_local  # noqa: E402
@@ -303,15 +303,8 @@ def write_markdown(info: dict, results: list[dict], notes: list[str]) -> None:
         "4 parties + aggregator as separate processes on loopback (mTLS); anchor phe 1.5.0 per value, "
         "scaled linearly from a sample measured in the same run.",
         "",
-        "| record | value | unit | anchor | anchor value | ratio |",
-        "|---|---:|---|---|---:|---:|",
+        *results_table(results, value=",.4g", anchor=",.4g", ratio=".3g"),
     ]
-    for r in results:
-        anchor_value = f"{r['anchor_value']:,.4g}" if r["anchor_value"] is not None else ""
-        ratio = f"{r['ratio']:.3g}" if r["ratio"] is not None else ""
-        lines.append(
-            f"| `{r['name']}` | {r['value']:,.4g} | {r['unit']} | {r['anchor'] or ''} | {anchor_value} | {ratio} |"
-        )
     lines.extend(["", *[f"- {note}" for note in notes]])
     write_markdown_block("runtime_bench", "Federated runtime (latest run)", lines)
 

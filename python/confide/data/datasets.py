@@ -50,6 +50,7 @@ from typing import Any
 
 import numpy as np
 
+from confide._checks import check_int as _check_int
 from confide.errors import ConfideError, InvalidParameterError
 
 __all__ = [
@@ -66,16 +67,6 @@ _MAX_DENSE_ENTRIES = 1_000_000_000
 
 
 # ---------------------------------------------------------------------- validation
-
-
-def _check_int(name: str, value: Any, low: int, high: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise InvalidParameterError(f"{name} must be an integer, got {value!r}")
-    value = int(value)
-    if value < low or (high is not None and value > high):
-        limit = f">= {low}" if high is None else f"in [{low}, {high}]"
-        raise InvalidParameterError(f"{name} must be {limit}, got {value}")
-    return value
 
 
 def _check_real(name: str, value: Any) -> float:

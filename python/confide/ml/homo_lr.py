@@ -48,6 +48,7 @@ from typing import Any
 
 import numpy as np
 
+from confide._checks import check_int as _check_int
 from confide.errors import InvalidParameterError
 
 __all__ = ["HomoLR"]
@@ -60,16 +61,6 @@ def _is_sparse(X: Any) -> bool:
     """Tell whether X is a scipy.sparse matrix or array (this module never imports scipy)."""
     sparse = sys.modules.get("scipy.sparse")
     return sparse is not None and bool(sparse.issparse(X))
-
-
-def _check_int(name: str, value: Any, low: int, high: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise InvalidParameterError(f"{name} must be an integer, got {value!r}")
-    value = int(value)
-    if value < low or (high is not None and value > high):
-        limit = f">= {low}" if high is None else f"in [{low}, {high}]"
-        raise InvalidParameterError(f"{name} must be {limit}, got {value}")
-    return value
 
 
 def _check_float(name: str, value: Any, *, low: float, strict: bool) -> float:

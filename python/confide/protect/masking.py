@@ -36,7 +36,7 @@ from confide.protect.base import SETUP_ROUND, Protection, RoundContext
 from confide.protect.keys import GroupCipher, PeerKeys, decode_fields, encode_fields, prg_words, round_key
 from confide.v1 import runtime_pb2 as pb
 
-__all__ = ["FixedPoint", "GroupMask", "SecAgg", "distribute_group_secrets"]
+__all__ = ["FixedPoint", "GroupMask", "GroupShared", "SecAgg", "distribute_group_secrets"]
 
 
 class FixedPoint:
@@ -153,7 +153,23 @@ class SecAgg(_Masking):
         return out
 
 
-class GroupMask(_Masking):
+class GroupShared:
+    """``share``/``collect`` under the group key every participant holds (groupmask, paillier)."""
+
+    _group: GroupCipher | None = None
+
+    def share(self, round_number, tag, payload, peers) -> None:
+        """One upload under the group key."""
+        assert self._group is not None, "setup first"
+        self.exchange.send(round_number, tag, self._group.seal(tag, self.exchange.party_id, payload), list(peers))
+
+    def collect(self, round_number, tag, peer, timeout=None) -> bytes:
+        """Open a group message from ``peer``."""
+        assert self._group is not None, "setup first"
+        return self._group.open(tag, peer, self.exchange.recv(round_number, tag, peer, timeout=timeout))
+
+
+class GroupMask(GroupShared, _Masking):
     """One-time pads under a group key; the aggregator learns nothing."""
 
     mode = "groupmask"
@@ -171,16 +187,6 @@ class GroupMask(_Masking):
         secrets = distribute_group_secrets(self.exchange, self.keys, participants, {}, self.params.setup_timeout_s)
         self._group_key = secrets["group_key"]
         self._group = GroupCipher(self._group_key, self.exchange.job_id)
-
-    def share(self, round_number, tag, payload, peers) -> None:
-        """One upload under the group key."""
-        assert self._group is not None, "setup first"
-        self.exchange.send(round_number, tag, self._group.seal(tag, self.exchange.party_id, payload), list(peers))
-
-    def collect(self, round_number, tag, peer, timeout=None) -> bytes:
-        """Open a group message from ``peer``."""
-        assert self._group is not None, "setup first"
-        return self._group.open(tag, peer, self.exchange.recv(round_number, tag, peer, timeout=timeout))
 
     def begin_round(self, context: RoundContext, vector: np.ndarray) -> None:
         """Agree on the bound; derive this attempt's pad keys."""

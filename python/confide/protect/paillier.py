@@ -28,7 +28,7 @@ from confide.crypto import encrypt_packed as _encrypt_packed
 from confide.errors import MessageTimeoutError, ProtocolError
 from confide.protect.base import Protection, RoundContext, pack_parts, unpack_parts
 from confide.protect.keys import GroupCipher, PeerKeys
-from confide.protect.masking import distribute_group_secrets
+from confide.protect.masking import GroupShared, distribute_group_secrets
 from confide.v1 import runtime_pb2 as pb
 
 __all__ = ["PaillierProtection"]
@@ -36,7 +36,7 @@ __all__ = ["PaillierProtection"]
 log = logging.getLogger("confide.protect.paillier")
 
 
-class PaillierProtection(Protection):
+class PaillierProtection(GroupShared, Protection):
     """BatchCrypt + Paillier with decryption split among the parties."""
 
     mode = "paillier"
@@ -73,16 +73,6 @@ class PaillierProtection(Protection):
         """The shared public key."""
         assert self._key is not None, "setup first"
         return self._key.encryption_key
-
-    def share(self, round_number, tag, payload, peers) -> None:
-        """One upload under the group key."""
-        assert self._group is not None, "setup first"
-        self.exchange.send(round_number, tag, self._group.seal(tag, self.exchange.party_id, payload), list(peers))
-
-    def collect(self, round_number, tag, peer, timeout=None) -> bytes:
-        """Open a group message from ``peer``."""
-        assert self._group is not None, "setup first"
-        return self._group.open(tag, peer, self.exchange.recv(round_number, tag, peer, timeout=timeout))
 
     def header_key(self) -> bytes:
         """The public key, for the aggregator's ciphertext products."""
