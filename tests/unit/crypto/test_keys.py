@@ -47,7 +47,7 @@ def test_from_primes_checks_the_primes(key):
     """Composite or mismatched factors are refused."""
     p, q = key.primes()
     with pytest.raises(InvalidKeyError, match="prime"):
-        DecryptionKey.from_primes(p, q + 2)
+        DecryptionKey.from_primes(p, 3 * q)  # odd and surely composite (q + 2 can be a twin prime)
     with pytest.raises(InvalidKeyError, match="differ"):
         DecryptionKey.from_primes(p, p)
 
