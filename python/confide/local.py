@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -48,8 +49,16 @@ class LocalFederation:
         return self.workdir / CERTS
 
     def prepare(self) -> None:
-        """Certificates (kept if present) and the resolved job file."""
+        """Certificates (kept if present), the resolved job file, and nothing left of an earlier run.
+
+        A job id names one run: the aggregator's stored rounds and the parties' checkpoints of a
+        previous run in the same work directory are removed, or the new run would meet them.
+        """
         self.workdir.mkdir(parents=True, exist_ok=True)
+        for stale in ("aggregator-state", "parties", "logs"):
+            shutil.rmtree(self.workdir / stale, ignore_errors=True)
+        for stale in ("report.json", "report.png", "aggregator.port"):
+            (self.workdir / stale).unlink(missing_ok=True)
         (self.workdir / "logs").mkdir(exist_ok=True)
         if not (self.certs / "ca.crt").exists():
             init_federation(self.certs, parties=self.spec.parties, services=["aggregator"], admins=["runner"])

@@ -51,3 +51,12 @@ def test_run_trains_and_prints_the_report(tmp_path):
 def test_unknown_mode_is_an_error_not_a_fallback():
     with pytest.raises(InvalidParameterError, match="mode must be one of"):
         make_protection("tee", exchange=None, params=None)
+
+
+def test_running_the_same_job_twice_in_one_workdir_starts_afresh(tmp_path):
+    job = tmp_path / "job.yaml"
+    job.write_text("job_id: twice\nrounds: 2\nparties: [hospital-a, hospital-b]\nprotection: {mode: paillier}\n")
+    for _ in range(2):
+        done = confide("run", str(job), "--workdir", str(tmp_path / "work"))
+        assert done.returncode == 0, done.stderr
+        assert "round   2/2" in done.stdout

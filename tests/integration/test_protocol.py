@@ -184,3 +184,22 @@ def test_paillier_slices_under_another_key_are_refused(federation):
     assert a.push(header("party-a", **paillier), [ciphertext(key)]).accepted == 1
     # Once the aggregator knows the job's key, headers may leave it out.
     assert b.push(header("party-b", **{**paillier, "encryption_key": b""}), [ciphertext(key)]).round_complete
+
+
+def test_a_completed_round_is_not_served_to_a_run_under_another_key(federation):
+    client, _, _ = federation
+    a, b = client("party-a"), client("party-b")
+    key, other = DecryptionKey.generate(2048), DecryptionKey.generate(2048)
+    codec = BatchCryptCodec(bits=16, max_parties=2, alpha=1.0)
+    paillier = dict(
+        kind=pb.AGGREGATION_KIND_PAILLIER_PRODUCT,
+        routing=pb.RESULT_ROUTING_ROUND_ROBIN,
+        encryption_key=key.encryption_key.to_bytes(),
+        mode="paillier",
+    )
+    block = pb.Slice(index=0, n_valid=10, payload=encrypt_packed(np.zeros(10), codec, key).to_bytes())
+    a.push(header("party-a", **paillier), [block])
+    assert b.push(header("party-b", **paillier), [block]).round_complete
+    rerun = {**paillier, "encryption_key": other.encryption_key.to_bytes()}
+    with pytest.raises(ProtocolError, match="completed under another key"):
+        a.push(header("party-a", **rerun), [])

@@ -92,11 +92,17 @@ class AggregatorCore:
                 stored = self._completed[key][0]
                 if header.party_id not in stored.participants:
                     raise PermissionDeniedError(f"{header.party_id!r} is not a participant of round attempt {key}")
+                if header.encryption_key and header.encryption_key != stored.encryption_key:
+                    raise ProtocolError(
+                        f"round attempt {key} completed under another key: a job id names one run "
+                        "(use a new job id or a fresh --state)"
+                    )
                 return None
             latest = self._latest.get(header.job_id, 0)
             if header.round + 1 < latest:
                 raise RoundClosedError(
-                    f"round {header.round} of job {header.job_id!r} is closed; the job is at round {latest}"
+                    f"round {header.round} of job {header.job_id!r} is closed; the job is at round {latest} "
+                    "(a job id names one run: use a new job id or a fresh --state)"
                 )
             state = self._rounds.get(key)
             if state is None:
