@@ -41,10 +41,11 @@ $(STAMP): requirements-dev.txt pyproject.toml .system-deps
 	@touch $@
 
 $(GMP): scripts/build-gmp.sh .system-deps
-	./scripts/build-gmp.sh
+	./scripts/build-gmp.sh && touch $@
 
 $(NATIVE): $(STAMP) $(GMP) $(RUST_SRC) pyproject.toml
 	VIRTUAL_ENV=$(abspath $(VENV)) $(VENV)/bin/maturin develop --release -q
+	@touch $@
 
 demo: setup
 	$(VENV)/bin/confide run examples/breast_cancer.yaml --workdir reports/demo
