@@ -1,0 +1,523 @@
+"""A party's local datasets: named column tables whose rows never leave the party.
+
+A :class:`Catalog` says which datasets one party holds and where each comes from; it is
+described by a small YAML or JSON document::
+
+    datasets:
+      breast-cancer: {source: breast_cancer, shard: 0, of: 3, split: iid, skew: 0.8, seed: 0}
+      synthetic:     {source: synthetic, shard: 0, of: 3, samples: 1000, features: 20, seed: 0}
+      visits:        {source: csv, path: visits.csv}   # relative to the catalog file's directory
+
+Tables are built lazily, on first use, and cached. :meth:`Catalog.metadata` gives what may
+leave the party: names, schemas, row counts, descriptions and source kinds, never values.
+
+Sources
+-------
+``breast_cancer``
+    The raw (unscaled) 30 feature columns of scikit-learn's Wisconsin diagnostic breast cancer
+    data (names with spaces replaced by ``_``, e.g. ``mean_radius``) and the int column
+    ``diagnosis`` (0 = malignant, 1 = benign), restricted to the training rows that
+    :func:`~confide.data.breast_cancer_federation` deals to party ``shard`` of ``of``, with
+    the same ``split``, ``skew``, ``test_fraction`` and ``seed``. Min-max scaling these
+    columns with :func:`~confide.data.breast_cancer_feature_ranges` (clipped to [0, 1]) gives
+    exactly that function's ``parts[shard]``; this is checked every time the table is built.
+``synthetic``
+    The dense training rows of :func:`~confide.data.synthetic_lr` for party ``shard`` of
+    ``of``, as float columns ``x0`` .. ``x{d-1}`` and the int column ``label``.
+``csv``
+    A comma separated file with a header row. A column whose non-empty cells all parse as
+    numbers becomes float (an empty cell is NaN); any other column is str (an empty cell is
+    missing, ``None``).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import numbers
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from confide.errors import ConfideError, InvalidParameterError
+
+__all__ = ["Catalog", "Table"]
+
+_DATASET_NAME = re.compile(r"^[a-z0-9_-]{1,64}$")
+_MAX_COLUMN_NAME = 256
+_MAX_SYNTHETIC_FEATURES = 10_000
+_MAX_SYNTHETIC_ENTRIES = 100_000_000
+
+
+# ---------------------------------------------------------------------- Table
+
+
+def _column_kind(arr: np.ndarray) -> str:
+    if arr.dtype.kind == "f":
+        return "float"
+    if arr.dtype.kind in "iu":
+        return "int"
+    return "str"
+
+
+class Table:
+    """Named columns of equal length: float64 (NaN = missing), int64 or str (``None`` = missing).
+
+    Parameters
+    ----------
+    columns : mapping of str to array-like
+        At least one column. Float arrays become float64, int and bool arrays int64, str and
+        object arrays object arrays of ``str`` (``None`` or NaN cells become ``None``). The
+        arrays are copied and made read-only.
+
+    Raises
+    ------
+    InvalidParameterError
+        No columns, a bad column name, a column that is not 1-D, of another dtype, or of
+        another length than the first.
+    """
+
+    __slots__ = ("_columns", "_rows")
+
+    def __init__(self, columns: Mapping[str, Any]) -> None:
+        if not isinstance(columns, Mapping) or not columns:
+            raise InvalidParameterError("Table columns must be a non-empty mapping of name to array")
+        out: dict[str, np.ndarray] = {}
+        rows: int | None = None
+        for name, values in columns.items():
+            if not isinstance(name, str) or not 1 <= len(name) <= _MAX_COLUMN_NAME:
+                raise InvalidParameterError(
+                    f"Table column names must be str of 1..{_MAX_COLUMN_NAME} characters, got {name!r}"
+                )
+            arr = _as_column(name, values)
+            if rows is None:
+                rows = arr.shape[0]
+            elif arr.shape[0] != rows:
+                raise InvalidParameterError(
+                    f"Table column {name!r} has {arr.shape[0]} rows, expected {rows} "
+                    "(all columns must have the same length)"
+                )
+            out[name] = arr
+        self._columns = out
+        self._rows = int(rows or 0)
+
+    @property
+    def rows(self) -> int:
+        """Number of rows."""
+        return self._rows
+
+    @property
+    def columns(self) -> dict[str, np.ndarray]:
+        """A new dict of the (read-only) column arrays, in table order."""
+        return dict(self._columns)
+
+    @property
+    def names(self) -> list[str]:
+        """Column names, in order."""
+        return list(self._columns)
+
+    def column(self, name: str) -> np.ndarray:
+        """The read-only array of column ``name``."""
+        try:
+            return self._columns[name]
+        except KeyError:
+            raise InvalidParameterError(f"Table has no column {name!r}; columns: {self.names}") from None
+
+    def schema(self) -> list[dict[str, str]]:
+        """``[{"name": ..., "dtype": "float" | "int" | "str"}, ...]`` in column order."""
+        return [{"name": n, "dtype": _column_kind(a)} for n, a in self._columns.items()]
+
+    def __len__(self) -> int:
+        return self._rows
+
+    def __repr__(self) -> str:
+        return f"Table(rows={self._rows}, columns={len(self._columns)})"
+
+
+def _as_column(name: str, values: Any) -> np.ndarray:
+    arr = np.asarray(values)
+    if arr.ndim != 1:
+        raise InvalidParameterError(f"Table column {name!r} must be 1-D, got shape {arr.shape}")
+    kind = arr.dtype.kind
+    if kind == "f":
+        out = arr.astype(np.float64, copy=True)
+    elif kind in "iub":
+        out = arr.astype(np.int64, copy=True)
+    elif kind in "USO":
+        out = np.empty(arr.shape[0], dtype=object)
+        for i, v in enumerate(arr.tolist()):
+            if v is None or (isinstance(v, float) and math.isnan(v)):
+                out[i] = None
+            elif isinstance(v, bytes):
+                out[i] = v.decode("utf-8", errors="replace")
+            elif isinstance(v, str):
+                out[i] = v
+            else:
+                raise InvalidParameterError(
+                    f"Table column {name!r}: object cells must be str or None, got {type(v).__name__} at row {i}"
+                )
+    else:
+        raise InvalidParameterError(f"Table column {name!r}: dtype {arr.dtype} is not float, int or str")
+    out.flags.writeable = False
+    return out
+
+
+# ---------------------------------------------------------------------- validation helpers
+
+
+def _keys(where: str, entry: Mapping[str, Any], required: tuple[str, ...], optional: tuple[str, ...]) -> None:
+    for key in entry:
+        if key not in required and key not in optional:
+            allowed = ", ".join(sorted((*required, *optional)))
+            raise InvalidParameterError(f"{where}: unknown key {key!r}; allowed keys: {allowed}")
+    for key in required:
+        if key not in entry:
+            raise InvalidParameterError(f"{where}.{key} is required")
+
+
+def _int(where: str, value: Any, low: int, high: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise InvalidParameterError(f"{where} must be an integer, got {value!r}")
+    value = int(value)
+    if value < low or (high is not None and value > high):
+        limit = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise InvalidParameterError(f"{where} must be {limit}, got {value}")
+    return value
+
+
+def _real(where: str, value: Any, low: float, high: float, *, low_open: bool = False, high_open: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(float(value)):
+        raise InvalidParameterError(f"{where} must be a finite real number, got {value!r}")
+    value = float(value)
+    too_low = value <= low if low_open else value < low
+    too_high = value >= high if high_open else value > high
+    if too_low or too_high:
+        raise InvalidParameterError(
+            f"{where} must be in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}, got {value}"
+        )
+    return value
+
+
+def _str(where: str, value: Any, max_len: int = 4096) -> str:
+    if not isinstance(value, str) or len(value) > max_len:
+        raise InvalidParameterError(f"{where} must be a str of at most {max_len} characters, got {value!r}")
+    return value
+
+
+def check_dataset_name(where: str, name: Any) -> str:
+    """``name`` if it is 1..64 characters of ``[a-z0-9_-]``, else :class:`InvalidParameterError`."""
+    if not isinstance(name, str) or not _DATASET_NAME.match(name):
+        raise InvalidParameterError(f"{where} must be 1..64 characters of [a-z0-9_-], got {name!r}")
+    return name
+
+
+# ---------------------------------------------------------------------- sources
+
+
+_COMMON = ("source", "description")
+
+
+def _parse_entry(name: str, entry: Any, base_dir: Path) -> dict[str, Any]:
+    where = f"datasets.{name}"
+    if not isinstance(entry, Mapping):
+        raise InvalidParameterError(f"{where} must be a mapping, got {type(entry).__name__}")
+    if "source" not in entry:
+        raise InvalidParameterError(f"{where}.source is required (breast_cancer, synthetic or csv)")
+    source = entry["source"]
+    spec: dict[str, Any] = {"source": source, "description": _str(f"{where}.description", entry.get("description", ""))}
+    if source == "breast_cancer":
+        _keys(where, entry, ("shard", "of"), (*_COMMON, "split", "skew", "test_fraction", "seed"))
+        spec["of"] = _int(f"{where}.of", entry["of"], 2, 50)
+        spec["shard"] = _int(f"{where}.shard", entry["shard"], 0, spec["of"] - 1)
+        split = entry.get("split", "iid")
+        if split not in ("iid", "label_skew"):
+            raise InvalidParameterError(f"{where}.split must be 'iid' or 'label_skew', got {split!r}")
+        spec["split"] = split
+        spec["skew"] = _real(f"{where}.skew", entry.get("skew", 0.8), 0.5, 1.0, high_open=True)
+        spec["test_fraction"] = _real(
+            f"{where}.test_fraction", entry.get("test_fraction", 0.2), 0.0, 0.5, low_open=True
+        )
+        spec["seed"] = _int(f"{where}.seed", entry.get("seed", 0), 0)
+    elif source == "synthetic":
+        _keys(
+            where,
+            entry,
+            ("shard", "of", "samples", "features"),
+            (*_COMMON, "alpha", "beta", "seed", "test_fraction"),
+        )
+        spec["of"] = _int(f"{where}.of", entry["of"], 1, 100_000)
+        spec["shard"] = _int(f"{where}.shard", entry["shard"], 0, spec["of"] - 1)
+        spec["features"] = _int(f"{where}.features", entry["features"], 1, _MAX_SYNTHETIC_FEATURES)
+        spec["samples"] = _int(f"{where}.samples", entry["samples"], 10 * spec["of"], 1_000_000_000)
+        if (spec["samples"] // spec["of"] + spec["of"]) * spec["features"] > _MAX_SYNTHETIC_ENTRIES:
+            raise InvalidParameterError(
+                f"{where}: samples // of * features must be <= {_MAX_SYNTHETIC_ENTRIES}, got "
+                f"{spec['samples'] // spec['of']} * {spec['features']}"
+            )
+        spec["alpha"] = _real(f"{where}.alpha", entry.get("alpha", 1.0), 0.0, 1e6)
+        spec["beta"] = _real(f"{where}.beta", entry.get("beta", 1.0), 0.0, 1e6)
+        spec["seed"] = _int(f"{where}.seed", entry.get("seed", 0), 0)
+        spec["test_fraction"] = _real(f"{where}.test_fraction", entry.get("test_fraction", 0.1), 0.0, 0.5)
+    elif source == "csv":
+        _keys(where, entry, ("path",), (*_COMMON, "delimiter"))
+        raw_path = entry["path"]
+        if not isinstance(raw_path, str) or not raw_path:
+            raise InvalidParameterError(f"{where}.path must be a non-empty str, got {raw_path!r}")
+        path = Path(raw_path)
+        if not path.is_absolute():
+            path = base_dir / path
+        if not path.is_file():
+            raise InvalidParameterError(f"{where}.path: no such file {str(path)!r}")
+        spec["path"] = path
+        delimiter = entry.get("delimiter", ",")
+        if not isinstance(delimiter, str) or len(delimiter) != 1 or delimiter in '\r\n"':
+            raise InvalidParameterError(
+                f"{where}.delimiter must be one character (not a quote or newline), got {delimiter!r}"
+            )
+        spec["delimiter"] = delimiter
+    else:
+        raise InvalidParameterError(f"{where}.source must be 'breast_cancer', 'synthetic' or 'csv', got {source!r}")
+    return spec
+
+
+def _breast_cancer_shard_rows(y: np.ndarray, spec: Mapping[str, Any]) -> np.ndarray:
+    """Row indices of party ``shard``, drawn exactly as :func:`breast_cancer_federation` draws them.
+
+    The generator and the order of its draws follow that function step by step; the caller
+    checks the result against the function's own output.
+    """
+    parties, shard = spec["of"], spec["shard"]
+    rng = np.random.default_rng(spec["seed"])
+    train_by_class = []
+    for c in (0, 1):
+        idx = rng.permutation(np.flatnonzero(y == c))
+        k = max(1, round(spec["test_fraction"] * idx.size))
+        train_by_class.append(idx[k:])
+    if spec["split"] == "iid":
+        train = rng.permutation(np.concatenate(train_by_class))
+        return np.array_split(train, parties)[shard]
+    from confide.data.datasets import MIN_ROWS_PER_CLASS
+
+    groups = [np.arange(c, parties, 2) for c in (0, 1)]
+    owner_lists: list[list[np.ndarray]] = [[] for _ in range(parties)]
+    for c, idx in enumerate(train_by_class):
+        reserved = MIN_ROWS_PER_CLASS * parties
+        for p in range(parties):
+            owner_lists[p].append(idx[p:reserved:parties])
+        rest = idx[reserved:]
+        to_major = rng.random(rest.size) < spec["skew"]
+        group = np.where(to_major, c, 1 - c)
+        pick = rng.random(rest.size)
+        owner = np.where(
+            group == 0,
+            groups[0][(pick * groups[0].size).astype(np.int64)],
+            groups[1][(pick * groups[1].size).astype(np.int64)],
+        )
+        for p in range(parties):
+            owner_lists[p].append(rest[owner == p])
+    shares = [rng.permutation(np.concatenate(lists)) for lists in owner_lists]
+    return shares[shard]
+
+
+def _load_breast_cancer(name: str, spec: Mapping[str, Any]) -> Table:
+    from confide.data import datasets
+
+    # Validates the arguments (label_skew limits included) and gives the reference shard.
+    fed = datasets.breast_cancer_federation(
+        spec["of"], split=spec["split"], skew=spec["skew"], test_fraction=spec["test_fraction"], seed=spec["seed"]
+    )
+    data = datasets._load_breast_cancer()
+    raw = np.asarray(data.data, dtype=np.float64)
+    y = np.asarray(data.target, dtype=np.int64)
+    rows = _breast_cancer_shard_rows(y, spec)
+    _, lo, hi = datasets.breast_cancer_feature_ranges()
+    ref_X, ref_y = fed.parts[spec["shard"]]
+    if not (np.array_equal(np.clip((raw[rows] - lo) / (hi - lo), 0.0, 1.0), ref_X) and np.array_equal(y[rows], ref_y)):
+        raise ConfideError(
+            f"datasets.{name}: the raw breast cancer shard does not match breast_cancer_federation's "
+            f"parts[{spec['shard']}] (the split algorithm in confide.data.datasets changed)"
+        )
+    columns = {str(f).replace(" ", "_"): raw[rows, j] for j, f in enumerate(data.feature_names)}
+    columns["diagnosis"] = y[rows]
+    return Table(columns)
+
+
+def _load_synthetic(spec: Mapping[str, Any]) -> Table:
+    from confide.data.datasets import synthetic_lr
+
+    X, y, _, _ = synthetic_lr(
+        spec["shard"],
+        spec["of"],
+        samples=spec["samples"],
+        features=spec["features"],
+        alpha=spec["alpha"],
+        beta=spec["beta"],
+        seed=spec["seed"],
+        test_fraction=spec["test_fraction"],
+    )
+    X = np.asarray(X, dtype=np.float64)
+    columns: dict[str, Any] = {f"x{j}": X[:, j] for j in range(X.shape[1])}
+    columns["label"] = np.asarray(y, dtype=np.int64)
+    return Table(columns)
+
+
+def _is_number(cell: str) -> bool:
+    try:
+        float(cell)
+    except ValueError:
+        return False
+    return True
+
+
+def _load_csv(name: str, spec: Mapping[str, Any]) -> Table:
+    path: Path = spec["path"]
+    where = f"datasets.{name} ({path.name})"
+    try:
+        with path.open(newline="", encoding="utf-8") as f:
+            lines = list(csv.reader(f, delimiter=spec["delimiter"]))
+    except (OSError, UnicodeDecodeError, csv.Error) as e:
+        raise InvalidParameterError(f"{where}: cannot read the file: {e}") from None
+    if not lines:
+        raise InvalidParameterError(f"{where}: the file is empty, a header row is required")
+    header = [h.strip() for h in lines[0]]
+    seen: set[str] = set()
+    for h in header:
+        if not 1 <= len(h) <= _MAX_COLUMN_NAME:
+            raise InvalidParameterError(f"{where}: header names must be 1..{_MAX_COLUMN_NAME} characters, got {h!r}")
+        if h in seen:
+            raise InvalidParameterError(f"{where}: duplicate column {h!r} in the header")
+        seen.add(h)
+    body = [row for row in lines[1:] if row]
+    for i, row in enumerate(body):
+        if len(row) != len(header):
+            raise InvalidParameterError(
+                f"{where}: a data row has {len(row)} cells, the header has {len(header)} (data row {i + 1})"
+            )
+    columns: dict[str, Any] = {}
+    for j, h in enumerate(header):
+        cells = [row[j].strip() for row in body]
+        if all(c == "" or _is_number(c) for c in cells):
+            columns[h] = np.array([float(c) if c != "" else np.nan for c in cells], dtype=np.float64)
+        else:
+            col = np.empty(len(cells), dtype=object)
+            col[:] = [c if c != "" else None for c in cells]
+            columns[h] = col
+    return Table(columns)
+
+
+# ---------------------------------------------------------------------- Catalog
+
+
+class Catalog:
+    """The datasets one party holds; see the module docstring for the format.
+
+    Build one with :meth:`from_mapping` or :meth:`load`. Entries are validated when the
+    catalog is built; tables are built on first use and cached.
+    """
+
+    __slots__ = ("_specs", "_tables")
+
+    def __init__(self, specs: Mapping[str, dict[str, Any]]) -> None:
+        self._specs = dict(specs)
+        self._tables: dict[str, Table] = {}
+
+    @classmethod
+    def from_mapping(cls, mapping: Mapping[str, Any], base_dir: str | Path | None = None) -> Catalog:
+        """Validate ``{"datasets": {name: entry, ...}}``; relative csv paths resolve against ``base_dir``.
+
+        ``base_dir`` defaults to the current directory.
+
+        Raises
+        ------
+        InvalidParameterError
+            The message names the offending key (``datasets.<name>.<key>``) and its limit.
+        """
+        if not isinstance(mapping, Mapping):
+            raise InvalidParameterError(
+                f"catalog must be a mapping with a 'datasets' key, got {type(mapping).__name__}"
+            )
+        _keys("catalog", mapping, ("datasets",), ())
+        datasets = mapping["datasets"]
+        if not isinstance(datasets, Mapping):
+            raise InvalidParameterError(f"datasets must be a mapping of name to entry, got {type(datasets).__name__}")
+        base = Path(base_dir) if base_dir is not None else Path.cwd()
+        specs = {}
+        for name, entry in datasets.items():
+            check_dataset_name("dataset name", name)
+            specs[name] = _parse_entry(name, entry, base)
+        return cls(specs)
+
+    @classmethod
+    def load(cls, path: str | Path) -> Catalog:
+        """Read a YAML (or, for ``.json`` files, JSON) catalog; csv paths are relative to its directory."""
+        path = Path(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise InvalidParameterError(f"catalog {str(path)!r}: cannot read the file: {e}") from None
+        try:
+            if path.suffix.lower() == ".json":
+                mapping = json.loads(text)
+            else:
+                import yaml
+
+                mapping = yaml.safe_load(text)
+        except ValueError as e:  # json.JSONDecodeError
+            raise InvalidParameterError(f"catalog {str(path)!r}: not valid JSON: {e}") from None
+        except Exception as e:  # yaml.YAMLError
+            raise InvalidParameterError(f"catalog {str(path)!r}: not valid YAML: {e}") from None
+        return cls.from_mapping(mapping, base_dir=path.resolve().parent)
+
+    @property
+    def names(self) -> list[str]:
+        """Dataset names, sorted."""
+        return sorted(self._specs)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._specs
+
+    def __len__(self) -> int:
+        return len(self._specs)
+
+    def __repr__(self) -> str:
+        return f"Catalog({self.names})"
+
+    def table(self, name: str) -> Table:
+        """The table of dataset ``name`` (built on first use, then cached)."""
+        if name not in self._specs:
+            raise InvalidParameterError(f"dataset {name!r} is not in the catalog; available: {self.names}")
+        table = self._tables.get(name)
+        if table is None:
+            spec = self._specs[name]
+            if spec["source"] == "breast_cancer":
+                table = _load_breast_cancer(name, spec)
+            elif spec["source"] == "synthetic":
+                table = _load_synthetic(spec)
+            else:
+                table = _load_csv(name, spec)
+            self._tables[name] = table
+        return table
+
+    def metadata(self) -> list[dict[str, Any]]:
+        """What may leave the party: ``[{"name", "schema", "rows", "description", "source"}, ...]``.
+
+        Sorted by name. Contains no cell values and no file paths.
+        """
+        out = []
+        for name in self.names:
+            table = self.table(name)
+            spec = self._specs[name]
+            out.append(
+                {
+                    "name": name,
+                    "schema": table.schema(),
+                    "rows": table.rows,
+                    "description": spec["description"],
+                    "source": spec["source"],
+                }
+            )
+        return out
