@@ -8,7 +8,9 @@ Messages name the field and the limit and never contain secret values.
 __all__ = [
     "CertificateError",
     "ConfideError",
+    "ConflictError",
     "CryptoError",
+    "DataAccessDeniedError",
     "EncodingError",
     "InvalidCiphertextError",
     "InvalidKeyError",
@@ -16,6 +18,7 @@ __all__ = [
     "JobFailedError",
     "KeyMismatchError",
     "MessageTimeoutError",
+    "NotFoundError",
     "PermissionDeniedError",
     "ProtocolError",
     "ResourceLimitError",
@@ -102,3 +105,15 @@ class JobFailedError(ConfideError):
 
 class MessageTimeoutError(ConfideError, TimeoutError):
     """An expected message did not arrive in time; the message names it and the timeout."""
+
+
+class NotFoundError(ConfideError, LookupError):
+    """A named thing (party, dataset, session, grant) does not exist; the message names it."""
+
+
+class ConflictError(ConfideError):
+    """A change lost a race with another one (e.g. two tunings of one session); nothing was stored."""
+
+
+class DataAccessDeniedError(PermissionDeniedError):
+    """A job uses a dataset that its developer has no grant for; the message names both."""

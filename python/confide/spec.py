@@ -10,12 +10,23 @@ typo never silently falls back to a default)::
     model: {algorithm: homo_lr, learning_rate: 0.5, local_epochs: 2, batch_size: 32}
     data: {dataset: breast_cancer, split: iid}
     protection: {mode: paillier, key_bits: 2048, bits: 16, on_dropout: retry}
+
+Jobs submitted through the controller provision data as FL_Data (``fl_data``: which dataset
+each party contributes, the label column, the preprocessing pipeline; docs/fldata.md) instead
+of the embedded ``data`` generator; ``parties`` then defaults to the FL_Data participants::
+
+    fl_data:
+      label: diagnosis
+      participants: {hospital-a: {dataset: breast-cancer}, hospital-b: {dataset: breast-cancer}}
+      pipeline: [{name: scaled, op: scale, params: {method: standard}}]
+    checkpoint_interval: 5
+    metrics: [loss, auc]
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -95,9 +106,30 @@ class JobSpec(_Strict):
     protection: ProtectionSpec = ProtectionSpec()
     transport: TransportSpec = TransportSpec()
     seed: int = Field(0, ge=0, le=2**32 - 1)
+    #: Data provisioning as FL_Data (participants, label, pipeline); None: the embedded ``data``.
+    fl_data: dict[str, Any] | None = None
+    #: Parties and aggregator checkpoint every this many rounds (0: never).
+    checkpoint_interval: int = Field(5, ge=0, le=100_000)
+    metrics: list[Literal["loss", "auc", "accuracy"]] = ["loss", "auc"]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _parties_from_fl_data(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "parties" not in data and isinstance(data.get("fl_data"), dict):
+            participants = data["fl_data"].get("participants")
+            if isinstance(participants, dict):
+                data = {**data, "parties": sorted(participants)}
+        return data
 
     @model_validator(mode="after")
     def _consistent(self) -> JobSpec:
+        if self.fl_data is not None:
+            fl_data = self.fl_data_object()
+            if sorted(fl_data.participants) != sorted(self.parties):
+                raise ValueError(
+                    f"parties {sorted(self.parties)} differ from the fl_data participants "
+                    f"{sorted(fl_data.participants)}"
+                )
         if len(set(self.parties)) != len(self.parties):
             raise ValueError("parties must be distinct")
         if self.protection.min_parties > len(self.parties):
@@ -105,6 +137,28 @@ class JobSpec(_Strict):
                 f"protection.min_parties ({self.protection.min_parties}) exceeds the {len(self.parties)} parties"
             )
         return self
+
+    def fl_data_object(self):
+        """The :class:`confide.data.fldata.FLData` of ``fl_data`` (None without one)."""
+        if self.fl_data is None:
+            return None
+        from confide.data.fldata import FLData
+
+        try:
+            if "lineage" in self.fl_data:
+                return FLData.from_dict(self.fl_data)
+            return FLData.create(
+                self.fl_data.get("participants", {}),
+                self.fl_data.get("label", ""),
+                self.fl_data.get("pipeline", ()),
+            )
+        except InvalidParameterError as error:
+            raise ValueError(f"fl_data: {error}") from None
+
+    def datasets(self) -> dict[str, str]:
+        """Party -> dataset name under FL_Data (empty for the embedded data)."""
+        fl_data = self.fl_data_object()
+        return fl_data.datasets() if fl_data is not None else {}
 
 
 def parse_job(data: dict) -> JobSpec:

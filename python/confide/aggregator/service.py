@@ -75,12 +75,24 @@ class AggregatorCore:
         self._job_keys: dict[str, bytes] = self.store.load_keys()
         self._lock = threading.Lock()
         self._stopped = threading.Event()
+        #: Per-job (round timeout, dropout grace) set by the controller; others use ``config``.
+        self._job_timeouts: dict[str, tuple[float, float]] = {}
+        #: Called with (header, combined slices by index) after a round completes and is stored.
+        self.completion_listeners: list[Callable[[pb.RoundHeader, dict[int, bytes]], None]] = []
         for header, done in self.store.load():
             key = (header.job_id, header.round, header.attempt)
             self._completed[key] = (header, done)
             self._latest[header.job_id] = max(self._latest.get(header.job_id, 0), header.round)
         self._monitor = threading.Thread(target=self._watch, name="confide-round-monitor", daemon=True)
         self._monitor.start()
+
+    def configure_job(self, job_id: str, *, round_timeout_s: float, dropout_grace_s: float) -> None:
+        """Timeouts for one job (from its session's aggregator configuration)."""
+        with self._lock:
+            self._job_timeouts[job_id] = (float(round_timeout_s), float(dropout_grace_s))
+
+    def _timeouts(self, job_id: str) -> tuple[float, float]:
+        return self._job_timeouts.get(job_id, (self.config.round_timeout_s, self.config.dropout_grace_s))
 
     # -- rounds ---------------------------------------------------------------------------
     def open_round(self, header: pb.RoundHeader) -> RoundState | None:
@@ -188,6 +200,11 @@ class AggregatorCore:
             old = [k for k in self._completed if k[0] == state.key[0] and k[1] + 2 < state.key[1]]
             for key in old:
                 del self._completed[key]
+        for listener in list(self.completion_listeners):
+            try:
+                listener(state.header, state.done)
+            except Exception:  # noqa: BLE001 - a listener must not break the data path
+                log.exception("completion listener failed for %s", state.key)
 
     def _aggregated(self, header: pb.RoundHeader, index: int, payload: bytes) -> pb.AggregatedSlice:
         from confide.aggregator.rounds import expected_length
@@ -240,9 +257,10 @@ class AggregatorCore:
             with self._lock:
                 states = [s for s in self._rounds.values() if s.status == "open"]
             for state in states:
+                round_timeout_s, dropout_grace_s = self._timeouts(state.header.job_id)
                 with state.lock:
-                    gone = [p for p, t in state.broken.items() if now - t > self.config.dropout_grace_s]
-                    late = now - state.created > self.config.round_timeout_s
+                    gone = [p for p, t in state.broken.items() if now - t > dropout_grace_s]
+                    late = now - state.created > round_timeout_s
                     absent = [p for p in state.participants if p not in state.joined]
                     stalled = state.missing() if late else []
                 if gone:
@@ -250,14 +268,14 @@ class AggregatorCore:
                         state,
                         gone,
                         f"{', '.join(gone)} dropped out mid-round (stream broke and did not resume within "
-                        f"{self.config.dropout_grace_s:g} s)",
+                        f"{dropout_grace_s:g} s)",
                     )
                 elif late and (absent or stalled):
                     dropped = absent or stalled
                     self.abort(
                         state,
                         dropped,
-                        f"{', '.join(dropped)} sent no complete update within {self.config.round_timeout_s:g} s",
+                        f"{', '.join(dropped)} sent no complete update within {round_timeout_s:g} s",
                     )
             with self._lock:
                 closed = [k for k, s in self._rounds.items() if s.status == "aborted" and now - s.created > 600]

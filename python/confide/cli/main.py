@@ -1,4 +1,4 @@
-"""``confide certs init | aggregator | party | run``."""
+"""``confide certs init | aggregator | party | run`` and the controller commands (cli/controller.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import sys
 import threading
 from pathlib import Path
 
+from confide.cli import controller as controller_commands
 from confide.errors import ConfideError
 
 __all__ = ["main"]
@@ -26,6 +27,7 @@ def _parser() -> argparse.ArgumentParser:
     init.add_argument("--parties", required=True, help="comma-separated party names")
     init.add_argument("--services", default="aggregator", help="comma-separated service names")
     init.add_argument("--admins", default="runner", help="comma-separated admin names")
+    init.add_argument("--developers", default="", help="comma-separated developer names")
     init.add_argument("--hosts", default="localhost,127.0.0.1", help="names/IPs services answer on")
     init.add_argument("--force", action="store_true", help="replace an existing federation")
 
@@ -37,13 +39,21 @@ def _parser() -> argparse.ArgumentParser:
     aggregator.add_argument("--port-file", default=None, help="write the bound port here once listening")
     aggregator.add_argument("--round-timeout", type=float, default=120.0, help="seconds a participant may be absent")
     aggregator.add_argument("--dropout-grace", type=float, default=5.0, help="seconds to resume a broken stream")
+    aggregator.add_argument("--controller", default=None, help="follow this controller (https://host:port)")
+    aggregator.add_argument("--advertise", default=None, help="address parties dial (default: the bound one)")
 
     party = commands.add_parser("party", help="run one party of a job")
-    party.add_argument("--job", required=True, help="job specification (YAML or JSON)")
+    source = party.add_mutually_exclusive_group(required=True)
+    source.add_argument("--job", help="job specification (YAML or JSON)")
+    source.add_argument("--config", help="execution configuration from the controller (JSON; agents use it)")
     party.add_argument("--party", required=True, help="this party's name")
     party.add_argument("--aggregator", required=True, help="aggregator host:port")
     party.add_argument("--certs", required=True, help="federation certificate directory")
-    party.add_argument("--workdir", required=True, help="checkpoints and reports")
+    party.add_argument("--workdir", required=True, help="reports (and checkpoints, unless --checkpoints)")
+    party.add_argument("--checkpoints", default=None, help="checkpoint directory")
+    party.add_argument("--runtime-job-id", default=None, help="job id at the aggregator (one per run)")
+    party.add_argument("--resume-round", type=int, default=0, help="continue after this checkpointed round")
+    party.add_argument("--datasets", default=None, help="this party's dataset catalog (FL_Data jobs)")
 
     run = commands.add_parser("run", help="run a job on a local federation (aggregator + parties as processes)")
     run.add_argument("job", help="job specification (YAML or JSON)")
@@ -52,6 +62,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--split", default=None, help="override data.split (iid or label_skew)")
     run.add_argument("--rounds", type=int, default=None, help="override rounds")
     run.add_argument("--no-progress", action="store_true", help="print round lines without a progress bar")
+    controller_commands.add_commands(commands)
     return parser
 
 
@@ -59,9 +70,12 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status."""
     args = _parser().parse_args(argv)
     logging.basicConfig(
-        level=logging.INFO if args.verbose or args.command in ("aggregator", "party") else logging.WARNING,
+        level=logging.INFO
+        if args.verbose or args.command in ("aggregator", "party", "controller", "agent")
+        else logging.WARNING,
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
     )
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per controller sync otherwise
     try:
         if args.command == "certs":
             return _certs(args)
@@ -69,6 +83,8 @@ def main(argv: list[str] | None = None) -> int:
             return _aggregator(args)
         if args.command == "party":
             return _party(args)
+        if args.command in controller_commands.COMMANDS:
+            return controller_commands.dispatch(args)
         return _run(args)
     except ConfideError as error:
         print(f"confide: error: {error}", file=sys.stderr)
@@ -89,6 +105,7 @@ def _certs(args) -> int:
         parties=_names(args.parties),
         services=_names(args.services),
         admins=_names(args.admins),
+        developers=_names(args.developers),
         hosts=_names(args.hosts),
         overwrite=args.force,
     )
@@ -113,18 +130,51 @@ def _aggregator(args) -> int:
     stopped = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stopped.set())
+    agent = None
+    if args.controller:
+        from confide.aggregator.agent import AggregatorWorker
+        from confide.controller.agent import Agent
+        from confide.controller.client import ControllerClient
+
+        host = args.listen.rpartition(":")[0] or "127.0.0.1"
+        advertise = args.advertise or f"{host}:{port}"
+        client = ControllerClient(args.controller, certs_dir=args.certs, name=identity.name)
+        agent = Agent(client, AggregatorWorker(core), Path(args.state or "aggregator-state"), address=advertise)
+        threading.Thread(target=agent.run_forever, name="confide-agent", daemon=True).start()
     stopped.wait()
+    if agent is not None:
+        agent.stop()
     server.stop(grace=2).wait()
     core.close()
     return 0
 
 
 def _party(args) -> int:
-    from confide.party import run_party
-    from confide.spec import load_job
+    import json
 
-    spec = load_job(args.job)
-    report = run_party(spec, args.party, aggregator=args.aggregator, certs_dir=args.certs, workdir=args.workdir)
+    from confide.party import run_party
+    from confide.spec import load_job, parse_job
+
+    if args.config:
+        spec = parse_job(json.loads(Path(args.config).read_text())["spec"])
+    else:
+        spec = load_job(args.job)
+    catalog = None
+    if args.datasets:
+        from confide.data.catalog import Catalog
+
+        catalog = Catalog.load(args.datasets)
+    report = run_party(
+        spec,
+        args.party,
+        aggregator=args.aggregator,
+        certs_dir=args.certs,
+        workdir=args.workdir,
+        runtime_job_id=args.runtime_job_id,
+        checkpoint_dir=args.checkpoints,
+        resume_round=args.resume_round,
+        catalog=catalog,
+    )
     logging.getLogger("confide.party").info(
         "%s: %s after %d rounds", args.party, report["status"], len(report["rounds"])
     )

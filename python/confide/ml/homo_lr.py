@@ -157,6 +157,14 @@ class HomoLR:
             raise InvalidParameterError("weights are not initialized; call initialize(n_features), set_weights or fit")
         return self._w
 
+    def reseed(self, seed: int | list[int]) -> None:
+        """Restart the batch-order generator from ``seed`` (an int or a list of ints).
+
+        A federated runner reseeds before every round from (job seed, party, round), so a job
+        resumed from a checkpoint draws exactly the batches an uninterrupted run would have.
+        """
+        self._rng = np.random.default_rng(seed)
+
     def initialize(self, n_features: int) -> None:
         """Set all weights (coefficients and intercept) to zero for ``n_features`` features.
 

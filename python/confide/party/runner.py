@@ -12,14 +12,22 @@ If the aggregator aborts the attempt because a participant dropped out, the surv
 the round under a new attempt number (``on_dropout: retry``, at least ``min_parties`` left)
 or the job fails with the reason (``on_dropout: fail``). If the aggregator itself goes away,
 the party reconnects and uploads the same attempt again from its cached slices. After every
-completed round the model is checkpointed and the report rewritten (atomic replace).
+completed round the report is rewritten (atomic replace).
+
+Checkpoints: every ``checkpoint_interval`` rounds (and after the last one) the party writes
+``<checkpoints>/round-NNNNNN/{model.npz,state.json}`` atomically; a run started with
+``resume_round=R`` loads round R's files and continues with round R+1. The batch order of
+round r is drawn from (seed, party, r) alone, so a resumed job trains exactly as an
+uninterrupted one would.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
+import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -28,6 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
+from confide import checkpoints as ckpt
 from confide.data import breast_cancer_federation, synthetic_lr
 from confide.errors import (
     ConfideError,
@@ -63,8 +72,14 @@ class PartyData:
     y_test: np.ndarray | None = None
 
 
-def load_party_data(spec: JobSpec, party_id: str) -> PartyData:
-    """Rows of ``party_id`` as the job's data spec provisions them (generated or embedded)."""
+def load_party_data(spec: JobSpec, party_id: str, catalog=None) -> PartyData:
+    """Rows of ``party_id`` as the job provisions them: FL_Data over the party's catalog, or embedded."""
+    if spec.fl_data is not None:
+        if catalog is None:
+            raise JobFailedError(f"the job provisions data as FL_Data but party {party_id!r} has no dataset catalog")
+        fl_data = spec.fl_data_object()
+        provisioned = fl_data.provision(party_id, catalog.table(fl_data.datasets()[party_id]))
+        return PartyData(provisioned.X, provisioned.y, provisioned.X_test, provisioned.y_test)
     index = spec.parties.index(party_id)
     data = spec.data
     if data.dataset == "breast_cancer":
@@ -238,15 +253,26 @@ def run_party(
     certs_dir: str | os.PathLike,
     workdir: str | os.PathLike,
     on_round: Callable[[dict], None] | None = None,
+    runtime_job_id: str | None = None,
+    checkpoint_dir: str | os.PathLike | None = None,
+    resume_round: int = 0,
+    catalog=None,
 ) -> dict:
-    """Run this party's side of a job to the end; returns (and writes) its report."""
+    """Run this party's side of a job to the end; returns (and writes) its report.
+
+    ``runtime_job_id`` names this run at the aggregator (default: the job id; the controller
+    gives each run of a session its own). ``checkpoint_dir``: where interval checkpoints go
+    (default ``<workdir>/<party>.checkpoints``). ``resume_round``: continue after this checkpointed
+    round. ``catalog``: the party's datasets, for jobs that provision data as FL_Data.
+    """
     if party_id not in spec.parties:
         raise JobFailedError(f"party {party_id!r} is not in the job's parties {spec.parties}")
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
+    checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else workdir / f"{party_id}.checkpoints"
     report_path = workdir / f"{party_id}.report.json"
     identity = Identity.load(certs_dir, party_id)
-    data = load_party_data(spec, party_id)
+    data = load_party_data(spec, party_id, catalog)
     model = HomoLR(
         learning_rate=spec.model.learning_rate,
         local_epochs=spec.model.local_epochs,
@@ -255,8 +281,15 @@ def run_party(
         seed=spec.seed * 1000 + spec.parties.index(party_id),
     )
     model.initialize(data.X.shape[1])
+    first_round = 1
+    if resume_round:
+        model.set_weights(_load_checkpoint(checkpoint_dir, resume_round, data.X.shape[1]))
+        first_round = resume_round + 1
+    _drop_later_checkpoints(checkpoint_dir, resume_round)
     report = {
         "job_id": spec.job_id,
+        "runtime_job_id": runtime_job_id or spec.job_id,
+        "resumed_after_round": resume_round,
         "party": party_id,
         "status": "starting",
         "samples": int(data.X.shape[0]),
@@ -266,7 +299,7 @@ def run_party(
     client = AggregatorClient(
         aggregator,
         identity,
-        spec.job_id,
+        runtime_job_id or spec.job_id,
         reconnect_timeout_s=spec.transport.reconnect_timeout_s,
         message_timeout_s=spec.transport.message_timeout_s,
     )
@@ -299,8 +332,10 @@ def run_party(
         report["protection"] = protection.report()
         participants = list(spec.parties)
         slice_length = slice_length_for(spec.transport.slice_bytes)
-        for round_number in range(1, spec.rounds + 1):
+        index = spec.parties.index(party_id)
+        for round_number in range(first_round, spec.rounds + 1):
             current = {"round": round_number}
+            model.reseed([spec.seed, index, round_number])
             entry = _train_and_aggregate(
                 spec,
                 party_id,
@@ -317,7 +352,9 @@ def run_party(
             participants = entry["participants"]
             report["rounds"].append(entry)
             report["status"] = "running"
-            _checkpoint(workdir, party_id, round_number, model)
+            interval = spec.checkpoint_interval
+            if interval and (round_number % interval == 0 or round_number == spec.rounds):
+                _checkpoint(checkpoint_dir, round_number, model, participants)
             _write_json(report_path, report)
             if on_round is not None:
                 on_round(entry)
@@ -472,11 +509,41 @@ def encode_workers(pipeline: bool) -> int:
     return max(1, os.cpu_count() or 1) if pipeline else 1
 
 
-def _checkpoint(workdir: Path, party_id: str, round_number: int, model: HomoLR) -> None:
-    path = workdir / f"{party_id}.checkpoint.npz"
-    temporary = workdir / f"{party_id}.checkpoint.tmp.npz"
-    np.savez(temporary, round=round_number, weights=model.get_weights())
-    os.replace(temporary, path)
+def _checkpoint(directory: Path, round_number: int, model: HomoLR, participants: list[str]) -> None:
+    buffer = io.BytesIO()
+    np.save(buffer, model.get_weights(), allow_pickle=False)
+    state = {"round": round_number, "participants": list(participants), "format": 1}
+    target = directory / ckpt.round_name(round_number)
+    if target.exists():  # a previous run of this session wrote it; this run's files replace it
+        shutil.rmtree(target)
+    ckpt.write_checkpoint(
+        target, {"weights.npy": buffer.getvalue(), "state.json": json.dumps(state, sort_keys=True).encode()}
+    )
+
+
+def _load_checkpoint(directory: Path, round_number: int, features: int) -> np.ndarray:
+    target = directory / ckpt.round_name(round_number)
+    try:
+        state = json.loads((target / "state.json").read_text())
+        weights = np.load(target / "weights.npy", allow_pickle=False)
+    except (OSError, ValueError) as error:
+        raise JobFailedError(f"cannot resume: checkpoint {target} is unreadable: {error}") from None
+    if state.get("round") != round_number or weights.shape != (features + 1,):
+        raise JobFailedError(
+            f"cannot resume: checkpoint {target} holds round {state.get('round')} with {weights.shape} weights, "
+            f"expected round {round_number} with {features + 1}"
+        )
+    return weights
+
+
+def _drop_later_checkpoints(directory: Path, resume_round: int) -> None:
+    # Checkpoints of rounds after the resume point belong to an abandoned run.
+    if not directory.exists():
+        return
+    for path in directory.glob("round-*"):
+        number = path.name.split("-", 1)[1].split(".", 1)[0]
+        if number.isdigit() and int(number) > resume_round:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def _write_json(path: Path, data: dict) -> None:

@@ -47,6 +47,7 @@ __all__ = [
     "CA_KEY_FILE",
     "ROLES",
     "ROLE_ADMIN",
+    "ROLE_DEVELOPER",
     "ROLE_PARTY",
     "ROLE_SERVICE",
     "Identity",
@@ -60,7 +61,9 @@ __all__ = [
 ROLE_PARTY = "party"
 ROLE_SERVICE = "service"
 ROLE_ADMIN = "admin"
-ROLES = (ROLE_PARTY, ROLE_SERVICE, ROLE_ADMIN)
+#: A model developer: submits and tunes jobs through the controller; holds no data.
+ROLE_DEVELOPER = "developer"
+ROLES = (ROLE_PARTY, ROLE_SERVICE, ROLE_ADMIN, ROLE_DEVELOPER)
 
 CA_CERT_FILE = "ca.crt"
 CA_KEY_FILE = "ca.key"
@@ -308,6 +311,7 @@ def init_federation(
     parties: Sequence[str],
     services: Sequence[str] = ("aggregator",),
     admins: Sequence[str] = ("runner",),
+    developers: Sequence[str] = (),
     hosts: Sequence[str] = DEFAULT_HOSTS,
     days: int = 365,
     overwrite: bool = False,
@@ -319,7 +323,7 @@ def init_federation(
     directory : str or os.PathLike
         Where to write ``ca.crt``, ``ca.key`` and ``<name>.crt`` / ``<name>.key``;
         created (mode 0700) if missing. Key files get mode 0600.
-    parties, services, admins : sequence of str
+    parties, services, admins, developers : sequence of str
         The names per role: 1..64 characters of ``[a-z0-9-]``, unique across all
         roles; ``"ca"`` is reserved.
     hosts : sequence of str
@@ -348,6 +352,7 @@ def init_federation(
         (ROLE_PARTY, parties, "parties"),
         (ROLE_SERVICE, services, "services"),
         (ROLE_ADMIN, admins, "admins"),
+        (ROLE_DEVELOPER, developers, "developers"),
     ):
         for name in _check_names(names, field):
             if name in roles:
@@ -400,7 +405,7 @@ def issue_identity(
     name : str
         1..64 characters of ``[a-z0-9-]``, not already used in ``directory``.
     role : str
-        ``"party"``, ``"service"`` or ``"admin"``.
+        ``"party"``, ``"service"``, ``"admin"`` or ``"developer"``.
     hosts : sequence of str
         DNS names and IP addresses for a service certificate; ignored for other roles.
     days : int
@@ -651,7 +656,7 @@ class Identity:
     name : str
         The identity's name, e.g. ``"hospital-a"`` or ``"aggregator"``.
     role : str
-        ``"party"``, ``"service"`` or ``"admin"``.
+        ``"party"``, ``"service"``, ``"admin"`` or ``"developer"``.
     cert_pem : bytes
         The identity's certificate.
     key_pem : bytes

@@ -1,0 +1,349 @@
+"""Controller commands: ``confide controller | agent | data | grant | audit | job | session``.
+
+Clients find the controller and their identity in ``--controller`` / ``--certs`` / ``--as``
+or the environment (``CONFIDE_CONTROLLER``, ``CONFIDE_CERTS``, ``CONFIDE_IDENTITY``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import yaml
+
+from confide.errors import InvalidParameterError
+
+__all__ = ["add_commands", "dispatch"]
+
+COMMANDS = ("controller", "agent", "data", "grant", "audit", "job", "session")
+
+
+def _client_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--controller", default=os.environ.get("CONFIDE_CONTROLLER"), help="https://host:port")
+    parser.add_argument("--certs", default=os.environ.get("CONFIDE_CERTS"), help="federation certificate directory")
+    parser.add_argument("--as", dest="identity", default=os.environ.get("CONFIDE_IDENTITY"), help="identity name")
+    parser.add_argument("--json", action="store_true", help="print the controller's JSON answer")
+
+
+def add_commands(commands) -> None:
+    """Register the controller commands on the top-level subparsers."""
+    controller = commands.add_parser("controller", help="run the controller (REST API over mutual TLS)")
+    controller.add_argument("--certs", required=True, help="federation certificate directory")
+    controller.add_argument("--name", default="controller", help="service identity to serve as")
+    controller.add_argument("--db", default="controller.db", help="SQLite file or postgresql://... URL")
+    controller.add_argument("--listen", default="127.0.0.1:8443", help="host:port (port 0 picks a free one)")
+    controller.add_argument("--port-file", default=None, help="write the bound port here once listening")
+
+    agent = commands.add_parser("agent", help="run a party's agent: register datasets, follow the controller")
+    agent.add_argument("--controller", required=True, help="https://host:port")
+    agent.add_argument("--certs", required=True, help="federation certificate directory")
+    agent.add_argument("--name", required=True, help="this party's identity")
+    agent.add_argument("--workdir", required=True, help="session configurations, runs and checkpoints")
+    agent.add_argument("--datasets", default=None, help="the party's dataset catalog (YAML)")
+    agent.add_argument("--interval", type=float, default=1.0, help="seconds between syncs")
+
+    data = commands.add_parser("data", help="datasets published to the controller (metadata only)")
+    data_commands = data.add_subparsers(dest="data_command", required=True)
+    for name, text in (("list", "published datasets"), ("parties", "registered parties and services")):
+        _client_options(data_commands.add_parser(name, help=text))
+    show = data_commands.add_parser("catalog", help="the metadata a catalog file would publish (offline)")
+    show.add_argument("catalog", help="catalog YAML")
+
+    grant = commands.add_parser("grant", help="data-access grants (run as the dataset's owner)")
+    grant_commands = grant.add_subparsers(dest="grant_command", required=True)
+    for name in ("add", "revoke"):
+        sub = grant_commands.add_parser(name, help=f"{name} a developer's use of one of your datasets")
+        sub.add_argument("--dataset", required=True)
+        sub.add_argument("--developer", required=True)
+        _client_options(sub)
+    _client_options(grant_commands.add_parser("list", help="grants you gave or received"))
+
+    audit = commands.add_parser("audit", help="the audit log (access decisions and changes)")
+    audit.add_argument("--after", type=int, default=0)
+    audit.add_argument("--limit", type=int, default=200)
+    _client_options(audit)
+
+    job = commands.add_parser("job", help="jobs as sessions on the controller")
+    job_commands = job.add_subparsers(dest="job_command", required=True)
+    submit = job_commands.add_parser("submit", help="submit a job specification (YAML/JSON)")
+    submit.add_argument("spec")
+    submit.add_argument("--wait", action="store_true", help="wait until the session completes or fails")
+    _client_options(submit)
+    tune = job_commands.add_parser("tune", help="tune a session: settings, FL_Data, parties")
+    tune.add_argument("session")
+    tune.add_argument("--set", action="append", default=[], metavar="PATH=VALUE", help="e.g. model.learning_rate=0.05")
+    tune.add_argument("--fl-data", default=None, help="a new FL_Data (JSON/YAML file)")
+    tune.add_argument("--add-party", action="append", default=[], metavar="PARTY=DATASET")
+    tune.add_argument("--base-seq", type=int, default=None, help="the log entry you tuned from (race guard)")
+    _client_options(tune)
+    for name, text in (("resume", "continue from the last checkpoint"), ("cancel", "stop"), ("status", "show")):
+        sub = job_commands.add_parser(name, help=f"{text} a session")
+        sub.add_argument("session")
+        if name == "resume":
+            sub.add_argument("--wait", action="store_true", help="wait until the session completes or fails")
+        _client_options(sub)
+    _client_options(job_commands.add_parser("list", help="your sessions"))
+
+    session = commands.add_parser("session", help="session history")
+    session_commands = session.add_subparsers(dest="session_command", required=True)
+    log = session_commands.add_parser("log", help="the committed log with deltas and checkpoint roots")
+    log.add_argument("session")
+    log.add_argument("--entry", type=int, default=None, help="show one entry in full")
+    _client_options(log)
+
+
+def dispatch(args) -> int:
+    """Run a controller command."""
+    if args.command == "controller":
+        return _controller(args)
+    if args.command == "agent":
+        return _agent(args)
+    if args.command == "data" and args.data_command == "catalog":
+        from confide.data.catalog import Catalog
+
+        print(json.dumps(Catalog.load(args.catalog).metadata(), indent=1))
+        return 0
+    with _client(args) as client:
+        return _CLIENT_COMMANDS[args.command](args, client)
+
+
+def _client(args):
+    from confide.controller.client import ControllerClient
+
+    missing = [
+        flag
+        for flag, value in (("--controller", args.controller), ("--certs", args.certs), ("--as", args.identity))
+        if not value
+    ]
+    if missing:
+        raise InvalidParameterError(
+            f"{', '.join(missing)} missing (or set CONFIDE_CONTROLLER, CONFIDE_CERTS, CONFIDE_IDENTITY)"
+        )
+    return ControllerClient(args.controller, certs_dir=args.certs, name=args.identity)
+
+
+def _wait_signal() -> threading.Event:
+    stopped = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stopped.set())
+    return stopped
+
+
+def _controller(args) -> int:
+    from confide.controller.server import ControllerServer
+
+    server = ControllerServer(certs_dir=args.certs, name=args.name, database=args.db, address=args.listen)
+    if args.port_file:
+        temporary = Path(args.port_file + ".tmp")
+        temporary.write_text(str(server.port))
+        temporary.replace(args.port_file)
+    logging.getLogger("confide.controller").info("controller on port %d, store %s", server.port, server.store.url)
+    server.run()
+    return 0
+
+
+def _agent(args) -> int:
+    from confide.controller.agent import Agent
+    from confide.controller.client import ControllerClient
+    from confide.data.catalog import Catalog
+    from confide.party.agent import PartyWorker
+
+    metadata = Catalog.load(args.datasets).metadata() if args.datasets else []
+    workdir = Path(args.workdir)
+    worker = PartyWorker(args.name, args.certs, args.datasets, workdir / "sessions")
+    client = ControllerClient(args.controller, certs_dir=args.certs, name=args.name)
+    agent = Agent(client, worker, workdir, datasets=metadata, interval_s=args.interval)
+    stopped = _wait_signal()
+    thread = threading.Thread(target=agent.run_forever, name="confide-agent", daemon=True)
+    thread.start()
+    logging.getLogger("confide.agent").info("agent %s following %s", args.name, args.controller)
+    stopped.wait()
+    agent.stop()
+    worker.stop_all()
+    return 0
+
+
+def _print(args, value, text: str) -> None:
+    print(json.dumps(value, indent=1) if args.json else text)
+
+
+def _table(rows: list[dict], columns: list[str]) -> str:
+    if not rows:
+        return "(none)"
+    widths = {c: max(len(c), *(len(str(r.get(c, ""))) for r in rows)) for c in columns}
+    lines = ["  ".join(c.ljust(widths[c]) for c in columns)]
+    lines += ["  ".join(str(r.get(c, "")).ljust(widths[c]) for c in columns) for r in rows]
+    return "\n".join(lines)
+
+
+def _data(args, client) -> int:
+    if args.data_command == "list":
+        rows = client.datasets()
+        for row in rows:
+            row["columns"] = len(row["schema"])
+        _print(args, rows, _table(rows, ["owner", "name", "rows", "columns", "granted", "description"]))
+    else:
+        rows = client.parties()
+        _print(args, rows, _table(rows, ["name", "role", "address", "online", "last_seen_s"]))
+    return 0
+
+
+def _grant(args, client) -> int:
+    if args.grant_command == "add":
+        answer = client.grant(args.dataset, args.developer)
+        _print(args, answer, f"granted {answer['developer']} the use of {answer['dataset']}")
+    elif args.grant_command == "revoke":
+        answer = client.revoke(args.dataset, args.developer)
+        _print(args, answer, f"revoked {answer['developer']}'s use of {answer['dataset']}")
+    else:
+        rows = client.grants()
+        _print(args, rows, _table(rows, ["dataset", "developer", "granted_by", "granted_at", "active"]))
+    return 0
+
+
+def _audit(args, client) -> int:
+    rows = client.audit(after=args.after, limit=args.limit)
+    _print(args, rows, _table(rows, ["id", "at", "actor", "action", "target", "decision"]))
+    return 0
+
+
+def _load_document(path: str) -> dict:
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except yaml.YAMLError as error:
+        raise InvalidParameterError(f"{path}: not valid YAML/JSON: {error}") from None
+    if not isinstance(data, dict):
+        raise InvalidParameterError(f"{path}: must hold a mapping")
+    return data
+
+
+def _parse_settings(items: list[str]) -> dict:
+    settings = {}
+    for item in items:
+        path, sep, value = item.partition("=")
+        if not sep or not path:
+            raise InvalidParameterError(f"--set {item!r}: expected PATH=VALUE, e.g. model.learning_rate=0.05")
+        settings[path.strip()] = yaml.safe_load(value)
+    return settings
+
+
+def _wait_session(client, token: str, timeout_s: float = 3600.0) -> dict:
+    deadline = time.monotonic() + timeout_s
+    last = None
+    while time.monotonic() < deadline:
+        status = client.status(token)
+        progress = max((p["round"] for p in status["participants"] if p["role"] == "party"), default=0)
+        line = f"session {token}: {status['state']} (run {status['run']}, round {progress})"
+        if line != last:
+            print(line, flush=True)
+            last = line
+        if status["state"] not in ("running", "verifying"):
+            return status
+        time.sleep(0.5)
+    raise InvalidParameterError(f"session {token} still running after {timeout_s:g} s")
+
+
+def _job(args, client) -> int:
+    command = args.job_command
+    if command == "submit":
+        answer = client.submit(_load_document(args.spec))
+        _print(args, answer, f"session {answer['session']} (job {answer['job_id']}) submitted")
+        if args.wait:
+            return _final(_wait_session(client, answer["session"]))
+    elif command == "tune":
+        add_parties = {}
+        for item in args.add_party:
+            party, sep, dataset = item.partition("=")
+            if not sep:
+                raise InvalidParameterError(f"--add-party {item!r}: expected PARTY=DATASET")
+            add_parties[party] = {"dataset": dataset}
+        answer = client.tune(
+            args.session,
+            settings=_parse_settings(args.set),
+            fl_data=_load_document(args.fl_data) if args.fl_data else None,
+            add_parties=add_parties or None,
+            base_seq=args.base_seq,
+        )
+        pushed = ", ".join(
+            f"{name} ({len(ops)} change{'s' * (len(ops) != 1)})" for name, ops in answer["deltas"].items()
+        )
+        _print(
+            args,
+            answer,
+            f"session {answer['session']}: entry {answer['seq']}; pushed to {pushed or 'nobody'}"
+            + ("; restarting from the last checkpoint" if answer["restarted"] else ""),
+        )
+    elif command == "resume":
+        answer = client.resume(args.session)
+        _print(
+            args,
+            answer,
+            f"session {answer['session']}: run {answer['run']} resumes after round {answer['resume_round']} "
+            f"({answer['state']})",
+        )
+        if args.wait:
+            return _final(_wait_session(client, answer["session"]))
+    elif command == "cancel":
+        answer = client.cancel(args.session)
+        _print(args, answer, f"session {answer['session']} cancelled")
+    elif command == "status":
+        status = client.status(args.session)
+        text = [
+            f"session {status['session']} (job {status['job_id']}, owner {status['owner']}): {status['state']}, "
+            f"run {status['run']}",
+            f"  {status['message']}" if status["message"] else "",
+            f"  last checkpoint: round {status['checkpoint']['round']}, root {status['checkpoint']['root'][:16]}..."
+            if status["checkpoint"]
+            else "  no checkpoint yet",
+            _table(status["participants"], ["name", "role", "status", "run", "round", "applied_seq", "error"]),
+        ]
+        _print(args, status, "\n".join(line for line in text if line))
+    else:
+        rows = client.sessions()
+        _print(args, rows, _table(rows, ["session", "job_id", "owner", "state", "run"]))
+    return 0
+
+
+def _final(status: dict) -> int:
+    if status["message"]:
+        print(status["message"])
+    return 0 if status["state"] == "completed" else 1
+
+
+def _session(args, client) -> int:
+    if args.entry is not None:
+        print(json.dumps(client.entry(args.session, args.entry), indent=1))
+        return 0
+    entries = client.log(args.session)
+    if args.json:
+        print(json.dumps(entries, indent=1))
+        return 0
+    for entry in entries:
+        print(f"#{entry['seq']} {entry['at']} {entry['kind']} by {entry['actor']}: {entry['note']}")
+        if entry["checkpoint"]:
+            cp = entry["checkpoint"]
+            print(f"    checkpoint round {cp['round']} (run {cp['run']}), Merkle root {cp['root']}")
+        for name, ops in sorted(entry["deltas"].items()):
+            if len(ops) == 1 and ops[0]["path"] == []:
+                print(f"    -> {name}: full configuration ({ops[0]['op']})")
+                continue
+            for op in ops:
+                path = ".".join(str(p) for p in op["path"])
+                value = json.dumps(op.get("value")) if op["op"] == "set" else ""
+                print(f"    -> {name}: {op['op']} {path} {value}".rstrip())
+    return 0
+
+
+_CLIENT_COMMANDS = {
+    "data": _data,
+    "grant": _grant,
+    "audit": _audit,
+    "job": _job,
+    "session": _session,
+}

@@ -1,0 +1,1 @@
+"""The controller: registry, data-access control, jobs as stateful sessions, checkpoints, REST API."""

@@ -1,0 +1,235 @@
+"""The controller's side on a party or aggregator machine: sync, apply deltas, run what it says.
+
+An agent registers with the controller (publishing a party's dataset metadata), then every
+``interval_s`` calls ``/v1/agent/sync`` with one report per session and receives instructions:
+
+* a **delta** against the configuration it last applied (``base_seq``), applied and checked
+  against the digest the controller computed; on a mismatch the agent forgets its copy and
+  the controller sends the whole configuration next time;
+* a **command** for the session's current run: ``run`` (start run N, after round R),
+  ``verify`` (report the hashes of round R's checkpoint files), ``stop``, or ``none``.
+
+What a run *is* belongs to a :class:`Worker`: the party worker starts a ``confide party``
+process, the aggregator worker configures its aggregation core. The agent also reports each
+new checkpoint directory (``<session>/checkpoints/round-NNNNNN``) with its file hashes, from
+which the controller builds the Merkle root recorded in the session log.
+
+Configurations live under ``<workdir>/sessions/<token>/config.json`` (atomic replace), so an
+agent restarted after a crash continues from what it had applied.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from pathlib import Path
+from typing import Any, Protocol
+
+from confide import checkpoints as ckpt
+from confide.controller.client import ControllerClient
+from confide.controller.sessions import apply_delta, config_digest
+from confide.errors import CertificateError, ConfideError, InvalidParameterError, TransportUnavailableError
+
+__all__ = ["Agent", "RunState", "Worker"]
+
+log = logging.getLogger("confide.agent")
+
+
+class RunState(dict):
+    """What a worker reports about one session's run: run, status, round, error, result."""
+
+
+class Worker(Protocol):
+    """Role-specific part of an agent."""
+
+    def start(self, session: str, run: int, config: dict, resume_round: int, directory: Path) -> None:
+        """Start (or adopt) run ``run`` of ``session`` with ``config``, after ``resume_round``."""
+
+    def stop(self, session: str) -> None:
+        """Stop whatever runs for ``session``."""
+
+    def state(self, session: str) -> RunState | None:
+        """The current run's state (None if nothing was started)."""
+
+
+class Agent:
+    """Sync loop for one identity (party or aggregator)."""
+
+    def __init__(
+        self,
+        client: ControllerClient,
+        worker: Worker,
+        workdir: str | os.PathLike,
+        *,
+        address: str | None = None,
+        datasets: list[dict] | None = None,
+        interval_s: float = 1.0,
+    ) -> None:
+        self.client = client
+        self.worker = worker
+        self.workdir = Path(workdir)
+        self.address = address
+        self.datasets = datasets or []
+        self.interval_s = interval_s
+        self._stopped = threading.Event()
+        self._registered = False
+        self._reported_checkpoints: dict[str, int] = {}
+        self._verification: dict[str, list] = {}
+        self._runs: dict[str, int] = {}
+
+    # ------------------------------------------------------------------ local state
+
+    def session_dir(self, session: str) -> Path:
+        """Where a session's configuration, runs and checkpoints live."""
+        return self.workdir / "sessions" / session
+
+    def checkpoint_dir(self, session: str) -> Path:
+        """A session's checkpoint directories."""
+        return self.session_dir(session) / "checkpoints"
+
+    def _load(self, session: str) -> dict:
+        path = self.session_dir(session) / "config.json"
+        if not path.exists():
+            return {"seq": 0, "config": None}
+        return json.loads(path.read_text())
+
+    def _save(self, session: str, seq: int, config: dict | None) -> None:
+        directory = self.session_dir(session)
+        directory.mkdir(parents=True, exist_ok=True)
+        temporary = directory / "config.json.tmp"
+        temporary.write_text(json.dumps({"seq": seq, "config": config}, sort_keys=True))
+        os.replace(temporary, directory / "config.json")
+
+    def sessions(self) -> list[str]:
+        """Sessions this agent holds configurations for."""
+        root = self.workdir / "sessions"
+        return sorted(p.name for p in root.iterdir() if (p / "config.json").exists()) if root.exists() else []
+
+    # ------------------------------------------------------------------ loop
+
+    def register(self) -> None:
+        """Register (again) with the controller."""
+        self.client.register(address=self.address, datasets=self.datasets)
+        self._registered = True
+
+    def stop(self) -> None:
+        """End :meth:`run_forever` after the current step."""
+        self._stopped.set()
+
+    def run_forever(self) -> None:
+        """Sync until stopped; a controller that is away is retried, never fatal."""
+        while not self._stopped.is_set():
+            try:
+                if not self._registered:
+                    self.register()
+                self.step()
+            except TransportUnavailableError as error:
+                log.debug("controller unavailable: %s", error)
+                self._registered = False
+            except CertificateError:
+                raise
+            except ConfideError as error:
+                log.warning("sync failed: %s", error)
+                if "not registered" in str(error):
+                    self._registered = False
+            self._stopped.wait(self.interval_s)
+
+    def step(self) -> dict:
+        """One sync: report, receive, act. Returns the controller's answer."""
+        answer = self.client.sync(self._reports())
+        for instruction in answer.get("instructions", []):
+            try:
+                self._follow(instruction)
+            except ConfideError as error:
+                log.error("session %s: %s", instruction.get("session"), error)
+        return answer
+
+    def _reports(self) -> list[dict]:
+        reports = []
+        for session in self.sessions():
+            stored = self._load(session)
+            report: dict[str, Any] = {"session": session, "applied_seq": stored["seq"]}
+            if session in self._verification:
+                # A resume is being verified: report the hashes for the new run, nothing of the old one.
+                report["run"] = self._runs.get(session)
+                report["verification"] = self._verification[session]
+            else:
+                state = self.worker.state(session)
+                if state is not None:
+                    report.update(state)
+            checkpoints = self._new_checkpoints(session)
+            if checkpoints:
+                report["checkpoints"] = checkpoints
+            reports.append(report)
+        return reports
+
+    def _new_checkpoints(self, session: str) -> list[dict]:
+        # Every checkpoint written since the last report, oldest first (a fast job writes
+        # several between two syncs; each gets its own entry in the session log).
+        directory = self.checkpoint_dir(session)
+        if not directory.exists():
+            return []
+        reported = self._reported_checkpoints.get(session, 0)
+        found = []
+        for path in directory.iterdir():
+            number = path.name.removeprefix("round-")
+            if path.is_dir() and path.name.startswith("round-") and number.isdigit() and int(number) > reported:
+                found.append((int(number), path))
+        out = []
+        for number, path in sorted(found):
+            out.append({"round": number, "files": ckpt.manifest(path, prefix=f"{path.name}/")})
+            self._reported_checkpoints[session] = number
+        return out
+
+    def _follow(self, instruction: dict) -> None:
+        session = instruction["session"]
+        if not isinstance(session, str) or "/" in session or session in ("", ".", ".."):
+            raise InvalidParameterError(f"session token {session!r} is not usable as a directory name")
+        stored = self._load(session)
+        seq, config = stored["seq"], stored["config"]
+        if "delta" in instruction:
+            base = instruction.get("base_seq", 0)
+            if base != seq:
+                config = None if base == 0 else config
+                if base != 0:
+                    log.warning("session %s: delta against entry %s but entry %s is applied", session, base, seq)
+                    self._save(session, 0, None)
+                    return
+            candidate = apply_delta(config, instruction["delta"])
+            if candidate is None or config_digest(candidate) != instruction.get("config_sha256"):
+                log.warning("session %s: delta did not reproduce the controller's digest; asking for all", session)
+                self._save(session, 0, None)
+                return
+            config, seq = candidate, instruction["seq"]
+            self._save(session, seq, config)
+            log.info("session %s: applied entry %d (%d changes)", session, seq, len(instruction["delta"]))
+        elif config is not None and config_digest(config) == instruction.get("config_sha256"):
+            if seq != instruction["seq"]:
+                seq = instruction["seq"]
+                self._save(session, seq, config)
+        command = instruction.get("command")
+        run = instruction.get("run", 0)
+        if command == "stop":
+            self.worker.stop(session)
+            return
+        if config is None or config_digest(config) != instruction.get("config_sha256"):
+            return  # the configuration arrives with the next sync
+        resume_round = instruction.get("resume_round", 0)
+        if command == "verify":
+            self.worker.stop(session)
+            self._runs[session] = run
+            directory = self.checkpoint_dir(session) / ckpt.round_name(resume_round)
+            self._verification[session] = (
+                ckpt.manifest(directory, prefix=f"{directory.name}/") if directory.exists() else []
+            )
+        elif command == "run":
+            self._verification.pop(session, None)
+            state = self.worker.state(session)
+            if state is not None and state.get("run") == run:
+                return  # already started (or finished) this run
+            self._runs[session] = run
+            # The resume point was recorded already; report only checkpoints this run writes.
+            self._reported_checkpoints[session] = resume_round
+            self.worker.start(session, run, config, resume_round, self.session_dir(session))

@@ -1,0 +1,285 @@
+"""The controller's REST API (FastAPI; OpenAPI at ``/openapi.json``, docs at ``/docs``).
+
+Served over HTTPS with mutual TLS only (:mod:`confide.controller.server`): every request carries
+the caller's certificate, issued by the federation CA, and the certificate's common name and
+role are the caller's identity; no request body can claim another. One exception handler maps
+the ``ConfideError`` family to HTTP statuses, with a JSON body ``{"error": kind, "detail":
+message}``:
+
+=========================  ======
+InvalidParameterError      400
+PermissionDeniedError      403 (DataAccessDeniedError included)
+NotFoundError              404
+ConflictError              409
+request over the size cap  413
+malformed body             422 (every bad field named)
+=========================  ======
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import run_in_threadpool
+
+from confide.controller.service import Caller, Controller, certificate_digest
+from confide.errors import (
+    ConfideError,
+    ConflictError,
+    InvalidParameterError,
+    NotFoundError,
+    PermissionDeniedError,
+    ResourceLimitError,
+)
+from confide.transport.certs import peer_identity
+
+__all__ = ["MAX_REQUEST_BYTES", "create_app"]
+
+#: Requests larger than this are refused with 413 before their body is read.
+MAX_REQUEST_BYTES = 4 * 1024 * 1024
+
+_STATUS = [
+    (PermissionDeniedError, 403),
+    (NotFoundError, 404),
+    (ConflictError, 409),
+    (ResourceLimitError, 413),
+    (InvalidParameterError, 400),
+    (ValueError, 400),
+]
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class RegisterRequest(_Body):
+    """A party's (or aggregator's) registration: its address and its datasets' metadata."""
+
+    address: str | None = Field(None, max_length=255)
+    datasets: list[dict[str, Any]] = Field(default_factory=list, max_length=1000)
+
+
+class GrantRequest(_Body):
+    """Grant ``developer`` the use of the caller's dataset ``dataset``."""
+
+    dataset: str = Field(max_length=64)
+    developer: str = Field(max_length=64)
+
+
+class SubmitRequest(_Body):
+    """A job specification (the YAML/JSON document, as a mapping)."""
+
+    spec: dict[str, Any]
+
+
+class TuneRequest(_Body):
+    """A tuning: settings by dotted path, a new FL_Data, added parties; ``base_seq`` guards races."""
+
+    settings: dict[str, Any] = Field(default_factory=dict)
+    fl_data: dict[str, Any] | None = None
+    add_parties: dict[str, dict[str, Any]] | None = None
+    base_seq: int | None = Field(None, ge=0)
+
+
+class SyncRequest(_Body):
+    """An agent's heartbeat with its per-session reports."""
+
+    reports: list[dict[str, Any]] = Field(default_factory=list, max_length=1000)
+
+
+class _BodyLimit:
+    """ASGI middleware: refuse bodies over ``limit`` bytes (declared or streamed) with 413."""
+
+    def __init__(self, app, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.limit:
+            return await _too_large(send, self.limit, int(declared))
+        seen = 0
+
+        async def limited():
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.limit:
+                    raise _TooLarge
+            return message
+
+        try:
+            return await self.app(scope, limited, send)
+        except _TooLarge:
+            return await _too_large(send, self.limit, seen)
+
+
+class _TooLarge(Exception):
+    pass
+
+
+async def _too_large(send, limit: int, size: int) -> None:
+    body = JSONResponse(
+        {"error": "ResourceLimitError", "detail": f"request body of {size} bytes exceeds the limit of {limit} bytes"},
+        status_code=413,
+    ).body
+    await send({"type": "http.response.start", "status": 413, "headers": [(b"content-type", b"application/json")]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _caller(request: Request) -> Caller:
+    tls = (request.scope.get("extensions") or {}).get("tls") or {}
+    chain = tls.get("client_cert_chain") or []
+    if not chain:
+        raise PermissionDeniedError("no client certificate: the controller accepts mutual TLS only")
+    name, role = peer_identity(chain[0].encode(), request.app.state.ca_pem)
+    request.state.cert_sha256 = certificate_digest(chain[0].encode())
+    return Caller(name, role)
+
+
+#: The caller's verified identity, as a FastAPI dependency.
+Who = Annotated[Caller, Depends(_caller)]
+
+
+def create_app(controller: Controller, *, ca_pem: bytes, max_request_bytes: int = MAX_REQUEST_BYTES) -> FastAPI:
+    """The ASGI application for ``controller``; callers are identified by their TLS client certificate."""
+    app = FastAPI(
+        title="Confide controller",
+        version="1",
+        description="Parties, dataset metadata, data-access grants, jobs as stateful sessions, checkpoints.",
+    )
+
+    app.state.ca_pem = ca_pem
+
+    @app.exception_handler(ConfideError)
+    async def _confide_error(_request: Request, error: ConfideError) -> JSONResponse:
+        for kind, status in _STATUS:
+            if isinstance(error, kind):
+                return JSONResponse({"error": type(error).__name__, "detail": str(error)}, status_code=status)
+        return JSONResponse({"error": type(error).__name__, "detail": str(error)}, status_code=500)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_request: Request, error: RequestValidationError) -> JSONResponse:
+        problems = []
+        for item in error.errors():
+            where = ".".join(str(part) for part in item["loc"] if part != "body") or "body"
+            problems.append(f"{where}: {item['msg']}")
+        return JSONResponse({"error": "InvalidParameterError", "detail": "; ".join(problems)}, status_code=422)
+
+    async def call(function, *args, **kwargs):
+        # The store is synchronous (SQLAlchemy); keep the event loop free.
+        return await run_in_threadpool(function, *args, **kwargs)
+
+    @app.get("/v1/health", tags=["meta"])
+    async def health() -> dict:
+        """Liveness and the store's dialect."""
+        return {"status": "ok", "store": controller.store.dialect}
+
+    @app.get("/v1/whoami", tags=["meta"])
+    async def whoami(who: Who) -> dict:
+        """The identity the controller sees in the caller's certificate."""
+        return {"name": who.name, "role": who.role}
+
+    @app.post("/v1/register", tags=["parties"])
+    async def register(body: RegisterRequest, request: Request, who: Who) -> dict:
+        """Register the caller; a party publishes its datasets' metadata (never rows)."""
+        return await call(
+            controller.register,
+            who,
+            address=body.address,
+            datasets=body.datasets,
+            cert_sha256=request.state.cert_sha256,
+        )
+
+    @app.get("/v1/parties", tags=["parties"])
+    async def parties(who: Who) -> list[dict]:
+        """Registered parties, aggregators and developers, with liveness."""
+        return await call(controller.parties, who)
+
+    @app.get("/v1/datasets", tags=["data"])
+    async def datasets(who: Who) -> list[dict]:
+        """Published dataset metadata and whether the caller may use each."""
+        return await call(controller.datasets, who)
+
+    @app.post("/v1/grants", tags=["data"])
+    async def grant(body: GrantRequest, who: Who) -> dict:
+        """The owner grants a developer the use of one of its datasets."""
+        return await call(controller.grant, who, dataset=body.dataset, developer=body.developer)
+
+    @app.delete("/v1/grants/{dataset}/{developer}", tags=["data"])
+    async def revoke(dataset: str, developer: str, who: Who) -> dict:
+        """The owner revokes a grant."""
+        return await call(controller.revoke, who, dataset=dataset, developer=developer)
+
+    @app.get("/v1/grants", tags=["data"])
+    async def grants(who: Who) -> list[dict]:
+        """Grants given (party), received (developer) or all (admin)."""
+        return await call(controller.grants, who)
+
+    @app.get("/v1/audit", tags=["data"])
+    async def audit(who: Who, after: int = 0, limit: int = 200) -> list[dict]:
+        """Access decisions and changes, oldest first."""
+        return await call(controller.audit, who, after=after, limit=limit)
+
+    @app.post("/v1/jobs", tags=["sessions"])
+    async def submit(body: SubmitRequest, who: Who) -> dict:
+        """Validate a job, check its data access, start it as a session."""
+        return await call(controller.submit, who, body.spec)
+
+    @app.get("/v1/sessions", tags=["sessions"])
+    async def sessions(who: Who) -> list[dict]:
+        """The caller's sessions."""
+        return await call(controller.sessions, who)
+
+    @app.get("/v1/sessions/{token}", tags=["sessions"])
+    async def status(token: str, who: Who) -> dict:
+        """A session's state, run, progress and last checkpoint."""
+        return await call(controller.status, who, token)
+
+    @app.get("/v1/sessions/{token}/log", tags=["sessions"])
+    async def session_log(token: str, who: Who) -> list[dict]:
+        """The committed log with deltas and checkpoint roots."""
+        return await call(controller.log, who, token)
+
+    @app.get("/v1/sessions/{token}/entries/{seq}", tags=["sessions"])
+    async def session_entry(token: str, seq: int, who: Who) -> dict:
+        """One log entry in full."""
+        return await call(controller.entry, who, token, seq)
+
+    @app.post("/v1/sessions/{token}/tune", tags=["sessions"])
+    async def tune(token: str, body: TuneRequest, who: Who) -> dict:
+        """Append a tuning entry; the deltas go to the recipients whose configuration changed."""
+        return await call(
+            controller.tune,
+            who,
+            token,
+            settings=body.settings,
+            fl_data=body.fl_data,
+            add_parties=body.add_parties,
+            base_seq=body.base_seq,
+        )
+
+    @app.post("/v1/sessions/{token}/resume", tags=["sessions"])
+    async def resume(token: str, who: Who) -> dict:
+        """Continue from the last checkpoint once every file matches its recorded Merkle root."""
+        return await call(controller.resume, who, token)
+
+    @app.post("/v1/sessions/{token}/cancel", tags=["sessions"])
+    async def cancel(token: str, who: Who) -> dict:
+        """Stop the session's processes (resumable)."""
+        return await call(controller.cancel, who, token)
+
+    @app.post("/v1/agent/sync", tags=["agents"])
+    async def sync(body: SyncRequest, who: Who) -> dict:
+        """An agent's heartbeat and reports; returns deltas and commands for it."""
+        return await call(controller.sync, who, body.reports)
+
+    app.add_middleware(_BodyLimit, limit=max_request_bytes)
+    return app

@@ -1,0 +1,260 @@
+"""A whole deployment on one machine: controller, aggregator and party agents as OS processes.
+
+Used by ``make demo`` and the integration tests. Each process is what it would be across sites:
+the controller serves HTTPS with mutual TLS over its store, the aggregator follows the
+controller and serves gRPC, every party agent holds a catalog of its own datasets (a shard of
+the embedded breast cancer data) and starts party processes when the controller says so.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from confide.controller.client import ControllerClient
+from confide.errors import ConfideError, TransportUnavailableError
+from confide.transport.certs import init_federation
+
+__all__ = ["LocalDeployment"]
+
+
+@dataclass
+class LocalDeployment:
+    """Processes of a local deployment under ``workdir``; ``database`` defaults to SQLite there."""
+
+    workdir: Path
+    parties: list[str] = field(default_factory=lambda: ["hospital-a", "hospital-b", "hospital-c"])
+    developers: list[str] = field(default_factory=lambda: ["alice", "bob"])
+    database: str | None = None
+    catalog: dict | None = None
+    controller_port: int = 0
+    processes: dict[str, subprocess.Popen] = field(default_factory=dict)
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.workdir = Path(self.workdir)
+
+    @property
+    def certs(self) -> Path:
+        """The federation's certificates."""
+        return self.workdir / "certs"
+
+    @property
+    def url(self) -> str:
+        """The controller's URL."""
+        return f"https://127.0.0.1:{self.controller_port}"
+
+    def prepare(self) -> None:
+        """Certificates (kept if present) and one catalog per party."""
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        (self.workdir / "logs").mkdir(exist_ok=True)
+        if not (self.certs / "ca.crt").exists():
+            init_federation(
+                self.certs,
+                parties=self.parties,
+                services=["controller", "aggregator"],
+                admins=["runner"],
+                developers=self.developers,
+            )
+        for index, party in enumerate(self.parties):
+            path = self.catalog_path(party)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            catalog = self.catalog or {
+                "datasets": {
+                    "breast-cancer": {
+                        "source": "breast_cancer",
+                        "shard": index,
+                        "of": len(self.parties),
+                        "split": "iid",
+                        "description": f"{party}'s share of the Wisconsin diagnostic breast cancer records",
+                    }
+                }
+            }
+            path.write_text(yaml.safe_dump(catalog))
+
+    def catalog_path(self, party: str) -> Path:
+        """Where a party's catalog lives (on its own machine, in a real deployment)."""
+        return self.workdir / "parties" / party / "catalog.yaml"
+
+    def _spawn(self, name: str, command: list[str]) -> subprocess.Popen:
+        log = open(self.workdir / "logs" / f"{name}.log", "ab")  # noqa: SIM115 - owned by the child
+        process = subprocess.Popen(
+            [sys.executable, "-m", "confide", *command],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **self.extra_env},
+            start_new_session=True,
+        )
+        log.close()
+        self.processes[name] = process
+        return process
+
+    def start_controller(self) -> None:
+        """Start (or restart, on the same port) the controller; waits until it answers."""
+        port_file = self.workdir / "controller.port"
+        port_file.unlink(missing_ok=True)
+        database = self.database or f"sqlite:///{(self.workdir / 'controller.db').resolve()}"
+        self._spawn(
+            "controller",
+            [
+                "controller",
+                "--certs",
+                str(self.certs),
+                "--db",
+                database,
+                "--listen",
+                f"127.0.0.1:{self.controller_port}",
+                "--port-file",
+                str(port_file),
+            ],
+        )
+        self.controller_port = int(self._wait_file(port_file, "controller", 60).strip())
+        self.wait_healthy()
+
+    def wait_healthy(self, timeout_s: float = 30.0) -> None:
+        """Wait until the controller answers."""
+        deadline = time.monotonic() + timeout_s
+        with self.client("runner") as client:
+            while True:
+                try:
+                    client.request("GET", "/v1/health")
+                    return
+                except TransportUnavailableError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.1)
+
+    def start_aggregator(self) -> None:
+        """Start the aggregator (state kept in the work directory), following the controller."""
+        self._spawn(
+            "aggregator",
+            [
+                "aggregator",
+                "--listen",
+                "127.0.0.1:0",
+                "--certs",
+                str(self.certs),
+                "--state",
+                str(self.workdir / "aggregator-state"),
+                "--controller",
+                self.url,
+            ],
+        )
+
+    def start_agent(self, party: str) -> None:
+        """Start one party's agent."""
+        self._spawn(
+            f"agent-{party}",
+            [
+                "agent",
+                "--controller",
+                self.url,
+                "--certs",
+                str(self.certs),
+                "--name",
+                party,
+                "--workdir",
+                str(self.workdir / "parties" / party),
+                "--datasets",
+                str(self.catalog_path(party)),
+                "--interval",
+                "0.5",
+            ],
+        )
+
+    def start(self) -> None:
+        """Controller, aggregator and every agent; waits until all registered."""
+        self.prepare()
+        self.start_controller()
+        self.start_aggregator()
+        for party in self.parties:
+            self.start_agent(party)
+        self.wait_registered()
+
+    def wait_registered(self, timeout_s: float = 60.0) -> None:
+        """Wait until the aggregator and every party are registered and online."""
+        deadline = time.monotonic() + timeout_s
+        wanted = {"aggregator", *self.parties}
+        with self.client("runner") as client:
+            while True:
+                online = {p["name"] for p in client.parties() if p["online"]}
+                if wanted <= online:
+                    return
+                if time.monotonic() > deadline:
+                    raise ConfideError(f"not registered after {timeout_s:g} s: {sorted(wanted - online)}")
+                self._check_alive()
+                time.sleep(0.2)
+
+    def client(self, name: str) -> ControllerClient:
+        """A controller client acting as ``name``."""
+        return ControllerClient(self.url, certs_dir=self.certs, name=name)
+
+    def grant_all(self, developer: str, dataset: str = "breast-cancer") -> None:
+        """Every party grants ``developer`` the use of its ``dataset``."""
+        for party in self.parties:
+            with self.client(party) as client:
+                client.grant(dataset, developer)
+
+    def wait_session(
+        self, token: str, owner: str, *, states=("completed", "failed", "refused", "cancelled"), timeout_s=300.0
+    ) -> dict:
+        """Poll a session until it reaches one of ``states``."""
+        deadline = time.monotonic() + timeout_s
+        with self.client(owner) as client:
+            while True:
+                status = client.status(token)
+                if status["state"] in states:
+                    return status
+                if time.monotonic() > deadline:
+                    raise ConfideError(f"session {token} is {status['state']} after {timeout_s:g} s: {status}")
+                time.sleep(0.3)
+
+    def kill_all(self) -> None:
+        """SIGKILL every process group (children of agents included)."""
+        for process in self.processes.values():
+            if process.poll() is None:
+                try:
+                    os.killpg(process.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        for process in self.processes.values():
+            process.wait()
+        self.processes.clear()
+
+    def stop(self) -> None:
+        """SIGTERM everything, then SIGKILL what is left."""
+        for process in self.processes.values():
+            if process.poll() is None:
+                try:
+                    os.killpg(process.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + 10
+        for process in self.processes.values():
+            try:
+                process.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        self.kill_all()
+
+    def _check_alive(self) -> None:
+        for name, process in self.processes.items():
+            if process.poll() is not None:
+                log = (self.workdir / "logs" / f"{name}.log").read_text(errors="replace")[-3000:]
+                raise ConfideError(f"{name} exited with code {process.returncode}:\n{log}")
+
+    def _wait_file(self, path: Path, name: str, timeout_s: float) -> str:
+        deadline = time.monotonic() + timeout_s
+        while not path.exists():
+            self._check_alive()
+            if time.monotonic() > deadline:
+                raise ConfideError(f"{name} did not start within {timeout_s:g} s")
+            time.sleep(0.05)
+        return path.read_text()

@@ -1,0 +1,986 @@
+"""The controller's operations over the store; the REST layer (api.py) is a thin shell over these.
+
+Every public method is one database transaction and takes the caller's verified identity
+(certificate name and role). Roles:
+
+* ``party``: a data owner running a party agent. Registers, publishes dataset metadata, grants
+  and revokes developers' use of its own datasets, receives its configurations and commands.
+* ``service``: an aggregator node. Registers its address, receives its configurations.
+* ``developer``: submits jobs and tunes, resumes, cancels and reads its own sessions.
+* ``admin``: everything a developer may do, on every session; reads the whole audit log.
+
+Access decisions (grants at submission and tuning, session ownership) are written to the audit
+log in their own transaction, so a denial is recorded even though the request stores nothing else.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+import secrets
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from confide import checkpoints
+from confide.controller import sessions as cfg
+from confide.controller.store import (
+    AuditEvent,
+    Dataset,
+    Grant,
+    JobSession,
+    Participant,
+    Party,
+    SessionEntry,
+    Store,
+    utcnow,
+)
+from confide.errors import (
+    ConflictError,
+    DataAccessDeniedError,
+    InvalidParameterError,
+    NotFoundError,
+    PermissionDeniedError,
+)
+from confide.spec import JobSpec, parse_job
+
+__all__ = ["Caller", "Controller", "certificate_digest"]
+
+log = logging.getLogger("confide.controller")
+
+_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
+MAX_COLUMNS = 10_000
+MAX_DATASETS = 1_000
+#: Session states. "verifying": a resume waits for every recipient's checkpoint hashes.
+STATES = ("running", "verifying", "completed", "failed", "cancelled", "refused")
+ACTIVE = ("running", "verifying")
+CHECKPOINTS_KEPT = 3
+
+
+@dataclass(frozen=True)
+class Caller:
+    """A verified identity: certificate common name and role."""
+
+    name: str
+    role: str
+
+
+def _check_name(value: Any, field: str) -> str:
+    if not isinstance(value, str) or not _NAME.fullmatch(value):
+        raise InvalidParameterError(f"{field} must be 1..64 characters of [a-z0-9_-], got {value!r}")
+    return value
+
+
+def _require(caller: Caller, *roles: str) -> None:
+    if caller.role not in roles:
+        raise PermissionDeniedError(
+            f"{caller.name!r} ({caller.role}) may not do this; it needs role {' or '.join(roles)}"
+        )
+
+
+class Controller:
+    """Registry, access control, sessions and their logs."""
+
+    def __init__(self, store: Store, *, alive_s: float = 30.0) -> None:
+        self.store = store
+        #: A party or aggregator not heard from for this long is reported as offline.
+        self.alive_s = alive_s
+
+    # ------------------------------------------------------------------ identities and metadata
+
+    def register(self, caller: Caller, *, address: str | None, datasets: list[dict], cert_sha256: str) -> dict:
+        """Register (or refresh) the caller; a party publishes its datasets' metadata (replacing its list)."""
+        _require(caller, "party", "service", "developer", "admin")
+        if caller.role != "party" and datasets:
+            raise InvalidParameterError("datasets: only parties publish datasets")
+        if len(datasets) > MAX_DATASETS:
+            raise InvalidParameterError(f"datasets: at most {MAX_DATASETS} per party, got {len(datasets)}")
+        checked = [self._check_dataset(i, d) for i, d in enumerate(datasets)]
+        names = [d["name"] for d in checked]
+        if len(set(names)) != len(names):
+            raise InvalidParameterError("datasets: names must be unique per party")
+        now = utcnow()
+        with self.store.transaction() as db:
+            party = db.scalar(select(Party).where(Party.name == caller.name))
+            if party is None:
+                party = Party(name=caller.name, role=caller.role, registered_at=now, last_seen_at=now, cert_sha256="")
+                db.add(party)
+            party.role, party.address, party.cert_sha256, party.last_seen_at = caller.role, address, cert_sha256, now
+            db.flush()
+            if caller.role == "party":
+                existing = {d.name: d for d in db.scalars(select(Dataset).where(Dataset.owner == caller.name))}
+                for item in checked:
+                    row = existing.get(item["name"])
+                    if row is None:
+                        row = Dataset(owner=caller.name, name=item["name"])
+                        db.add(row)
+                    row.columns, row.rows = item["columns"], item["rows"]
+                    row.description, row.source, row.updated_at = item["description"], item["source"], now
+            self._audit(db, caller, "register", caller.name, "info", {"role": caller.role, "datasets": names})
+        return {"name": caller.name, "role": caller.role, "datasets": names}
+
+    @staticmethod
+    def _check_dataset(index: int, item: Any) -> dict:
+        where = f"datasets[{index}]"
+        if not isinstance(item, dict):
+            raise InvalidParameterError(f"{where} must be a mapping")
+        allowed = {"name", "schema", "rows", "description", "source"}
+        extra = set(item) - allowed
+        if extra:
+            raise InvalidParameterError(
+                f"{where}: unknown fields {sorted(extra)} (only metadata is accepted: {sorted(allowed)})"
+            )
+        name = _check_name(item.get("name"), f"{where}.name")
+        schema = item.get("schema")
+        if not isinstance(schema, list) or not 1 <= len(schema) <= MAX_COLUMNS:
+            raise InvalidParameterError(f"{where}.schema must list 1..{MAX_COLUMNS} columns")
+        columns = []
+        for number, column in enumerate(schema):
+            if (
+                not isinstance(column, dict)
+                or not isinstance(column.get("name"), str)
+                or not 1 <= len(column["name"]) <= 128
+                or column.get("dtype") not in ("float", "int", "str")
+                or set(column) - {"name", "dtype"}
+            ):
+                raise InvalidParameterError(
+                    f"{where}.schema[{number}] must be {{name: 1..128 chars, dtype: float|int|str}}, got {column!r}"
+                )
+            columns.append({"name": column["name"], "dtype": column["dtype"]})
+        rows = item.get("rows")
+        if isinstance(rows, bool) or not isinstance(rows, int) or not 0 <= rows <= 10**12:
+            raise InvalidParameterError(f"{where}.rows must be an int in [0, 10^12], got {rows!r}")
+        description = item.get("description", "") or ""
+        source = item.get("source", "") or ""
+        if not isinstance(description, str) or len(description) > 4096:
+            raise InvalidParameterError(f"{where}.description must be a string of at most 4096 characters")
+        if not isinstance(source, str) or len(source) > 64:
+            raise InvalidParameterError(f"{where}.source must be a string of at most 64 characters")
+        return {"name": name, "columns": columns, "rows": rows, "description": description, "source": source}
+
+    def parties(self, caller: Caller) -> list[dict]:
+        """Registered identities with their liveness."""
+        now = utcnow()
+        with self.store.transaction() as db:
+            return [
+                {
+                    "name": p.name,
+                    "role": p.role,
+                    "address": p.address,
+                    "last_seen_s": round((now - _aware(p.last_seen_at)).total_seconds(), 3),
+                    "online": now - _aware(p.last_seen_at) < timedelta(seconds=self.alive_s),
+                }
+                for p in db.scalars(select(Party).order_by(Party.name))
+            ]
+
+    def datasets(self, caller: Caller) -> list[dict]:
+        """Published dataset metadata, with whether the caller may use each."""
+        with self.store.transaction() as db:
+            granted = {
+                g.dataset_id
+                for g in db.scalars(select(Grant).where(Grant.developer == caller.name, Grant.revoked_at.is_(None)))
+            }
+            return [
+                {
+                    "owner": d.owner,
+                    "name": d.name,
+                    "schema": d.columns,
+                    "rows": d.rows,
+                    "description": d.description,
+                    "source": d.source,
+                    "granted": d.id in granted or d.owner == caller.name,
+                }
+                for d in db.scalars(select(Dataset).order_by(Dataset.owner, Dataset.name))
+            ]
+
+    # ------------------------------------------------------------------ grants and audit
+
+    def grant(self, caller: Caller, *, dataset: str, developer: str) -> dict:
+        """The dataset's owner (the caller) lets ``developer`` use ``dataset`` in jobs."""
+        _require(caller, "party")
+        dataset, developer = _check_name(dataset, "dataset"), _check_name(developer, "developer")
+        with self.store.transaction() as db:
+            row = self._own_dataset(db, caller, dataset)
+            existing = db.scalar(select(Grant).where(Grant.dataset_id == row.id, Grant.developer == developer))
+            if existing is None:
+                existing = Grant(dataset_id=row.id, developer=developer, granted_by=caller.name, granted_at=utcnow())
+                db.add(existing)
+            else:
+                existing.granted_by, existing.granted_at = caller.name, utcnow()
+                existing.revoked_at = existing.revoked_by = None
+            self._audit(db, caller, "grant", f"{caller.name}/{dataset}", "allow", {"developer": developer})
+        return {"dataset": f"{caller.name}/{dataset}", "developer": developer, "active": True}
+
+    def revoke(self, caller: Caller, *, dataset: str, developer: str) -> dict:
+        """The owner withdraws a grant; jobs submitted or tuned afterwards are refused."""
+        _require(caller, "party")
+        dataset, developer = _check_name(dataset, "dataset"), _check_name(developer, "developer")
+        with self.store.transaction() as db:
+            row = self._own_dataset(db, caller, dataset)
+            existing = db.scalar(select(Grant).where(Grant.dataset_id == row.id, Grant.developer == developer))
+            if existing is None or existing.revoked_at is not None:
+                raise NotFoundError(f"no active grant of {caller.name}/{dataset} to {developer!r}")
+            existing.revoked_at, existing.revoked_by = utcnow(), caller.name
+            self._audit(db, caller, "revoke", f"{caller.name}/{dataset}", "info", {"developer": developer})
+        return {"dataset": f"{caller.name}/{dataset}", "developer": developer, "active": False}
+
+    def grants(self, caller: Caller) -> list[dict]:
+        """Grants the caller gave (party), received (developer), or all of them (admin)."""
+        with self.store.transaction() as db:
+            query = select(Grant, Dataset).join(Dataset, Grant.dataset_id == Dataset.id)
+            if caller.role == "party":
+                query = query.where(Dataset.owner == caller.name)
+            elif caller.role != "admin":
+                query = query.where(Grant.developer == caller.name)
+            return [
+                {
+                    "dataset": f"{d.owner}/{d.name}",
+                    "developer": g.developer,
+                    "granted_by": g.granted_by,
+                    "granted_at": _aware(g.granted_at).isoformat(),
+                    "active": g.revoked_at is None,
+                }
+                for g, d in db.execute(query.order_by(Grant.id))
+            ]
+
+    def audit(self, caller: Caller, *, after: int = 0, limit: int = 200) -> list[dict]:
+        """Audit events after id ``after``: an admin sees all, others those they are actor or target of."""
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000:
+            raise InvalidParameterError(f"limit must be an int in [1, 10000], got {limit!r}")
+        with self.store.transaction() as db:
+            query = select(AuditEvent).where(AuditEvent.id > after)
+            if caller.role != "admin":
+                query = query.where((AuditEvent.actor == caller.name) | (AuditEvent.target.like(f"{caller.name}/%")))
+            return [
+                {
+                    "id": e.id,
+                    "at": _aware(e.at).isoformat(),
+                    "actor": e.actor,
+                    "action": e.action,
+                    "target": e.target,
+                    "decision": e.decision,
+                    "detail": e.detail,
+                }
+                for e in db.scalars(query.order_by(AuditEvent.id).limit(limit))
+            ]
+
+    def _own_dataset(self, db: Session, caller: Caller, dataset: str) -> Dataset:
+        row = db.scalar(select(Dataset).where(Dataset.owner == caller.name, Dataset.name == dataset))
+        if row is None:
+            raise NotFoundError(f"dataset {caller.name}/{dataset} is not published (register it first)")
+        return row
+
+    @staticmethod
+    def _audit(db: Session, caller: Caller, action: str, target: str, decision: str, detail: dict) -> None:
+        db.add(
+            AuditEvent(
+                at=utcnow(), actor=caller.name, action=action, target=target[:255], decision=decision, detail=detail
+            )
+        )
+
+    def _audit_now(self, caller: Caller, action: str, target: str, decision: str, detail: dict) -> None:
+        with self.store.transaction() as db:
+            self._audit(db, caller, action, target, decision, detail)
+
+    # ------------------------------------------------------------------ access checks
+
+    def _check_access(self, caller: Caller, spec: JobSpec, action: str, target: str) -> None:
+        """Every party registered, every dataset published and granted; every decision audited."""
+        if spec.fl_data is None:
+            raise InvalidParameterError(
+                "fl_data: a job submitted to the controller must provision data as FL_Data "
+                "(which dataset of which party, label, pipeline)"
+            )
+        fl_data = spec.fl_data_object()
+        decisions: list[dict] = []
+        problem: Exception | None = None
+        with self.store.transaction() as db:
+            for party, dataset in sorted(fl_data.datasets().items()):
+                registered = db.scalar(select(Party).where(Party.name == party))
+                if registered is None or registered.role != "party":
+                    problem = problem or NotFoundError(f"party {party!r} is not registered with the controller")
+                    decisions.append({"party": party, "decision": "deny", "reason": "unknown party"})
+                    continue
+                row = db.scalar(select(Dataset).where(Dataset.owner == party, Dataset.name == dataset))
+                if row is None:
+                    problem = problem or NotFoundError(f"dataset {party}/{dataset} is not published by {party!r}")
+                    decisions.append({"dataset": f"{party}/{dataset}", "decision": "deny", "reason": "unknown dataset"})
+                    continue
+                active = db.scalar(
+                    select(Grant).where(
+                        Grant.dataset_id == row.id, Grant.developer == caller.name, Grant.revoked_at.is_(None)
+                    )
+                )
+                if active is None and caller.name != party:
+                    problem = problem or DataAccessDeniedError(
+                        f"{caller.name!r} has no grant for dataset {party}/{dataset}; its owner grants it with "
+                        f"'confide grant add --dataset {dataset} --developer {caller.name}'"
+                    )
+                    decisions.append({"dataset": f"{party}/{dataset}", "decision": "deny", "reason": "no grant"})
+                    continue
+                columns = {c["name"] for c in row.columns}
+                if fl_data.label not in columns:
+                    problem = problem or InvalidParameterError(
+                        f"fl_data.label: dataset {party}/{dataset} has no column {fl_data.label!r}"
+                    )
+                    decisions.append({"dataset": f"{party}/{dataset}", "decision": "deny", "reason": "no label"})
+                    continue
+                decisions.append({"dataset": f"{party}/{dataset}", "decision": "allow"})
+        denied = [d for d in decisions if d["decision"] == "deny"]
+        self._audit_now(
+            caller, action, target, "deny" if problem else "allow", {"job_id": spec.job_id, "checks": decisions}
+        )
+        if problem is not None:
+            log.info("%s %s denied: %s", caller.name, action, denied)
+            raise problem
+
+    def _aggregators(self, db: Session) -> list[dict]:
+        cutoff = utcnow() - timedelta(seconds=self.alive_s)
+        nodes = [
+            p
+            for p in db.scalars(select(Party).where(Party.role == "service").order_by(Party.name))
+            if p.address and _aware(p.last_seen_at) >= cutoff
+        ]
+        if not nodes:
+            raise NotFoundError(
+                "no aggregator is registered and alive; start one with 'confide aggregator --controller URL'"
+            )
+        return [{"name": p.name, "address": p.address} for p in nodes[:1]]
+
+    # ------------------------------------------------------------------ sessions
+
+    def _session(self, db: Session, caller: Caller, token: str) -> JobSession:
+        if not isinstance(token, str) or not 1 <= len(token) <= 64:
+            raise InvalidParameterError("session token must be a string of 1..64 characters")
+        row = db.scalar(select(JobSession).where(JobSession.token == token))
+        if row is None:
+            raise NotFoundError(f"no session {token!r}")
+        if caller.role != "admin" and row.owner != caller.name:
+            raise PermissionDeniedError(f"session {token!r} belongs to {row.owner!r}, not {caller.name!r}")
+        return row
+
+    def _head(self, db: Session, session: JobSession) -> SessionEntry:
+        return db.scalar(
+            select(SessionEntry).where(SessionEntry.session_id == session.id, SessionEntry.seq == session.head_seq)
+        )
+
+    def _append(
+        self,
+        db: Session,
+        session: JobSession,
+        caller: Caller,
+        kind: str,
+        *,
+        spec: dict,
+        configs: dict,
+        previous: dict | None,
+        checkpoint: dict | None = None,
+        note: str = "",
+        base_seq: int | None = None,
+    ) -> SessionEntry:
+        """Append one log entry; a concurrent append to the same session loses with ConflictError."""
+        base = session.head_seq if base_seq is None else base_seq
+        moved = db.execute(
+            update(JobSession)
+            .where(JobSession.id == session.id, JobSession.head_seq == base)
+            .values(head_seq=base + 1, updated_at=utcnow())
+            .execution_options(synchronize_session=False)
+        )
+        if moved.rowcount != 1:
+            raise ConflictError(
+                f"session {session.token} changed concurrently: its log head is no longer entry {base}; "
+                "read 'confide session log' and try again"
+            )
+        previous = previous or {}
+        deltas = {
+            name: cfg.delta(previous.get(name), configs.get(name))
+            for name in sorted(previous.keys() | configs.keys())
+            if cfg.delta(previous.get(name), configs.get(name))
+        }
+        entry = SessionEntry(
+            session_id=session.id,
+            seq=base + 1,
+            kind=kind,
+            actor=caller.name,
+            created_at=utcnow(),
+            note=note,
+            spec=spec,
+            configs=configs,
+            deltas=deltas,
+            checkpoint=checkpoint or {},
+        )
+        db.add(entry)
+        db.flush()
+        session.head_seq = base + 1
+        return entry
+
+    def submit(self, caller: Caller, spec_data: dict) -> dict:
+        """Validate, check access, and start a job as a new session; returns its token."""
+        _require(caller, "developer", "admin")
+        spec = parse_job(spec_data)
+        token = secrets.token_urlsafe(18)
+        self._check_access(caller, spec, "submit", f"job/{spec.job_id}")
+        with self.store.transaction() as db:
+            routing = cfg.routing_policy(self._aggregators(db))
+            configs = cfg.build_configs(spec, session=token, routing=routing)
+            now = utcnow()
+            session = JobSession(
+                token=token,
+                job_id=spec.job_id,
+                owner=caller.name,
+                state="running",
+                run=1,
+                resume_round=0,
+                head_seq=0,
+                message="",
+                created_at=now,
+                updated_at=now,
+            )
+            db.add(session)
+            db.flush()
+            self._append(
+                db,
+                session,
+                caller,
+                "submit",
+                spec=spec.model_dump(mode="json"),
+                configs=configs,
+                previous=None,
+                note="job submitted",
+            )
+            for name, config in configs.items():
+                db.add(
+                    Participant(
+                        session_id=session.id,
+                        name=name,
+                        role=config["role"],
+                        applied_seq=0,
+                        run=0,
+                        status="pending",
+                        round=0,
+                        error="",
+                        checkpoints={},
+                        verification={},
+                        result={},
+                        updated_at=now,
+                    )
+                )
+        return {"session": token, "job_id": spec.job_id, "seq": 1, "state": "running"}
+
+    def tune(
+        self,
+        caller: Caller,
+        token: str,
+        *,
+        settings: dict[str, Any] | None = None,
+        fl_data: dict | None = None,
+        add_parties: dict[str, dict] | None = None,
+        base_seq: int | None = None,
+    ) -> dict:
+        """Append a tuning entry: new settings, a new FL_Data and/or added parties.
+
+        The new specification is validated whole and its data access checked again. A running
+        job restarts from its last checkpoint with the new configuration (the next run); a
+        stopped one uses it when resumed. ``base_seq``: the log head the change was made
+        against; if another entry landed since, nothing is stored and ConflictError is raised.
+        """
+        _require(caller, "developer", "admin")
+        settings = settings or {}
+        if not isinstance(settings, dict) or len(settings) > 100:
+            raise InvalidParameterError("settings must be a mapping of at most 100 'path=value' entries")
+        if not settings and fl_data is None and not add_parties:
+            raise InvalidParameterError("a tuning must change something: --set, --fl-data or --add-party")
+        for path in settings:
+            if path.split(".")[0] in ("job_id", "parties"):
+                raise InvalidParameterError(f"{path}: cannot be tuned (the job id names the session; add parties)")
+        with self.store.transaction() as db:
+            session = self._session(db, caller, token)
+            head = self._head(db, session)
+            spec_data = dict(head.spec)
+            base_seq = session.head_seq if base_seq is None else base_seq
+            if base_seq != session.head_seq:
+                raise ConflictError(
+                    f"session {token} changed concurrently: you tuned entry {base_seq}, the log head is entry "
+                    f"{session.head_seq}; nothing was stored"
+                )
+        for path, value in settings.items():
+            spec_data = cfg.set_path(spec_data, path, value)
+        if fl_data is not None:
+            spec_data["fl_data"] = fl_data
+        if add_parties:
+            current = spec_data.get("fl_data") or {}
+            participants = dict(current.get("participants") or {})
+            for name, participant in add_parties.items():
+                if name in participants:
+                    raise InvalidParameterError(f"add_parties: {name!r} is already a participant")
+                participants[name] = participant
+            spec_data["fl_data"] = {**current, "participants": participants}
+            spec_data.pop("lineage", None)
+            if isinstance(spec_data["fl_data"], dict):
+                spec_data["fl_data"].pop("lineage", None)
+        spec_data.pop("parties", None)
+        spec = parse_job(spec_data)
+        self._check_access(caller, spec, "tune", f"session/{token}")
+        with self.store.transaction() as db:
+            session = self._session(db, caller, token)
+            head = self._head(db, session)
+            configs = cfg.build_configs(
+                spec, session=token, routing=head.configs[_first_aggregator(head.configs)]["routing"]
+            )
+            restart = session.state in ACTIVE
+            entry = self._append(
+                db,
+                session,
+                caller,
+                "tune",
+                spec=spec.model_dump(mode="json"),
+                configs=configs,
+                previous=head.configs,
+                note=_describe(settings, fl_data, add_parties),
+                base_seq=base_seq,
+            )
+            known = {p.name for p in db.scalars(select(Participant).where(Participant.session_id == session.id))}
+            for name, config in configs.items():
+                if name not in known:
+                    db.add(_participant(session.id, name, config["role"]))
+            if restart:
+                self._restart(db, session, caller, "tuned")
+            self._audit(db, caller, "tune", f"session/{token}", "allow", {"seq": entry.seq, "deltas": entry.deltas})
+            return {"session": token, "seq": entry.seq, "deltas": entry.deltas, "restarted": restart}
+
+    def _latest_checkpoint(self, db: Session, session: JobSession) -> SessionEntry | None:
+        return db.scalar(
+            select(SessionEntry)
+            .where(SessionEntry.session_id == session.id, SessionEntry.kind == "checkpoint")
+            .order_by(SessionEntry.seq.desc())
+            .limit(1)
+        )
+
+    def _restart(self, db: Session, session: JobSession, caller: Caller, why: str) -> None:
+        """Next run from the last checkpoint; recipients first prove they hold its files."""
+        checkpoint = self._latest_checkpoint(db, session)
+        session.run += 1
+        session.resume_round = checkpoint.checkpoint["round"] if checkpoint is not None else 0
+        session.state = "verifying" if checkpoint is not None else "running"
+        session.message = (
+            f"{why}: run {session.run} resumes after round {session.resume_round} "
+            "once every checkpoint file is verified"
+            if checkpoint is not None
+            else f"{why}: run {session.run} starts from round 0 (no checkpoint recorded)"
+        )
+        for participant in db.scalars(select(Participant).where(Participant.session_id == session.id)):
+            participant.verification = {}
+            participant.checkpoints = {}
+
+    def resume(self, caller: Caller, token: str) -> dict:
+        """Continue a stopped (or orphaned) session from its last checkpoint, after verifying its root."""
+        _require(caller, "developer", "admin")
+        with self.store.transaction() as db:
+            session = self._session(db, caller, token)
+            if session.state == "completed":
+                raise InvalidParameterError(f"session {token} is completed; tune 'rounds' to train further")
+            head = self._head(db, session)
+            checkpoint = self._latest_checkpoint(db, session)
+            if checkpoint is not None:
+                recorded = checkpoint.checkpoint
+                recomputed = checkpoints.root_of(recorded["leaves"])
+                if recomputed != recorded["root"]:
+                    raise InvalidParameterError(
+                        f"the session log's checkpoint entry {checkpoint.seq} is inconsistent: its leaves give root "
+                        f"{recomputed[:16]}..., the entry records {recorded['root'][:16]}..."
+                    )
+            self._restart(db, session, caller, "resumed")
+            entry = self._append(
+                db,
+                session,
+                caller,
+                "resume",
+                spec=head.spec,
+                configs=head.configs,
+                previous=head.configs,
+                checkpoint=checkpoint.checkpoint if checkpoint is not None else None,
+                note=session.message,
+            )
+            self._audit(db, caller, "resume", f"session/{token}", "allow", {"run": session.run})
+            return {
+                "session": token,
+                "seq": entry.seq,
+                "run": session.run,
+                "resume_round": session.resume_round,
+                "state": session.state,
+            }
+
+    def cancel(self, caller: Caller, token: str) -> dict:
+        """Stop a session's processes; it can be resumed later."""
+        _require(caller, "developer", "admin")
+        with self.store.transaction() as db:
+            session = self._session(db, caller, token)
+            if session.state not in ACTIVE:
+                raise InvalidParameterError(f"session {token} is {session.state}, not running")
+            head = self._head(db, session)
+            session.state, session.message = "cancelled", f"cancelled by {caller.name}"
+            entry = self._append(
+                db,
+                session,
+                caller,
+                "cancel",
+                spec=head.spec,
+                configs=head.configs,
+                previous=head.configs,
+                note="cancel",
+            )
+            self._audit(db, caller, "cancel", f"session/{token}", "allow", {})
+            return {"session": token, "seq": entry.seq, "state": "cancelled"}
+
+    def status(self, caller: Caller, token: str) -> dict:
+        """State, run, progress per recipient, the last checkpoint."""
+        with self.store.transaction() as db:
+            session = self._session(db, caller, token)
+            checkpoint = self._latest_checkpoint(db, session)
+            participants = db.scalars(
+                select(Participant).where(Participant.session_id == session.id).order_by(Participant.name)
+            )
+            return {
+                "session": token,
+                "job_id": session.job_id,
+                "owner": session.owner,
+                "state": session.state,
+                "message": session.message,
+                "run": session.run,
+                "resume_round": session.resume_round,
+                "head_seq": session.head_seq,
+                "checkpoint": (
+                    {
+                        "round": checkpoint.checkpoint["round"],
+                        "root": checkpoint.checkpoint["root"],
+                        "seq": checkpoint.seq,
+                    }
+                    if checkpoint is not None
+                    else None
+                ),
+                "participants": [
+                    {
+                        "name": p.name,
+                        "role": p.role,
+                        "status": p.status,
+                        "run": p.run,
+                        "round": p.round,
+                        "applied_seq": p.applied_seq,
+                        "error": p.error,
+                        "result": p.result,
+                    }
+                    for p in participants
+                ],
+            }
+
+    def sessions(self, caller: Caller) -> list[dict]:
+        """The caller's sessions (an admin's: all)."""
+        with self.store.transaction() as db:
+            query = select(JobSession).order_by(JobSession.id)
+            if caller.role != "admin":
+                query = query.where(JobSession.owner == caller.name)
+            return [
+                {"session": s.token, "job_id": s.job_id, "owner": s.owner, "state": s.state, "run": s.run}
+                for s in db.scalars(query)
+            ]
+
+    def log(self, caller: Caller, token: str) -> list[dict]:
+        """The committed log: each entry with its deltas per recipient and any checkpoint root."""
+        with self.store.transaction() as db:
+            session = self._session(db, caller, token)
+            return [
+                {
+                    "seq": e.seq,
+                    "kind": e.kind,
+                    "actor": e.actor,
+                    "at": _aware(e.created_at).isoformat(),
+                    "note": e.note,
+                    "deltas": e.deltas,
+                    "checkpoint": (
+                        {"round": e.checkpoint["round"], "run": e.checkpoint["run"], "root": e.checkpoint["root"]}
+                        if e.checkpoint
+                        else None
+                    ),
+                    "config_digests": {name: cfg.config_digest(c) for name, c in sorted(e.configs.items())},
+                }
+                for e in db.scalars(
+                    select(SessionEntry).where(SessionEntry.session_id == session.id).order_by(SessionEntry.seq)
+                )
+            ]
+
+    def entry(self, caller: Caller, token: str, seq: int) -> dict:
+        """One log entry in full: specification, configurations, routing, deltas, checkpoint."""
+        with self.store.transaction() as db:
+            session = self._session(db, caller, token)
+            e = db.scalar(select(SessionEntry).where(SessionEntry.session_id == session.id, SessionEntry.seq == seq))
+            if e is None:
+                raise NotFoundError(f"session {token} has no entry {seq} (entries 1..{session.head_seq})")
+            return {
+                "seq": e.seq,
+                "kind": e.kind,
+                "spec": e.spec,
+                "configs": e.configs,
+                "deltas": e.deltas,
+                "checkpoint": e.checkpoint,
+            }
+
+    # ------------------------------------------------------------------ agents (parties and aggregators)
+
+    def sync(self, caller: Caller, reports: list[dict]) -> dict:
+        """Heartbeat + reports from an agent; returns its instructions (deltas and commands).
+
+        Each report: ``{"session", "run", "applied_seq", "status", "round", "error", "result",
+        "verification": [files] | None, "checkpoint": {"round", "files"} | None}``.
+        """
+        _require(caller, "party", "service")
+        if not isinstance(reports, list) or len(reports) > 1000:
+            raise InvalidParameterError("reports must be a list of at most 1000 session reports")
+        with self.store.transaction() as db:
+            party = db.scalar(select(Party).where(Party.name == caller.name))
+            if party is None:
+                raise NotFoundError(f"{caller.name!r} is not registered; register before syncing")
+            party.last_seen_at = utcnow()
+            for index, report in enumerate(reports):
+                self._apply_report(db, caller, index, report)
+            instructions = []
+            rows = db.execute(
+                select(Participant, JobSession)
+                .join(JobSession, Participant.session_id == JobSession.id)
+                .where(Participant.name == caller.name)
+                .order_by(JobSession.id)
+            )
+            for participant, session in rows:
+                instruction = self._instruction(db, participant, session)
+                if instruction is not None:
+                    instructions.append(instruction)
+        return {"instructions": instructions}
+
+    def _apply_report(self, db: Session, caller: Caller, index: int, report: Any) -> None:
+        if not isinstance(report, dict) or not isinstance(report.get("session"), str):
+            raise InvalidParameterError(f"reports[{index}] must be a mapping with a 'session' token")
+        session = db.scalar(select(JobSession).where(JobSession.token == report["session"]))
+        if session is None:
+            return  # a session this controller never had (or lost): ignore, the agent will stop it
+        participant = db.scalar(
+            select(Participant).where(Participant.session_id == session.id, Participant.name == caller.name)
+        )
+        if participant is None:
+            raise PermissionDeniedError(f"{caller.name!r} is not a participant of session {report['session']}")
+        applied = report.get("applied_seq")
+        if isinstance(applied, int) and 0 <= applied <= session.head_seq:
+            participant.applied_seq = max(participant.applied_seq, applied)
+        run = report.get("run")
+        if run != session.run:
+            return  # a report about an earlier run: its progress no longer matters
+        participant.run = run
+        status = report.get("status")
+        if status in ("running", "completed", "failed", "stopped", "verified"):
+            participant.status = status
+        if isinstance(report.get("round"), int):
+            participant.round = report["round"]
+        participant.error = str(report.get("error") or "")[:4000]
+        if isinstance(report.get("result"), dict):
+            participant.result = report["result"]
+        participant.updated_at = utcnow()
+        if session.state == "verifying" and isinstance(report.get("verification"), list):
+            participant.verification = {"run": run, "files": report["verification"]}
+            self._maybe_verified(db, session)
+        reported = report.get("checkpoints") or []
+        if not isinstance(reported, list) or len(reported) > 10_000:
+            raise InvalidParameterError(f"reports[{index}].checkpoints must be a list of at most 10000 checkpoints")
+        for checkpoint in reported:
+            # A fast job completes before a slower recipient's last checkpoints arrive: still recorded.
+            if session.state not in ("running", "completed") or not isinstance(checkpoint, dict):
+                continue
+            if not isinstance(checkpoint.get("round"), int) or not isinstance(checkpoint.get("files"), list):
+                raise InvalidParameterError(f"reports[{index}].checkpoints entries need an int round and a file list")
+            stored = dict(participant.checkpoints)
+            stored[str(checkpoint["round"])] = checkpoint["files"]
+            for old in sorted(stored, key=int)[:-CHECKPOINTS_KEPT]:
+                del stored[old]
+            participant.checkpoints = stored
+            self._maybe_checkpoint(db, session, checkpoint["round"])
+        if session.state == "running":
+            self._maybe_finished(db, session, caller)
+
+    def _recipients(self, db: Session, session: JobSession) -> dict[str, Participant]:
+        head = self._head(db, session)
+        rows = db.scalars(select(Participant).where(Participant.session_id == session.id))
+        return {p.name: p for p in rows if p.name in head.configs}
+
+    def _maybe_checkpoint(self, db: Session, session: JobSession, round_number: int) -> None:
+        recipients = self._recipients(db, session)
+        key = str(round_number)
+        if not all(key in p.checkpoints for p in recipients.values()):
+            return
+        latest = self._latest_checkpoint(db, session)
+        if (
+            latest is not None
+            and latest.checkpoint.get("run") == session.run
+            and latest.checkpoint["round"] >= round_number
+        ):
+            return
+        leaves = {name: p.checkpoints[key] for name, p in sorted(recipients.items())}
+        head = self._head(db, session)
+        record = {"round": round_number, "run": session.run, "root": checkpoints.root_of(leaves), "leaves": leaves}
+        self._append(
+            db,
+            session,
+            Caller("controller", "admin"),
+            "checkpoint",
+            spec=head.spec,
+            configs=head.configs,
+            previous=head.configs,
+            checkpoint=record,
+            note=f"checkpoint after round {round_number}: {sum(len(v) for v in leaves.values())} files",
+        )
+
+    def _maybe_verified(self, db: Session, session: JobSession) -> None:
+        recipients = self._recipients(db, session)
+        checkpoint = self._latest_checkpoint(db, session)
+        if checkpoint is None:
+            return
+        leaves = checkpoint.checkpoint["leaves"]
+        pending = [n for n, p in recipients.items() if n in leaves and p.verification.get("run") != session.run]
+        if pending:
+            return
+        problems: list[str] = []
+        actual = {}
+        for name, expected in sorted(leaves.items()):
+            if name not in recipients:
+                continue
+            reported = recipients[name].verification.get("files", [])
+            actual[name] = reported
+            for problem in checkpoints.compare(expected, reported):
+                problems.append(f"{name}/{problem['name']}: {problem['problem']}")
+        root = checkpoints.root_of(actual)
+        if not problems and root != checkpoint.checkpoint["root"]:
+            problems.append(
+                f"Merkle root {root[:16]}... differs from the recorded {checkpoint.checkpoint['root'][:16]}..."
+            )
+        controller = Caller("controller", "admin")
+        if problems:
+            session.state = "refused"
+            session.message = (
+                f"resume refused: checkpoint of round {checkpoint.checkpoint['round']} does not match its recorded "
+                f"Merkle root {checkpoint.checkpoint['root'][:16]}...: " + "; ".join(problems[:20])
+            )
+            self._audit(db, controller, "verify", f"session/{session.token}", "deny", {"problems": problems[:100]})
+        else:
+            session.state = "running"
+            session.message = (
+                f"run {session.run}: checkpoint of round {checkpoint.checkpoint['round']} verified "
+                f"(root {checkpoint.checkpoint['root'][:16]}...)"
+            )
+            self._audit(db, controller, "verify", f"session/{session.token}", "allow", {"root": root})
+
+    def _maybe_finished(self, db: Session, session: JobSession, caller: Caller) -> None:
+        recipients = self._recipients(db, session)
+        parties = [p for p in recipients.values() if p.role == "party"]
+        failed = [p for p in parties if p.run == session.run and p.status == "failed"]
+        if failed:
+            session.state = "failed"
+            session.message = "; ".join(f"{p.name}: {p.error}" for p in failed)[:4000]
+        elif parties and all(p.run == session.run and p.status == "completed" for p in parties):
+            session.state = "completed"
+            session.message = f"run {session.run} completed"
+
+    def _instruction(self, db: Session, participant: Participant, session: JobSession) -> dict | None:
+        head = self._head(db, session)
+        config = head.configs.get(participant.name)
+        instruction: dict[str, Any] = {"session": session.token, "job_id": session.job_id, "seq": head.seq}
+        if config is None:
+            instruction["command"] = "stop"
+            instruction["run"] = session.run
+            return instruction
+        digest = cfg.config_digest(config)
+        if participant.applied_seq != head.seq:
+            applied = None
+            if participant.applied_seq > 0:
+                entry = db.scalar(
+                    select(SessionEntry).where(
+                        SessionEntry.session_id == session.id, SessionEntry.seq == participant.applied_seq
+                    )
+                )
+                applied = entry.configs.get(participant.name) if entry is not None else None
+            ops = cfg.delta(applied, config)
+            if ops:
+                instruction["delta"] = ops
+                instruction["base_seq"] = participant.applied_seq
+            else:
+                participant.applied_seq = head.seq  # nothing changed for this recipient: no push
+        instruction["config_sha256"] = digest
+        instruction["run"] = session.run
+        waiting = [
+            p.name
+            for p in self._recipients(db, session).values()
+            if p.role == cfg.ROLE_AGGREGATOR and p.run != session.run
+        ]
+        if session.state == "running" and participant.role == cfg.ROLE_PARTY and waiting:
+            # Parties start a run only once every aggregator node runs it (routes, timeouts, checkpoints).
+            instruction["command"] = "none"
+        elif session.state == "running":
+            instruction["command"] = "run"
+            instruction["resume_round"] = session.resume_round
+            checkpoint = self._latest_checkpoint(db, session) if session.resume_round else None
+            if checkpoint is not None and checkpoint.checkpoint["round"] == session.resume_round:
+                instruction["resume_files"] = checkpoint.checkpoint["leaves"].get(participant.name)
+        elif session.state == "verifying":
+            checkpoint = self._latest_checkpoint(db, session)
+            instruction["command"] = "verify"
+            instruction["resume_round"] = session.resume_round
+            instruction["resume_files"] = checkpoint.checkpoint["leaves"].get(participant.name) if checkpoint else None
+        elif session.state in ("cancelled", "refused", "failed"):
+            instruction["command"] = "stop"
+        else:
+            instruction["command"] = "none"
+        return instruction
+
+
+def _participant(session_id: int, name: str, role: str) -> Participant:
+    return Participant(
+        session_id=session_id,
+        name=name,
+        role=role,
+        applied_seq=0,
+        run=0,
+        status="pending",
+        round=0,
+        error="",
+        checkpoints={},
+        verification={},
+        result={},
+        updated_at=utcnow(),
+    )
+
+
+def _first_aggregator(configs: dict) -> str:
+    for name, config in sorted(configs.items()):
+        if config.get("role") == cfg.ROLE_AGGREGATOR:
+            return name
+    raise InvalidParameterError("the session has no aggregator configuration")
+
+
+def _describe(settings: dict, fl_data: dict | None, add_parties: dict | None) -> str:
+    parts = [f"{k}={v!r}" for k, v in sorted(settings.items())]
+    if fl_data is not None:
+        parts.append("new fl_data")
+    if add_parties:
+        parts.append("added " + ", ".join(sorted(add_parties)))
+    return "; ".join(parts)
+
+
+def _aware(value):
+    # SQLite returns naive datetimes for timezone-aware columns; they were stored as UTC.
+    from datetime import timezone
+
+    return value if value.tzinfo is not None else value.replace(tzinfo=timezone.utc)
+
+
+def certificate_digest(cert_pem: bytes) -> str:
+    """SHA-256 of a certificate's PEM (recorded at registration)."""
+    return hashlib.sha256(cert_pem).hexdigest()

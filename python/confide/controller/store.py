@@ -1,0 +1,284 @@
+"""The controller's store: parties, dataset metadata, grants, audit, sessions and their logs.
+
+SQLAlchemy 2 over SQLite (a file, the default: nothing to install or run) or PostgreSQL (by URL,
+``postgresql+psycopg://user@host/db``). The schema belongs to Alembic (``migrations/``): opening a
+store upgrades it to the newest revision inside a transaction, so an upgrade never drops data and
+a failed one leaves the old schema in place.
+
+Durability: SQLite runs in write-ahead-log mode with ``synchronous=FULL`` (a committed
+transaction survives a crash of the process or the machine); PostgreSQL has its own WAL. Every
+controller operation is one transaction, so a session log entry is either fully stored or not at
+all, and a controller killed mid-operation loses nothing that was acknowledged.
+
+Rows never hold training records: datasets are described by name, schema, row count and owner.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    DateTime,
+    ForeignKey,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+    create_engine,
+    event,
+)
+from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
+
+from confide.errors import InvalidParameterError
+
+__all__ = [
+    "AuditEvent",
+    "Base",
+    "Dataset",
+    "Grant",
+    "JobSession",
+    "Participant",
+    "Party",
+    "SessionEntry",
+    "Store",
+    "open_store",
+    "utcnow",
+]
+
+MIGRATIONS = Path(__file__).with_name("migrations")
+
+
+def utcnow() -> datetime:
+    """Timezone-aware now (stored as UTC)."""
+    return datetime.now(timezone.utc)
+
+
+class Base(DeclarativeBase):
+    """Declarative base of the controller's tables."""
+
+    type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON}
+
+
+class Party(Base):
+    """A registered identity: a party (data owner), a service (aggregator) or a developer."""
+
+    __tablename__ = "parties"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    role: Mapped[str] = mapped_column(String(16))
+    address: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    cert_sha256: Mapped[str] = mapped_column(String(64))
+    registered_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    last_seen_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class Dataset(Base):
+    """Metadata a party published about one of its datasets (never its rows)."""
+
+    __tablename__ = "datasets"
+    __table_args__ = (UniqueConstraint("owner", "name", name="uq_datasets_owner_name"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    owner: Mapped[str] = mapped_column(String(64), ForeignKey("parties.name"))
+    name: Mapped[str] = mapped_column(String(64))
+    columns: Mapped[list[Any]] = mapped_column(JSON)
+    rows: Mapped[int] = mapped_column(BigInteger)
+    description: Mapped[str] = mapped_column(Text, default="")
+    source: Mapped[str] = mapped_column(String(64), default="")
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class Grant(Base):
+    """A data owner's permission for a developer to use one of its datasets in jobs."""
+
+    __tablename__ = "grants"
+    __table_args__ = (UniqueConstraint("dataset_id", "developer", name="uq_grants_dataset_developer"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    dataset_id: Mapped[int] = mapped_column(Integer, ForeignKey("datasets.id"))
+    developer: Mapped[str] = mapped_column(String(64))
+    granted_by: Mapped[str] = mapped_column(String(64))
+    granted_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    revoked_by: Mapped[str | None] = mapped_column(String(64), nullable=True)
+
+
+class AuditEvent(Base):
+    """One decision or change, in order: who, what, on what, allowed or denied, and why."""
+
+    __tablename__ = "audit"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    actor: Mapped[str] = mapped_column(String(64))
+    action: Mapped[str] = mapped_column(String(64))
+    target: Mapped[str] = mapped_column(String(255))
+    decision: Mapped[str] = mapped_column(String(16))
+    detail: Mapped[dict[str, Any]] = mapped_column(JSON)
+
+
+class JobSession(Base):
+    """A job as a stateful session: its token, owner, state, current run and log head."""
+
+    __tablename__ = "sessions"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    token: Mapped[str] = mapped_column(String(64), unique=True)
+    job_id: Mapped[str] = mapped_column(String(128))
+    owner: Mapped[str] = mapped_column(String(64))
+    state: Mapped[str] = mapped_column(String(16))
+    run: Mapped[int] = mapped_column(Integer, default=0)
+    resume_round: Mapped[int] = mapped_column(Integer, default=0)
+    head_seq: Mapped[int] = mapped_column(Integer, default=0)
+    message: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class SessionEntry(Base):
+    """One committed entry of a session's log (append-only; ``seq`` counts from 1)."""
+
+    __tablename__ = "session_entries"
+    __table_args__ = (UniqueConstraint("session_id", "seq", name="uq_session_entries_seq"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    session_id: Mapped[int] = mapped_column(Integer, ForeignKey("sessions.id"))
+    seq: Mapped[int] = mapped_column(Integer)
+    kind: Mapped[str] = mapped_column(String(16))
+    actor: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    note: Mapped[str] = mapped_column(Text, default="")
+    #: The full job specification in force after this entry.
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    #: Per-recipient execution configuration (parties and aggregator), routing policy included.
+    configs: Mapped[dict[str, Any]] = mapped_column(JSON)
+    #: Per-recipient delta from the previous entry's configuration (what is pushed).
+    deltas: Mapped[dict[str, Any]] = mapped_column(JSON)
+    #: Checkpoint recorded by this entry: {"round", "run", "root", "leaves"} (or empty).
+    checkpoint: Mapped[dict[str, Any]] = mapped_column(JSON)
+
+
+class Participant(Base):
+    """What one recipient (party or aggregator) of a session has applied and reported."""
+
+    __tablename__ = "participants"
+    __table_args__ = (UniqueConstraint("session_id", "name", name="uq_participants_session_name"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    session_id: Mapped[int] = mapped_column(Integer, ForeignKey("sessions.id"))
+    name: Mapped[str] = mapped_column(String(64))
+    role: Mapped[str] = mapped_column(String(16))
+    applied_seq: Mapped[int] = mapped_column(Integer, default=0)
+    run: Mapped[int] = mapped_column(Integer, default=0)
+    status: Mapped[str] = mapped_column(String(16), default="pending")
+    round: Mapped[int] = mapped_column(Integer, default=0)
+    error: Mapped[str] = mapped_column(Text, default="")
+    #: Checkpoint manifests reported in the current run, by round: {"12": [{"name","sha256","size"}...]}.
+    checkpoints: Mapped[dict[str, Any]] = mapped_column(JSON)
+    #: Hashes reported for a resume verification: {"run": N, "files": [...]}.
+    verification: Mapped[dict[str, Any]] = mapped_column(JSON)
+    result: Mapped[dict[str, Any]] = mapped_column(JSON)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+def _sqlite_pragmas(dbapi_connection, _record) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=FULL")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.execute("PRAGMA busy_timeout=30000")
+    cursor.close()
+
+
+class Store:
+    """An engine plus a session factory; ``transaction()`` is the unit of every operation."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._sessions = sessionmaker(engine, expire_on_commit=False)
+
+    @property
+    def url(self) -> str:
+        """The database URL without its password."""
+        return self.engine.url.render_as_string(hide_password=True)
+
+    @property
+    def dialect(self) -> str:
+        """``sqlite`` or ``postgresql``."""
+        return self.engine.dialect.name
+
+    @contextmanager
+    def transaction(self) -> Iterator[Session]:
+        """One transaction: committed when the block ends, rolled back (nothing stored) on error."""
+        with self._sessions() as session, session.begin():
+            yield session
+
+    def close(self) -> None:
+        """Release every pooled connection."""
+        self.engine.dispose()
+
+
+def database_url(value: str) -> str:
+    """A SQLAlchemy URL from a URL or a plain file path (which means SQLite)."""
+    if "://" not in value:
+        return f"sqlite:///{Path(value).expanduser().resolve()}"
+    if value.startswith("postgresql://"):
+        return "postgresql+psycopg://" + value[len("postgresql://") :]
+    return value
+
+
+def open_store(url: str, *, migrate: bool = True) -> Store:
+    """Open (and by default create or upgrade) the store at ``url``.
+
+    Parameters
+    ----------
+    url : str
+        ``sqlite:///path/to/controller.db``, a plain path (SQLite), or
+        ``postgresql://user@host:port/database``.
+    migrate : bool
+        Upgrade the schema to the newest Alembic revision first (in one transaction).
+    """
+    try:
+        parsed = make_url(database_url(url))
+    except Exception as error:  # noqa: BLE001 - SQLAlchemy raises several types for a bad URL
+        raise InvalidParameterError(f"database url {url!r} is not valid: {error}") from None
+    if parsed.get_backend_name() not in ("sqlite", "postgresql"):
+        raise InvalidParameterError(f"database url must be sqlite or postgresql, got {parsed.get_backend_name()!r}")
+    if parsed.get_backend_name() == "sqlite":
+        if parsed.database and parsed.database != ":memory:":
+            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(parsed, connect_args={"timeout": 30, "check_same_thread": False})
+        event.listen(engine, "connect", _sqlite_pragmas)
+    else:
+        engine = create_engine(parsed, pool_size=10, max_overflow=20, pool_pre_ping=True)
+    if migrate:
+        upgrade(engine)
+    return Store(engine)
+
+
+def _alembic_config(engine: Engine):
+    from alembic.config import Config
+
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    config.set_main_option("sqlalchemy.url", engine.url.render_as_string(hide_password=False).replace("%", "%%"))
+    return config
+
+
+def upgrade(engine: Engine, revision: str = "head") -> None:
+    """Bring the schema to ``revision`` (Alembic), in one transaction."""
+    from alembic import command
+
+    config = _alembic_config(engine)
+    with engine.begin() as connection:
+        config.attributes["connection"] = connection
+        command.upgrade(config, revision)
+
+
+def current_revision(engine: Engine) -> str | None:
+    """The schema revision the database is at (None before the first upgrade)."""
+    from alembic.runtime.migration import MigrationContext
+
+    with engine.connect() as connection:
+        return MigrationContext.configure(connection).get_current_revision()
