@@ -58,7 +58,10 @@ test-rust: $(GMP)
 	cargo test --workspace --release
 	CONFIDE_DISABLE_IFMA=1 cargo test -p confide-paillier --release
 
+# The controller's store tests also run against a real PostgreSQL server that the suite
+# starts itself; its binaries are installed here when missing.
 test-python: setup
+	./scripts/ensure-postgres.sh
 	$(PYTHON) -m pytest tests
 
 bench: setup

@@ -45,11 +45,16 @@ class AggregatorWorker:
             job, round_timeout_s=config["round_timeout_s"], dropout_grace_s=config["dropout_grace_s"]
         )
         directory.mkdir(parents=True, exist_ok=True)
-        # Checkpoints after the resume point belong to an abandoned run.
-        for stale in (directory / "checkpoints").glob("round-*"):
-            number = stale.name.split("-", 1)[1]
-            if number.isdigit() and int(number) > resume_round:
-                shutil.rmtree(stale, ignore_errors=True)
+        marker = directory / "current-run"
+        adopted = marker.exists() and marker.read_text().strip() == str(run)
+        if not adopted:
+            # A new run: checkpoints after its resume point belong to an abandoned one. (A restarted
+            # aggregator adopting the run it served before keeps that run's checkpoints.)
+            for stale in (directory / "checkpoints").glob("round-*"):
+                number = stale.name.split("-", 1)[1]
+                if number.isdigit() and int(number) > resume_round:
+                    shutil.rmtree(stale, ignore_errors=True)
+            marker.write_text(str(run))
         with self._lock:
             self._runs[session] = {
                 "run": run,

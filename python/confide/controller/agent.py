@@ -154,6 +154,7 @@ class Agent:
             if session in self._verification:
                 # A resume is being verified: report the hashes for the new run, nothing of the old one.
                 report["run"] = self._runs.get(session)
+                report["status"] = "verified"
                 report["verification"] = self._verification[session]
             else:
                 state = self.worker.state(session)

@@ -104,25 +104,30 @@ class _BodyLimit:
         declared = dict(scope.get("headers") or []).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.limit:
             return await _too_large(send, self.limit, int(declared))
-        seen = 0
-
-        async def limited():
-            nonlocal seen
+        # Read the whole body first (it is at most ``limit`` bytes), so a streamed body over the
+        # limit is answered 413 before the application sees any of it.
+        chunks, seen = [], 0
+        while True:
             message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.limit:
-                    raise _TooLarge
-            return message
+            if message["type"] != "http.request":
+                return None  # the client went away
+            chunks.append(message.get("body", b""))
+            seen += len(chunks[-1])
+            if seen > self.limit:
+                return await _too_large(send, self.limit, seen)
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        delivered = False
 
-        try:
-            return await self.app(scope, limited, send)
-        except _TooLarge:
-            return await _too_large(send, self.limit, seen)
+        async def replay():
+            nonlocal delivered
+            if not delivered:
+                delivered = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
 
-
-class _TooLarge(Exception):
-    pass
+        return await self.app(scope, replay, send)
 
 
 async def _too_large(send, limit: int, size: int) -> None:

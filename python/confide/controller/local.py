@@ -35,6 +35,7 @@ class LocalDeployment:
     database: str | None = None
     catalog: dict | None = None
     controller_port: int = 0
+    aggregator_port: int = 0
     processes: dict[str, subprocess.Popen] = field(default_factory=dict)
     extra_env: dict[str, str] = field(default_factory=dict)
 
@@ -132,13 +133,17 @@ class LocalDeployment:
                     time.sleep(0.1)
 
     def start_aggregator(self) -> None:
-        """Start the aggregator (state kept in the work directory), following the controller."""
+        """Start the aggregator (state kept, same port on a restart), following the controller."""
+        port_file = self.workdir / "aggregator.port"
+        port_file.unlink(missing_ok=True)
         self._spawn(
             "aggregator",
             [
                 "aggregator",
+                "--port-file",
+                str(port_file),
                 "--listen",
-                "127.0.0.1:0",
+                f"127.0.0.1:{self.aggregator_port}",
                 "--certs",
                 str(self.certs),
                 "--state",
@@ -147,6 +152,7 @@ class LocalDeployment:
                 self.url,
             ],
         )
+        self.aggregator_port = int(self._wait_file(port_file, "aggregator", 60).strip())
 
     def start_agent(self, party: str) -> None:
         """Start one party's agent."""
@@ -172,19 +178,23 @@ class LocalDeployment:
     def start(self) -> None:
         """Controller, aggregator and every agent; waits until all registered."""
         self.prepare()
+        started = time.monotonic()
         self.start_controller()
         self.start_aggregator()
         for party in self.parties:
             self.start_agent(party)
-        self.wait_registered()
+        self.wait_registered(since=started)
 
-    def wait_registered(self, timeout_s: float = 60.0) -> None:
-        """Wait until the aggregator and every party are registered and online."""
+    def wait_registered(self, timeout_s: float = 60.0, since: float | None = None) -> None:
+        """Wait until the aggregator and every party are registered and online (heard of after ``since``)."""
         deadline = time.monotonic() + timeout_s
         wanted = {"aggregator", *self.parties}
         with self.client("runner") as client:
             while True:
-                online = {p["name"] for p in client.parties() if p["online"]}
+                fresh = None if since is None else time.monotonic() - since
+                online = {
+                    p["name"] for p in client.parties() if p["online"] and (fresh is None or p["last_seen_s"] < fresh)
+                }
                 if wanted <= online:
                     return
                 if time.monotonic() > deadline:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
 from confide import checkpoints
@@ -59,6 +59,15 @@ MAX_DATASETS = 1_000
 STATES = ("running", "verifying", "completed", "failed", "cancelled", "refused")
 ACTIVE = ("running", "verifying")
 CHECKPOINTS_KEPT = 3
+
+
+#: Log entries that change configurations; other entries (checkpoint, resume, cancel) never
+#: make a tuning stale.
+CONFIG_KINDS = ("submit", "tune")
+
+
+class _HeadMoved(Exception):
+    """The log head moved between reading and appending (retried when no configuration changed)."""
 
 
 @dataclass(frozen=True)
@@ -113,6 +122,13 @@ class Controller:
             db.flush()
             if caller.role == "party":
                 existing = {d.name: d for d in db.scalars(select(Dataset).where(Dataset.owner == caller.name))}
+                for name in sorted(set(existing) - set(names)):
+                    # Withdrawn by its owner: unpublished, and its grants go with it (audited).
+                    withdrawn = existing.pop(name)
+                    revoked = [g.developer for g in db.scalars(select(Grant).where(Grant.dataset_id == withdrawn.id))]
+                    db.execute(delete(Grant).where(Grant.dataset_id == withdrawn.id))
+                    db.delete(withdrawn)
+                    self._audit(db, caller, "withdraw", f"{caller.name}/{name}", "info", {"grants_removed": revoked})
                 for item in checked:
                     row = existing.get(item["name"])
                     if row is None:
@@ -422,7 +438,7 @@ class Controller:
         """Validate, check access, and start a job as a new session; returns its token."""
         _require(caller, "developer", "admin")
         spec = parse_job(spec_data)
-        token = secrets.token_urlsafe(18)
+        token = secrets.token_hex(16)  # 128 bits; hex, so a token never looks like a command-line flag
         self._check_access(caller, spec, "submit", f"job/{spec.job_id}")
         with self.store.transaction() as db:
             routing = cfg.routing_policy(self._aggregators(db))
@@ -502,11 +518,7 @@ class Controller:
             head = self._head(db, session)
             spec_data = dict(head.spec)
             base_seq = session.head_seq if base_seq is None else base_seq
-            if base_seq != session.head_seq:
-                raise ConflictError(
-                    f"session {token} changed concurrently: you tuned entry {base_seq}, the log head is entry "
-                    f"{session.head_seq}; nothing was stored"
-                )
+            self._check_unchanged_since(db, session, base_seq)
         for path, value in settings.items():
             spec_data = cfg.set_path(spec_data, path, value)
         if fl_data is not None:
@@ -525,24 +537,56 @@ class Controller:
         spec_data.pop("parties", None)
         spec = parse_job(spec_data)
         self._check_access(caller, spec, "tune", f"session/{token}")
+        for _attempt in range(5):
+            try:
+                return self._append_tuning(caller, token, spec, base_seq, _describe(settings, fl_data, add_parties))
+            except _HeadMoved:
+                continue  # a checkpoint or state entry landed meanwhile: it changes no configuration
+        raise ConflictError(f"session {token} is too busy to tune; try again")
+
+    def _check_unchanged_since(self, db: Session, session: JobSession, base_seq: int) -> None:
+        """ConflictError unless every entry after ``base_seq`` leaves the configurations as they were."""
+        if isinstance(base_seq, bool) or not isinstance(base_seq, int) or not 0 < base_seq <= session.head_seq:
+            raise ConflictError(
+                f"session {session.token}: base_seq must be an existing entry (1..{session.head_seq}), got {base_seq!r}"
+            )
+        newer = db.scalars(
+            select(SessionEntry.seq).where(
+                SessionEntry.session_id == session.id,
+                SessionEntry.seq > base_seq,
+                SessionEntry.kind.in_(CONFIG_KINDS),
+            )
+        ).all()
+        if newer:
+            raise ConflictError(
+                f"session {session.token} changed concurrently: you tuned entry {base_seq}, but entr"
+                f"{'ies' if len(newer) > 1 else 'y'} {', '.join(map(str, newer))} changed the configuration since; "
+                "nothing was stored (read 'confide session log' and tune again)"
+            )
+
+    def _append_tuning(self, caller: Caller, token: str, spec: JobSpec, base_seq: int, note: str) -> dict:
         with self.store.transaction() as db:
             session = self._session(db, caller, token)
+            self._check_unchanged_since(db, session, base_seq)
             head = self._head(db, session)
             configs = cfg.build_configs(
                 spec, session=token, routing=head.configs[_first_aggregator(head.configs)]["routing"]
             )
             restart = session.state in ACTIVE
-            entry = self._append(
-                db,
-                session,
-                caller,
-                "tune",
-                spec=spec.model_dump(mode="json"),
-                configs=configs,
-                previous=head.configs,
-                note=_describe(settings, fl_data, add_parties),
-                base_seq=base_seq,
-            )
+            try:
+                entry = self._append(
+                    db,
+                    session,
+                    caller,
+                    "tune",
+                    spec=spec.model_dump(mode="json"),
+                    configs=configs,
+                    previous=head.configs,
+                    note=note,
+                    base_seq=session.head_seq,
+                )
+            except ConflictError:
+                raise _HeadMoved from None
             known = {p.name for p in db.scalars(select(Participant).where(Participant.session_id == session.id))}
             for name, config in configs.items():
                 if name not in known:
@@ -573,18 +617,22 @@ class Controller:
             else f"{why}: run {session.run} starts from round 0 (no checkpoint recorded)"
         )
         for participant in db.scalars(select(Participant).where(Participant.session_id == session.id)):
-            participant.verification = {}
-            participant.checkpoints = {}
+            # Nothing reported about an earlier run may count for this one.
+            participant.verification, participant.checkpoints, participant.result = {}, {}, {}
+            participant.status, participant.error = "pending", ""
 
     def resume(self, caller: Caller, token: str) -> dict:
         """Continue a stopped (or orphaned) session from its last checkpoint, after verifying its root."""
         _require(caller, "developer", "admin")
         with self.store.transaction() as db:
             session = self._session(db, caller, token)
-            if session.state == "completed":
-                raise InvalidParameterError(f"session {token} is completed; tune 'rounds' to train further")
             head = self._head(db, session)
             checkpoint = self._latest_checkpoint(db, session)
+            trained = checkpoint.checkpoint["round"] if checkpoint is not None else 0
+            if session.state == "completed" and trained >= head.spec["rounds"]:
+                raise InvalidParameterError(
+                    f"session {token} completed all {head.spec['rounds']} rounds; tune 'rounds' to train further"
+                )
             if checkpoint is not None:
                 recorded = checkpoint.checkpoint
                 recomputed = checkpoints.root_of(recorded["leaves"])
@@ -762,7 +810,10 @@ class Controller:
     def _apply_report(self, db: Session, caller: Caller, index: int, report: Any) -> None:
         if not isinstance(report, dict) or not isinstance(report.get("session"), str):
             raise InvalidParameterError(f"reports[{index}] must be a mapping with a 'session' token")
-        session = db.scalar(select(JobSession).where(JobSession.token == report["session"]))
+        # Row lock (PostgreSQL): reports about one session are applied one at a time, so the last
+        # two recipients reporting a checkpoint at once cannot each miss the other's report.
+        # (SQLite already admits one writer at a time.)
+        session = db.scalar(select(JobSession).where(JobSession.token == report["session"]).with_for_update())
         if session is None:
             return  # a session this controller never had (or lost): ignore, the agent will stop it
         participant = db.scalar(

@@ -60,6 +60,8 @@ log = logging.getLogger("confide.party")
 MAX_WEIGHTS_IN_REPORT = 10_000
 #: Fault injection (tests only): the party process exits abruptly once it has opened this round.
 _FAULT_EXIT_ROUND = int(os.environ["CONFIDE_FAULT_EXIT_ROUND"]) if os.environ.get("CONFIDE_FAULT_EXIT_ROUND") else None
+#: Fault injection (tests only): pause after every round, so a test can kill processes mid-job.
+_FAULT_ROUND_DELAY_S = float(os.environ.get("CONFIDE_FAULT_ROUND_DELAY_S") or 0)
 
 
 @dataclass
@@ -358,6 +360,8 @@ def run_party(
             _write_json(report_path, report)
             if on_round is not None:
                 on_round(entry)
+            if _FAULT_ROUND_DELAY_S:
+                time.sleep(_FAULT_ROUND_DELAY_S)
         report["status"] = "completed"
         report["protection"] = protection.report()
         report["weights"] = model.get_weights().tolist() if model.get_weights().size <= MAX_WEIGHTS_IN_REPORT else None
