@@ -272,3 +272,36 @@ def test_bad_specs_are_refused_with_the_field_named(deployment, tmp_path):
     refused = cli(deployment, "alice", "job", "submit", str(path))
     assert refused.returncode == 2 and "clinic-z" in refused.stderr
     assert cli(deployment, "alice", "job", "list").stdout.strip() == "(none)"
+
+
+def test_a_party_added_by_tuning_joins_from_the_checkpoint(deployment):
+    deployment.grant_all("alice")
+    spec = job("grow", rounds=4)
+    spec["fl_data"]["participants"].pop("hospital-c")
+    with deployment.client("alice") as alice:
+        token = alice.submit(spec)["session"]
+        assert deployment.wait_session(token, "alice")["state"] == "completed"
+        tuned = alice.tune(token, settings={"rounds": 6}, add_parties={"hospital-c": {"dataset": "breast-cancer"}})
+        # The new party gets its whole configuration; the others only what changed for them.
+        assert tuned["deltas"]["hospital-c"][0]["path"] == []
+        routing = tuned["deltas"]["hospital-c"][0]["value"]["routing"]
+        assert routing == alice.entry(token, 1)["configs"]["hospital-a"]["routing"]  # the same routes
+        changed = {tuple(op["path"]) for op in tuned["deltas"]["hospital-a"]}
+        assert ("spec", "rounds") in changed and ("spec", "parties") in changed
+        assert alice.resume(token)["resume_round"] == 4
+        status = deployment.wait_session(token, "alice")
+        assert status["state"] == "completed", status
+        run = status["run"]
+    weights = final_weights(deployment, token, run)
+    assert sorted(weights) == PARTIES
+    joined = json.loads(
+        (
+            deployment.workdir / "parties" / "hospital-c" / "sessions" / token / f"run-{run}" / "hospital-c.report.json"
+        ).read_text()
+    )
+    assert joined["bootstrap"]["joining"] == ["hospital-c"]
+    assert [r["round"] for r in joined["rounds"]] == [5, 6]
+    # The joiner received the checkpointed model through the secagg aggregation (fixed point), so it
+    # ends where the others do, to that precision.
+    np.testing.assert_allclose(weights["hospital-c"], weights["hospital-a"], atol=1e-6)
+    np.testing.assert_array_equal(weights["hospital-a"], weights["hospital-b"])

@@ -38,7 +38,7 @@ class AggregatorWorker:
         self._lock = threading.Lock()
         core.completion_listeners.append(self._completed)
 
-    def start(self, session: str, run: int, config: dict, resume_round: int, directory: Path) -> None:
+    def start(self, session: str, run: int, config: dict, resume_round: int, directory: Path, joining=()) -> None:
         """Configure the core for run ``run`` of ``session``."""
         job = runtime_job_id(config["job_id"], run)
         self.core.configure_job(

@@ -54,6 +54,7 @@ def _parser() -> argparse.ArgumentParser:
     party.add_argument("--runtime-job-id", default=None, help="job id at the aggregator (one per run)")
     party.add_argument("--resume-round", type=int, default=0, help="continue after this checkpointed round")
     party.add_argument("--datasets", default=None, help="this party's dataset catalog (FL_Data jobs)")
+    party.add_argument("--joining", default="", help="parties without the resume checkpoint (comma-separated)")
 
     run = commands.add_parser("run", help="run a job on a local federation (aggregator + parties as processes)")
     run.add_argument("job", help="job specification (YAML or JSON)")
@@ -174,6 +175,7 @@ def _party(args) -> int:
         checkpoint_dir=args.checkpoints,
         resume_round=args.resume_round,
         catalog=catalog,
+        joining=_names(args.joining),
     )
     logging.getLogger("confide.party").info(
         "%s: %s after %d rounds", args.party, report["status"], len(report["rounds"])

@@ -44,8 +44,13 @@ class RunState(dict):
 class Worker(Protocol):
     """Role-specific part of an agent."""
 
-    def start(self, session: str, run: int, config: dict, resume_round: int, directory: Path) -> None:
-        """Start (or adopt) run ``run`` of ``session`` with ``config``, after ``resume_round``."""
+    def start(
+        self, session: str, run: int, config: dict, resume_round: int, directory: Path, joining: list[str]
+    ) -> None:
+        """Start (or adopt) run ``run`` of ``session`` with ``config``, after ``resume_round``.
+
+        ``joining``: parties of this run that hold no checkpoint (added by tuning).
+        """
 
     def stop(self, session: str) -> None:
         """Stop whatever runs for ``session``."""
@@ -233,4 +238,5 @@ class Agent:
             self._runs[session] = run
             # The resume point was recorded already; report only checkpoints this run writes.
             self._reported_checkpoints[session] = resume_round
-            self.worker.start(session, run, config, resume_round, self.session_dir(session))
+            joining = instruction.get("joining") or []
+            self.worker.start(session, run, config, resume_round, self.session_dir(session), joining)

@@ -475,7 +475,7 @@ class Controller:
                         name=name,
                         role=config["role"],
                         applied_seq=0,
-                        run=0,
+                        run=1,  # a member of the first run
                         status="pending",
                         round=0,
                         error="",
@@ -616,8 +616,12 @@ class Controller:
             if checkpoint is not None
             else f"{why}: run {session.run} starts from round 0 (no checkpoint recorded)"
         )
+        members = self._head(db, session).configs
         for participant in db.scalars(select(Participant).where(Participant.session_id == session.id)):
-            # Nothing reported about an earlier run may count for this one.
+            # The run's members are the recipients configured now; nothing reported about an
+            # earlier run may count for this one.
+            if participant.name in members:
+                participant.run = session.run
             participant.verification, participant.checkpoints, participant.result = {}, {}, {}
             participant.status, participant.error = "pending", ""
 
@@ -825,9 +829,8 @@ class Controller:
         if isinstance(applied, int) and 0 <= applied <= session.head_seq:
             participant.applied_seq = max(participant.applied_seq, applied)
         run = report.get("run")
-        if run != session.run:
-            return  # a report about an earlier run: its progress no longer matters
-        participant.run = run
+        if run != session.run or participant.run != session.run:
+            return  # about an earlier run, or from a recipient that is not a member of this one
         status = report.get("status")
         if status in ("running", "completed", "failed", "stopped", "verified"):
             participant.status = status
@@ -859,9 +862,11 @@ class Controller:
             self._maybe_finished(db, session, caller)
 
     def _recipients(self, db: Session, session: JobSession) -> dict[str, Participant]:
-        head = self._head(db, session)
-        rows = db.scalars(select(Participant).where(Participant.session_id == session.id))
-        return {p.name: p for p in rows if p.name in head.configs}
+        """The members of the session's current run (a party added by tuning joins at the next run)."""
+        rows = db.scalars(
+            select(Participant).where(Participant.session_id == session.id, Participant.run == session.run)
+        )
+        return {p.name: p for p in rows}
 
     def _maybe_checkpoint(self, db: Session, session: JobSession, round_number: int) -> None:
         recipients = self._recipients(db, session)
@@ -937,8 +942,15 @@ class Controller:
             session.state = "failed"
             session.message = "; ".join(f"{p.name}: {p.error}" for p in failed)[:4000]
         elif parties and all(p.run == session.run and p.status == "completed" for p in parties):
+            spec = self._head(db, session).spec
+            latest = self._latest_checkpoint(db, session)
+            final = latest is not None and latest.checkpoint["run"] == session.run
+            if spec.get("checkpoint_interval") and not (final and latest.checkpoint["round"] == spec["rounds"]):
+                return  # completed once the last round's checkpoint is recorded (every recipient reported it)
             session.state = "completed"
-            session.message = f"run {session.run} completed"
+            session.message = f"run {session.run} completed" + (
+                f"; checkpoint of round {spec['rounds']} recorded" if spec.get("checkpoint_interval") else ""
+            )
 
     def _instruction(self, db: Session, participant: Participant, session: JobSession) -> dict | None:
         head = self._head(db, session)
@@ -969,9 +981,11 @@ class Controller:
         waiting = [
             p.name
             for p in self._recipients(db, session).values()
-            if p.role == cfg.ROLE_AGGREGATOR and p.run != session.run
+            if p.role == cfg.ROLE_AGGREGATOR and p.status == "pending"
         ]
-        if session.state == "running" and participant.role == cfg.ROLE_PARTY and waiting:
+        if participant.run != session.run and session.state in ACTIVE:
+            instruction["command"] = "none"  # added by tuning: joins at the session's next run
+        elif session.state == "running" and participant.role == cfg.ROLE_PARTY and waiting:
             # Parties start a run only once every aggregator node runs it (routes, timeouts, checkpoints).
             instruction["command"] = "none"
         elif session.state == "running":
@@ -979,7 +993,15 @@ class Controller:
             instruction["resume_round"] = session.resume_round
             checkpoint = self._latest_checkpoint(db, session) if session.resume_round else None
             if checkpoint is not None and checkpoint.checkpoint["round"] == session.resume_round:
-                instruction["resume_files"] = checkpoint.checkpoint["leaves"].get(participant.name)
+                leaves = checkpoint.checkpoint["leaves"]
+                instruction["resume_files"] = leaves.get(participant.name)
+                # Parties added since the checkpoint hold none of it: they join through one
+                # protected bootstrap aggregation of the checkpointed model (docs/controller.md).
+                instruction["joining"] = sorted(
+                    name
+                    for name, config in self._head(db, session).configs.items()
+                    if config.get("role") == cfg.ROLE_PARTY and name not in leaves
+                )
         elif session.state == "verifying":
             checkpoint = self._latest_checkpoint(db, session)
             instruction["command"] = "verify"

@@ -60,7 +60,7 @@ class PartyWorker:
         self._processes: dict[str, tuple[int, subprocess.Popen, Path]] = {}
         self._lock = threading.Lock()
 
-    def start(self, session: str, run: int, config: dict, resume_round: int, directory: Path) -> None:
+    def start(self, session: str, run: int, config: dict, resume_round: int, directory: Path, joining=()) -> None:
         """Start run ``run``: stop any other run of the session first."""
         self.stop(session)
         run_dir = directory / f"run-{run}"
@@ -92,6 +92,8 @@ class PartyWorker:
         ]
         if self.catalog_path is not None:
             command += ["--datasets", str(self.catalog_path)]
+        if joining and resume_round:
+            command += ["--joining", ",".join(joining)]
         log_file = open(run_dir / "party.log", "ab")  # noqa: SIM115 - owned by the child
         env = {**os.environ, **self.extra_env}
         process = subprocess.Popen(

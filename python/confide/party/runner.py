@@ -259,6 +259,7 @@ def run_party(
     checkpoint_dir: str | os.PathLike | None = None,
     resume_round: int = 0,
     catalog=None,
+    joining: list[str] | tuple[str, ...] = (),
 ) -> dict:
     """Run this party's side of a job to the end; returns (and writes) its report.
 
@@ -266,6 +267,10 @@ def run_party(
     gives each run of a session its own). ``checkpoint_dir``: where interval checkpoints go
     (default ``<workdir>/<party>.checkpoints``). ``resume_round``: continue after this checkpointed
     round. ``catalog``: the party's datasets, for jobs that provision data as FL_Data.
+    ``joining``: parties of a resumed run that hold no checkpoint (added by tuning); before
+    round ``resume_round + 1`` every party runs one bootstrap aggregation in which the holders
+    contribute ``w / holders`` and the joiners zeros, so the joiners receive the checkpointed
+    model ``w`` through the job's own protection (exact in plain; to its precision otherwise).
     """
     if party_id not in spec.parties:
         raise JobFailedError(f"party {party_id!r} is not in the job's parties {spec.parties}")
@@ -284,8 +289,10 @@ def run_party(
     )
     model.initialize(data.X.shape[1])
     first_round = 1
+    joining = [p for p in joining if p in spec.parties]
     if resume_round:
-        model.set_weights(_load_checkpoint(checkpoint_dir, resume_round, data.X.shape[1]))
+        if party_id not in joining:
+            model.set_weights(_load_checkpoint(checkpoint_dir, resume_round, data.X.shape[1]))
         first_round = resume_round + 1
     _drop_later_checkpoints(checkpoint_dir, resume_round)
     report = {
@@ -334,6 +341,24 @@ def run_party(
         report["protection"] = protection.report()
         participants = list(spec.parties)
         slice_length = slice_length_for(spec.transport.slice_bytes)
+        if resume_round and joining:
+            holders = [p for p in spec.parties if p not in joining]
+            if not holders:
+                raise JobFailedError("every party is joining: nobody holds the checkpointed model")
+            weights = model.get_weights()
+            share = weights / len(holders) if party_id in holders else np.zeros_like(weights)
+            context = RoundContext(
+                round=resume_round,
+                attempt=0,
+                participants=participants,
+                party_id=party_id,
+                vector_length=share.size,
+                slice_length=slice_length,
+            )
+            aggregate, _ = _run_attempt(protection, exchange, client, context, share, spec)
+            if party_id in joining:
+                model.set_weights(np.asarray(aggregate, dtype=np.float64))
+            report["bootstrap"] = {"round": resume_round, "joining": joining, "holders": holders}
         index = spec.parties.index(party_id)
         for round_number in range(first_round, spec.rounds + 1):
             current = {"round": round_number}

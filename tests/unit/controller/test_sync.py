@@ -173,11 +173,21 @@ def test_resume_with_a_changed_file_is_refused_naming_it(controller, running):
 def test_parties_completing_completes_the_session(controller, running):
     token, agents = running
     _start(token, agents)
-    agents["hospital-a"].sync(token, run=1, status="completed", round=10, result={"auc": 0.9})
+
+    def final(name):
+        return [{"round": 10, "files": _leaves(name, 10)}]
+
+    agents["hospital-a"].sync(
+        token, run=1, status="completed", round=10, result={"auc": 0.9}, checkpoints=final("hospital-a")
+    )
     assert controller.status(DEV, token)["state"] == "running"
-    agents["hospital-b"].sync(token, run=1, status="completed", round=10)
+    agents["hospital-b"].sync(token, run=1, status="completed", round=10, checkpoints=final("hospital-b"))
+    # Every party is done, but the aggregator has not reported the last round's checkpoint yet.
+    assert controller.status(DEV, token)["state"] == "running"
+    agents["aggregator"].sync(token, run=1, status="running", checkpoints=final("aggregator"))
     status = controller.status(DEV, token)
     assert status["state"] == "completed"
+    assert status["checkpoint"]["round"] == 10
     assert {p["name"]: p["result"] for p in status["participants"]}["hospital-a"] == {"auc": 0.9}
 
 
