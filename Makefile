@@ -49,6 +49,9 @@ $(NATIVE): $(STAMP) $(GMP) $(RUST_SRC) pyproject.toml
 
 demo: setup
 	$(VENV)/bin/confide run examples/breast_cancer.yaml --workdir reports/demo
+	@echo
+	@echo "== the same kind of job through the controller: grants, session, tuning, resume =="
+	$(PYTHON) examples/controller_demo.py --workdir reports/demo-controller
 
 test: test-rust test-python
 

@@ -301,13 +301,21 @@ def _job(args, client) -> int:
             f"  last checkpoint: round {status['checkpoint']['round']}, root {status['checkpoint']['root'][:16]}..."
             if status["checkpoint"]
             else "  no checkpoint yet",
-            _table(status["participants"], ["name", "role", "status", "run", "round", "applied_seq", "error"]),
+            _table(
+                [{**p, "auc": _auc(p)} for p in status["participants"]],
+                ["name", "role", "status", "run", "round", "applied_seq", "auc", "error"],
+            ),
         ]
         _print(args, status, "\n".join(line for line in text if line))
     else:
         rows = client.sessions()
         _print(args, rows, _table(rows, ["session", "job_id", "owner", "state", "run"]))
     return 0
+
+
+def _auc(participant: dict) -> str:
+    auc = (participant.get("result") or {}).get("test_auc")
+    return f"{auc:.4f}" if isinstance(auc, float) else ""
 
 
 def _final(status: dict) -> int:

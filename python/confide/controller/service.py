@@ -536,7 +536,7 @@ class Controller:
                 spec_data["fl_data"].pop("lineage", None)
         spec_data.pop("parties", None)
         spec = parse_job(spec_data)
-        self._check_access(caller, spec, "tune", f"session/{token}")
+        self._check_access(caller, spec, "tune-access", f"session/{token}")
         for _attempt in range(5):
             try:
                 return self._append_tuning(caller, token, spec, base_seq, _describe(settings, fl_data, add_parties))

@@ -46,7 +46,7 @@ def test_grant_allows_and_revoke_denies_again(controller, fed):
     with pytest.raises(DataAccessDeniedError, match="hospital-b/records"):
         controller.tune(DEV, token, settings={"model.learning_rate": 0.05})
     assert controller.status(DEV, token)["head_seq"] == head
-    assert _last(controller, "tune")["decision"] == "deny"
+    assert _last(controller, "tune-access")["decision"] == "deny"
     # Granting again restores access.
     fed.grant("hospital-b")
     assert controller.tune(DEV, token, settings={"model.learning_rate": 0.05})["seq"] == head + 1
