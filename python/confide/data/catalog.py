@@ -43,7 +43,8 @@ from typing import Any
 
 import numpy as np
 
-from confide.errors import ConfideError, InvalidParameterError
+from confide._checks import check_int
+from confide.errors import InvalidParameterError
 
 __all__ = ["Catalog", "Table"]
 
@@ -179,16 +180,6 @@ def _keys(where: str, entry: Mapping[str, Any], required: tuple[str, ...], optio
             raise InvalidParameterError(f"{where}.{key} is required")
 
 
-def _int(where: str, value: Any, low: int, high: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise InvalidParameterError(f"{where} must be an integer, got {value!r}")
-    value = int(value)
-    if value < low or (high is not None and value > high):
-        limit = f">= {low}" if high is None else f"in [{low}, {high}]"
-        raise InvalidParameterError(f"{where} must be {limit}, got {value}")
-    return value
-
-
 def _real(where: str, value: Any, low: float, high: float, *, low_open: bool = False, high_open: bool = False) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(float(value)):
         raise InvalidParameterError(f"{where} must be a finite real number, got {value!r}")
@@ -231,8 +222,8 @@ def _parse_entry(name: str, entry: Any, base_dir: Path) -> dict[str, Any]:
     spec: dict[str, Any] = {"source": source, "description": _str(f"{where}.description", entry.get("description", ""))}
     if source == "breast_cancer":
         _keys(where, entry, ("shard", "of"), (*_COMMON, "split", "skew", "test_fraction", "seed"))
-        spec["of"] = _int(f"{where}.of", entry["of"], 2, 50)
-        spec["shard"] = _int(f"{where}.shard", entry["shard"], 0, spec["of"] - 1)
+        spec["of"] = check_int(f"{where}.of", entry["of"], 2, 50)
+        spec["shard"] = check_int(f"{where}.shard", entry["shard"], 0, spec["of"] - 1)
         split = entry.get("split", "iid")
         if split not in ("iid", "label_skew"):
             raise InvalidParameterError(f"{where}.split must be 'iid' or 'label_skew', got {split!r}")
@@ -241,7 +232,7 @@ def _parse_entry(name: str, entry: Any, base_dir: Path) -> dict[str, Any]:
         spec["test_fraction"] = _real(
             f"{where}.test_fraction", entry.get("test_fraction", 0.2), 0.0, 0.5, low_open=True
         )
-        spec["seed"] = _int(f"{where}.seed", entry.get("seed", 0), 0)
+        spec["seed"] = check_int(f"{where}.seed", entry.get("seed", 0), 0)
     elif source == "synthetic":
         _keys(
             where,
@@ -249,10 +240,10 @@ def _parse_entry(name: str, entry: Any, base_dir: Path) -> dict[str, Any]:
             ("shard", "of", "samples", "features"),
             (*_COMMON, "alpha", "beta", "seed", "test_fraction"),
         )
-        spec["of"] = _int(f"{where}.of", entry["of"], 1, 100_000)
-        spec["shard"] = _int(f"{where}.shard", entry["shard"], 0, spec["of"] - 1)
-        spec["features"] = _int(f"{where}.features", entry["features"], 1, _MAX_SYNTHETIC_FEATURES)
-        spec["samples"] = _int(f"{where}.samples", entry["samples"], 10 * spec["of"], 1_000_000_000)
+        spec["of"] = check_int(f"{where}.of", entry["of"], 1, 100_000)
+        spec["shard"] = check_int(f"{where}.shard", entry["shard"], 0, spec["of"] - 1)
+        spec["features"] = check_int(f"{where}.features", entry["features"], 1, _MAX_SYNTHETIC_FEATURES)
+        spec["samples"] = check_int(f"{where}.samples", entry["samples"], 10 * spec["of"], 1_000_000_000)
         if (spec["samples"] // spec["of"] + spec["of"]) * spec["features"] > _MAX_SYNTHETIC_ENTRIES:
             raise InvalidParameterError(
                 f"{where}: samples // of * features must be <= {_MAX_SYNTHETIC_ENTRIES}, got "
@@ -260,7 +251,7 @@ def _parse_entry(name: str, entry: Any, base_dir: Path) -> dict[str, Any]:
             )
         spec["alpha"] = _real(f"{where}.alpha", entry.get("alpha", 1.0), 0.0, 1e6)
         spec["beta"] = _real(f"{where}.beta", entry.get("beta", 1.0), 0.0, 1e6)
-        spec["seed"] = _int(f"{where}.seed", entry.get("seed", 0), 0)
+        spec["seed"] = check_int(f"{where}.seed", entry.get("seed", 0), 0)
         spec["test_fraction"] = _real(f"{where}.test_fraction", entry.get("test_fraction", 0.1), 0.0, 0.5)
     elif source == "csv":
         _keys(where, entry, ("path",), (*_COMMON, "delimiter"))
@@ -284,63 +275,18 @@ def _parse_entry(name: str, entry: Any, base_dir: Path) -> dict[str, Any]:
     return spec
 
 
-def _breast_cancer_shard_rows(y: np.ndarray, spec: Mapping[str, Any]) -> np.ndarray:
-    """Row indices of party ``shard``, drawn exactly as :func:`breast_cancer_federation` draws them.
-
-    The generator and the order of its draws follow that function step by step; the caller
-    checks the result against the function's own output.
-    """
-    parties, shard = spec["of"], spec["shard"]
-    rng = np.random.default_rng(spec["seed"])
-    train_by_class = []
-    for c in (0, 1):
-        idx = rng.permutation(np.flatnonzero(y == c))
-        k = max(1, round(spec["test_fraction"] * idx.size))
-        train_by_class.append(idx[k:])
-    if spec["split"] == "iid":
-        train = rng.permutation(np.concatenate(train_by_class))
-        return np.array_split(train, parties)[shard]
-    from confide.data.datasets import MIN_ROWS_PER_CLASS
-
-    groups = [np.arange(c, parties, 2) for c in (0, 1)]
-    owner_lists: list[list[np.ndarray]] = [[] for _ in range(parties)]
-    for c, idx in enumerate(train_by_class):
-        reserved = MIN_ROWS_PER_CLASS * parties
-        for p in range(parties):
-            owner_lists[p].append(idx[p:reserved:parties])
-        rest = idx[reserved:]
-        to_major = rng.random(rest.size) < spec["skew"]
-        group = np.where(to_major, c, 1 - c)
-        pick = rng.random(rest.size)
-        owner = np.where(
-            group == 0,
-            groups[0][(pick * groups[0].size).astype(np.int64)],
-            groups[1][(pick * groups[1].size).astype(np.int64)],
-        )
-        for p in range(parties):
-            owner_lists[p].append(rest[owner == p])
-    shares = [rng.permutation(np.concatenate(lists)) for lists in owner_lists]
-    return shares[shard]
-
-
 def _load_breast_cancer(name: str, spec: Mapping[str, Any]) -> Table:
     from confide.data import datasets
 
-    # Validates the arguments (label_skew limits included) and gives the reference shard.
+    # Validates the arguments (label_skew limits included) and deals the rows: this party's
+    # shard is exactly its part of breast_cancer_federation, served raw (unscaled).
     fed = datasets.breast_cancer_federation(
         spec["of"], split=spec["split"], skew=spec["skew"], test_fraction=spec["test_fraction"], seed=spec["seed"]
     )
     data = datasets._load_breast_cancer()
     raw = np.asarray(data.data, dtype=np.float64)
     y = np.asarray(data.target, dtype=np.int64)
-    rows = _breast_cancer_shard_rows(y, spec)
-    _, lo, hi = datasets.breast_cancer_feature_ranges()
-    ref_X, ref_y = fed.parts[spec["shard"]]
-    if not (np.array_equal(np.clip((raw[rows] - lo) / (hi - lo), 0.0, 1.0), ref_X) and np.array_equal(y[rows], ref_y)):
-        raise ConfideError(
-            f"datasets.{name}: the raw breast cancer shard does not match breast_cancer_federation's "
-            f"parts[{spec['shard']}] (the split algorithm in confide.data.datasets changed)"
-        )
+    rows = fed.part_rows[spec["shard"]]
     columns = {str(f).replace(" ", "_"): raw[rows, j] for j, f in enumerate(data.feature_names)}
     columns["diagnosis"] = y[rows]
     return Table(columns)

@@ -45,7 +45,7 @@ from __future__ import annotations
 import math
 import numbers
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -92,12 +92,16 @@ class Federation:
         Column names, in order.
     description : str
         One line saying how the data were split.
+    part_rows : list of numpy.ndarray
+        Row indices of each part in the source data's own order (a party's catalog uses them
+        to serve its raw, unscaled rows). Empty for data sets without a source order.
     """
 
     parts: list[tuple[np.ndarray, np.ndarray]]
     test: tuple[np.ndarray, np.ndarray]
     feature_names: list[str]
     description: str
+    part_rows: list[np.ndarray] = field(default_factory=list)
 
 
 _STAT_SUFFIX = {"mean": "mean {}", "standard error": "{} error", "worst": "worst {}"}
@@ -288,7 +292,9 @@ def breast_cancer_federation(
         f"{n_train} training rows, {test.size} held-out test rows (stratified, test_fraction {test_fraction}), "
         f"features min-max scaled with the published ranges, seed {seed}"
     )
-    return Federation(parts=parts, test=(X[test], y[test]), feature_names=names, description=description)
+    return Federation(
+        parts=parts, test=(X[test], y[test]), feature_names=names, description=description, part_rows=list(shares)
+    )
 
 
 # ---------------------------------------------------------------------- synthetic

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from confide._checks import check_int
 from confide.data.catalog import Table, check_dataset_name
 from confide.errors import InvalidParameterError
 
@@ -80,16 +81,6 @@ def _keys(where: str, value: Any, required: Sequence[str], optional: Sequence[st
     for key in required:
         if key not in value:
             raise InvalidParameterError(f"{where}.{key} is required")
-    return value
-
-
-def _int(where: str, value: Any, low: int, high: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise InvalidParameterError(f"{where} must be an integer, got {value!r}")
-    value = int(value)
-    if value < low or (high is not None and value > high):
-        limit = f">= {low}" if high is None else f"in [{low}, {high}]"
-        raise InvalidParameterError(f"{where} must be {limit}, got {value}")
     return value
 
 
@@ -180,7 +171,7 @@ def _participant_fields(where: str, dataset: Any, fraction: Any, test_fraction: 
     test_fraction = _finite(f"{where}.test_fraction", test_fraction)
     if not 0.0 <= test_fraction <= _MAX_TEST_FRACTION:
         raise InvalidParameterError(f"{where}.test_fraction must be in [0, {_MAX_TEST_FRACTION}], got {test_fraction}")
-    seed = _int(f"{where}.seed", seed, 0, 2**63 - 1)
+    seed = check_int(f"{where}.seed", seed, 0, 2**63 - 1)
     return {"dataset": dataset, "fraction": fraction, "test_fraction": test_fraction, "seed": seed}
 
 
@@ -518,7 +509,7 @@ def _apply(states: Sequence[_State], operation: str, args: Any) -> tuple[_State,
         canon_insert = None
         if insert is not None:
             ins = _keys("pipeline_shaping.insert", insert, ("index", "step"))
-            index = _int("pipeline_shaping.insert.index", ins["index"], 0, len(steps))
+            index = check_int("pipeline_shaping.insert.index", ins["index"], 0, len(steps))
             step = Step.from_value(ins["step"], "pipeline_shaping.insert.step")
             steps.insert(index, step)
             canon_insert = {"index": index, "step": step.to_dict()}
@@ -540,14 +531,14 @@ def _apply(states: Sequence[_State], operation: str, args: Any) -> tuple[_State,
         return state, {"name": a["name"], "step": step.to_dict()}
     if operation == "rollback":
         a = _keys("rollback", args, ("version",))
-        version = _int("rollback.version", a["version"], 0, len(states) - 1)
+        version = check_int("rollback.version", a["version"], 0, len(states) - 1)
         return states[version], {"version": version}
     if operation == "freeze":
         _keys("freeze", args, ())
         return _State(cur.participants, cur.label, cur.pipeline, True), {}
     if operation == "merge":
         a = _keys("merge", args, ("ancestor", "other", "state"))
-        ancestor = _int("merge.ancestor", a["ancestor"], 0, len(states) - 1)
+        ancestor = check_int("merge.ancestor", a["ancestor"], 0, len(states) - 1)
         other = a["other"]
         if not isinstance(other, str) or not re.fullmatch(r"[0-9a-f]{64}", other):
             raise InvalidParameterError(f"merge.other must be a sha256 hex fingerprint, got {other!r}")

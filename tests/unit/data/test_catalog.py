@@ -5,8 +5,7 @@ import pytest
 from sklearn.datasets import load_breast_cancer
 
 from confide.data import Catalog, Table, breast_cancer_feature_ranges, breast_cancer_federation, synthetic_lr
-from confide.data import catalog as catalog_module
-from confide.errors import ConfideError, InvalidParameterError
+from confide.errors import InvalidParameterError
 
 # ---------------------------------------------------------------------- Table
 
@@ -81,14 +80,6 @@ def test_breast_cancer_shard_equals_federation_part(of, split, seed):
     # the raw values are the data set's own (unscaled) rows
     data = load_breast_cancer()
     assert {r.tobytes() for r in raw} <= {r.tobytes() for r in np.asarray(data.data, dtype=np.float64)}
-
-
-def test_breast_cancer_mismatch_is_detected(monkeypatch):
-    real = catalog_module._breast_cancer_shard_rows
-    monkeypatch.setattr(catalog_module, "_breast_cancer_shard_rows", lambda y, spec: real(y, spec)[::-1])
-    cat = Catalog.from_mapping({"datasets": {"bc": {"source": "breast_cancer", "shard": 0, "of": 3}}})
-    with pytest.raises(ConfideError, match="does not match breast_cancer_federation"):
-        cat.table("bc")
 
 
 def test_breast_cancer_label_skew_limit_is_reported():
