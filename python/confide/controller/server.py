@@ -61,7 +61,12 @@ class ControllerServer:
         self.controller = Controller(self.store, alive_s=alive_s)
         app = create_app(self.controller, ca_pem=identity.ca_pem)
         host, _, port = address.rpartition(":")
-        self.socket = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY only on sockets created with it, and
+        # without it every response (head and body go as two TLS records) waits ~40 ms for the
+        # client's delayed ACK (Nagle). Measured by benchmarks/controller_bench.py.
+        self.socket = socket.socket(
+            socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP
+        )
         self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.socket.bind((host.strip("[]") or "127.0.0.1", int(port)))
         self.port = self.socket.getsockname()[1]

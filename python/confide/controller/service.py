@@ -953,6 +953,17 @@ class Controller:
             )
 
     def _instruction(self, db: Session, participant: Participant, session: JobSession) -> dict | None:
+        if session.state not in ACTIVE and participant.applied_seq == session.head_seq:
+            # Settled: nothing to push, nothing to start. Cheap, so an agent with many finished
+            # sessions (the aggregator) does not pay for their logs on every heartbeat.
+            command = "none" if session.state == "completed" else "stop"
+            return {
+                "session": session.token,
+                "job_id": session.job_id,
+                "seq": session.head_seq,
+                "run": session.run,
+                "command": command,
+            }
         head = self._head(db, session)
         config = head.configs.get(participant.name)
         instruction: dict[str, Any] = {"session": session.token, "job_id": session.job_id, "seq": head.seq}
