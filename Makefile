@@ -72,6 +72,7 @@ bench: setup
 		|| echo "sf-heu==0.5.2b0 does not install here: HEU anchors will be skipped"
 	$(PYTHON) benchmarks/crypto_bench.py
 	$(PYTHON) benchmarks/runtime_bench.py
+	$(PYTHON) benchmarks/controller_bench.py --stores sqlite,postgres
 
 lint: setup
 	cargo clippy --workspace --all-targets --release -- -D warnings
