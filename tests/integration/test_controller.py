@@ -275,7 +275,7 @@ def test_bad_specs_are_refused_with_the_field_named(deployment, tmp_path):
 
 def test_a_party_added_by_tuning_joins_from_the_checkpoint(deployment):
     deployment.grant_all("alice")
-    spec = job("grow", rounds=4)
+    spec = job("grow", rounds=4, metrics=["loss", "auc", "accuracy"])
     spec["fl_data"]["participants"].pop("hospital-c")
     with deployment.client("alice") as alice:
         token = alice.submit(spec)["session"]
@@ -299,6 +299,8 @@ def test_a_party_added_by_tuning_joins_from_the_checkpoint(deployment):
         ).read_text()
     )
     assert joined["bootstrap"]["joining"] == ["hospital-c"]
+    # metrics: [loss, auc, accuracy] were asked for; every round reports them.
+    assert all("test_auc" in r and 0.5 < r["test_accuracy"] <= 1.0 for r in joined["rounds"])
     assert [r["round"] for r in joined["rounds"]] == [5, 6]
     # The joiner received the checkpointed model through the secagg aggregation (fixed point), so it
     # ends where the others do, to that precision.

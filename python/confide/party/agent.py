@@ -178,5 +178,6 @@ def _result(report: dict) -> dict:
         "rounds": len(report.get("rounds") or []),
         "train_loss": last.get("train_loss"),
         "test_auc": last.get("test_auc"),
+        "test_accuracy": last.get("test_accuracy"),
         "protection": (report.get("protection") or {}).get("mode"),
     }

@@ -457,10 +457,14 @@ def _train_and_aggregate(
         "bytes_received": client.bytes_received.get(round_number, 0),
         "stats": context.stats,
     }
-    if data.X_test is not None and len(np.unique(data.y_test)) == 2:
+    # Metrics on the party's local held-out rows (train loss is always reported).
+    if data.X_test is not None and "auc" in spec.metrics and len(np.unique(data.y_test)) == 2:
         from sklearn.metrics import roc_auc_score
 
         entry["test_auc"] = float(roc_auc_score(data.y_test, model.decision_function(data.X_test)))
+    if data.X_test is not None and "accuracy" in spec.metrics and len(data.y_test):
+        predicted = model.decision_function(data.X_test) > 0
+        entry["test_accuracy"] = float(np.mean(predicted == (np.asarray(data.y_test) > 0.5)))
     weights = model.get_weights()
     if weights.size <= MAX_WEIGHTS_IN_REPORT:
         entry["weights"] = weights.tolist()
