@@ -98,6 +98,7 @@ class Controller:
         self.store = store
         #: A party or aggregator not heard from for this long is reported as offline.
         self.alive_s = alive_s
+        self._digests: dict[tuple[int, int, str], str] = {}
 
     # ------------------------------------------------------------------ identities and metadata
 
@@ -952,6 +953,20 @@ class Controller:
                 f"; checkpoint of round {spec['rounds']} recorded" if spec.get("checkpoint_interval") else ""
             )
 
+    def _digest(self, db: Session, session: JobSession, name: str) -> str | None:
+        """Digest of ``name``'s configuration at the session's head entry (cached; entries never change)."""
+        key = (session.id, session.head_seq, name)
+        digest = self._digests.get(key)
+        if digest is None:
+            config = self._head(db, session).configs.get(name)
+            if config is None:
+                return None
+            digest = cfg.config_digest(config)
+            if len(self._digests) >= 100_000:
+                self._digests.clear()
+            self._digests[key] = digest
+        return digest
+
     def _instruction(self, db: Session, participant: Participant, session: JobSession) -> dict | None:
         if session.state not in ACTIVE and participant.applied_seq == session.head_seq:
             # Settled: nothing to push, nothing to start. Cheap, so an agent with many finished
@@ -964,6 +979,26 @@ class Controller:
                 "run": session.run,
                 "command": command,
             }
+        if (
+            session.state == "running"
+            and participant.applied_seq == session.head_seq
+            and participant.run == session.run
+            and participant.status in ("running", "completed")
+        ):
+            # Steady state of a running session: the recipient has the configuration and has
+            # started this run, so it only needs to hear "keep running" (agents ignore a run
+            # command for a run they started). Entries are immutable, so the digest is cached.
+            digest = self._digest(db, session, participant.name)
+            if digest is not None:
+                return {
+                    "session": session.token,
+                    "job_id": session.job_id,
+                    "seq": session.head_seq,
+                    "run": session.run,
+                    "command": "run",
+                    "resume_round": session.resume_round,
+                    "config_sha256": digest,
+                }
         head = self._head(db, session)
         config = head.configs.get(participant.name)
         instruction: dict[str, Any] = {"session": session.token, "job_id": session.job_id, "seq": head.seq}

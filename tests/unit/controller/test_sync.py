@@ -152,7 +152,9 @@ def test_resume_verifies_the_checkpoint_then_runs(controller, running):
     status = controller.status(DEV, token)
     assert status["state"] == "running", status["message"]
     assert "verified" in status["message"]
-    instruction = agents["hospital-b"].sync(token, run=2, status="running")
+    instruction = agents["hospital-b"].sync(
+        token, run=2, status="verified"
+    )  # not started yet: it needs the resume files
     assert instruction["command"] == "run" and instruction["resume_round"] == 5
     assert instruction["resume_files"] == _leaves("hospital-b", 5)
 
