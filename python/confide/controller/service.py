@@ -470,22 +470,9 @@ class Controller:
                 note="job submitted",
             )
             for name, config in configs.items():
-                db.add(
-                    Participant(
-                        session_id=session.id,
-                        name=name,
-                        role=config["role"],
-                        applied_seq=0,
-                        run=1,  # a member of the first run
-                        status="pending",
-                        round=0,
-                        error="",
-                        checkpoints={},
-                        verification={},
-                        result={},
-                        updated_at=now,
-                    )
-                )
+                member = _participant(session.id, name, config["role"])
+                member.run = 1  # a member of the first run
+                db.add(member)
         return {"session": token, "job_id": spec.job_id, "seq": 1, "state": "running"}
 
     def tune(
