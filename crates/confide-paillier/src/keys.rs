@@ -252,6 +252,9 @@ pub(crate) struct SecretParts {
     table_q: OnceLock<Result<BaseTable>>,
     #[cfg(target_arch = "x86_64")]
     pub(crate) ifma_moduli: OnceLock<Option<(crate::ifma::IfmaModulus, crate::ifma::IfmaModulus)>>,
+    /// Garner's recombination on the lanes, when both CRT tables run on IFMA.
+    #[cfg(target_arch = "x86_64")]
+    pub(crate) ifma_crt: OnceLock<Option<crate::ifma::IfmaCrt>>,
 }
 
 /// A Paillier private key: the factors p, q of n plus the public key.
@@ -374,6 +377,8 @@ impl DecryptionKey {
                 table_q: OnceLock::new(),
                 #[cfg(target_arch = "x86_64")]
                 ifma_moduli: OnceLock::new(),
+                #[cfg(target_arch = "x86_64")]
+                ifma_crt: OnceLock::new(),
             }),
         })
     }

@@ -9,6 +9,8 @@
 //!   and decrypts by CRT with h_p = −q⁻¹ mod p, h_q = −p⁻¹ mod q (§1.7), using
 //!   constant-time `mpz_powm_sec` for the secret exponents p − 1, q − 1.
 //! * Canonical big-endian wire formats with strict validation (§1.9).
+//! * Vertical-FL kernels: gradient histograms, cipher folding and bucket-method
+//!   multi-exponentiation on the 8-lane IFMA engine (`kernels.rs`).
 //!
 //! # Security
 //! k = 2048 gives 112-bit security, 3072 gives 128-bit (NIST SP 800-57); smaller
@@ -20,6 +22,7 @@
 mod error;
 #[cfg(target_arch = "x86_64")]
 mod ifma;
+mod kernels;
 mod keys;
 mod mont;
 mod ops;
@@ -29,6 +32,7 @@ mod vector;
 mod wire;
 
 pub use error::{Error, Result};
+pub use kernels::{MAX_DOT_BITS, MAX_FOLD_WIDTH, MAX_HISTOGRAM_BINS};
 
 /// Whether the 8-lane AVX-512 IFMA engine runs on this CPU (set
 /// `CONFIDE_DISABLE_IFMA=1` to force the GMP path).

@@ -3,7 +3,8 @@
 
 use crate::error::{Error, Result};
 use crate::keys::{DecryptionKey, EncryptionKey};
-use crate::random::{random_limbs, random_unit};
+use crate::random::{random_limbs_many, random_unit};
+use crate::table::BaseTable;
 use rug::Integer;
 
 /// A Paillier ciphertext: an integer c with 0 < c < n², in normal (not Montgomery) form.
@@ -82,7 +83,7 @@ impl EncryptionKey {
     /// (1 + m·n)·h_s^a for fresh a, from the fixed-base table (8 at a time with IFMA).
     pub(crate) fn encrypt_fixed_base_batch(&self, plaintexts: &[Integer]) -> Result<Vec<Ciphertext>> {
         let table = self.table()?;
-        let exponents = plaintexts.iter().map(|_| random_limbs(self.rand_bits())).collect::<Result<Vec<_>>>()?;
+        let exponents = random_limbs_many(plaintexts.len(), self.rand_bits())?;
         let factors: Vec<Integer> = plaintexts.iter().map(|m| g_of(self, m)).collect();
         let factors: Vec<&Integer> = factors.iter().collect();
         Ok(table.power_times(&exponents, &factors).into_iter().map(Ciphertext).collect())
@@ -203,13 +204,26 @@ impl DecryptionKey {
     pub(crate) fn encrypt_fixed_base_batch(&self, plaintexts: &[Integer]) -> Result<Vec<Ciphertext>> {
         let (table_p, table_q) = self.crt_tables()?;
         let public = &self.public;
-        let exponents = plaintexts.iter().map(|_| random_limbs(public.rand_bits())).collect::<Result<Vec<_>>>()?;
+        let exponents = random_limbs_many(plaintexts.len(), public.rand_bits())?;
         let g_m: Vec<Integer> = plaintexts.iter().map(|m| g_of(public, m)).collect();
-        let half = |table: &crate::table::BaseTable| {
-            let reduced: Vec<Integer> = g_m.iter().map(|g| Integer::from(g % table.modulus())).collect();
-            table.power_times(&exponents, &reduced.iter().collect::<Vec<_>>())
-        };
-        let (c_p, c_q) = (half(table_p), half(table_q));
+        let reduce = |table: &BaseTable| -> Vec<Integer> { g_m.iter().map(|g| Integer::from(g % table.modulus())).collect() };
+        let (g_p, g_q) = (reduce(table_p), reduce(table_q));
+        let (g_p, g_q): (Vec<&Integer>, Vec<&Integer>) = (g_p.iter().collect(), g_q.iter().collect());
+        #[cfg(target_arch = "x86_64")]
+        if let (BaseTable::Ifma(ifma_p), BaseTable::Ifma(ifma_q)) = (table_p, table_q) {
+            let s = &self.secret;
+            let crt = s.ifma_crt.get_or_init(|| crate::ifma::IfmaCrt::new(ifma_p, ifma_q, &s.q_squared_inverse_mod_p_squared));
+            if let Some(crt) = crt {
+                let lanes = crate::ifma::LANES;
+                return Ok(exponents
+                    .chunks(lanes)
+                    .zip(g_p.chunks(lanes).zip(g_q.chunks(lanes)))
+                    .flat_map(|(e, (f_p, f_q))| crt.power_times(ifma_p, ifma_q, e, f_p, f_q))
+                    .map(Ciphertext)
+                    .collect());
+            }
+        }
+        let (c_p, c_q) = (table_p.power_times(&exponents, &g_p), table_q.power_times(&exponents, &g_q));
         Ok(c_p.iter().zip(&c_q).map(|(p, q)| Ciphertext(self.combine_mod_n_squared(p, q))).collect())
     }
 

@@ -11,6 +11,7 @@ use pyo3::types::PyType;
 pub enum NativeError {
     Paillier(confide_paillier::Error),
     Codec(confide_codec::Error),
+    Psi(confide_psi::Error),
     /// A decrypted value is valid but outside int64.
     NotInt64 {
         index: usize,
@@ -25,6 +26,12 @@ impl From<confide_paillier::Error> for NativeError {
 impl From<confide_codec::Error> for NativeError {
     fn from(error: confide_codec::Error) -> Self {
         NativeError::Codec(error)
+    }
+}
+
+impl From<confide_psi::Error> for NativeError {
+    fn from(error: confide_psi::Error) -> Self {
+        NativeError::Psi(error)
     }
 }
 
@@ -49,6 +56,12 @@ fn class_name(error: &NativeError) -> &'static str {
             C::Malformed(_) => "WireFormatError",
             _ => "CryptoError",
         },
+        NativeError::Psi(e) => match e {
+            confide_psi::Error::InvalidParameter { .. } => "InvalidParameterError",
+            confide_psi::Error::InvalidPoint { .. } => "WireFormatError",
+            confide_psi::Error::DuplicateTag { .. } => "ProtocolError",
+            _ => "CryptoError",
+        },
         NativeError::NotInt64 { .. } => "EncodingError",
     }
 }
@@ -58,6 +71,7 @@ impl From<NativeError> for PyErr {
         let message = match &error {
             NativeError::Paillier(e) => e.to_string(),
             NativeError::Codec(e) => e.to_string(),
+            NativeError::Psi(e) => e.to_string(),
             NativeError::NotInt64 { index } => {
                 format!("decrypted value at index {index} does not fit in int64: use decrypt_integers for big plaintexts")
             }

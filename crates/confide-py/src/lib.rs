@@ -4,6 +4,7 @@
 //! errors once (errors.rs). The public Python API is `confide.crypto`.
 
 mod errors;
+mod psi;
 
 use confide_codec::params::{from_params, to_params, Codec};
 use confide_codec::{BatchCryptCodec, FlBoosterCodec, Quantizer};
@@ -552,6 +553,71 @@ impl PyCiphertextVector {
         vector.rerandomized = true;
         Ok(vector)
     }
+    /// Gradient histograms (SecureBoost): `bins` is a C-contiguous uint8 (F, N) array with
+    /// N = len(self); out[f*n_bins + b] sums self[r] over the `rows` r with bins[f, r] == b
+    /// (empty bins: the ciphertext 1). Bit-identical to the naive products mod n².
+    #[pyo3(signature = (bins, rows, n_bins, threads = 0))]
+    fn histogram(
+        &self,
+        py: Python<'_>,
+        bins: numpy::PyReadonlyArray2<'_, u8>,
+        rows: PyReadonlyArray1<'_, u32>,
+        n_bins: i64,
+        threads: usize,
+    ) -> PyResult<Self> {
+        use numpy::PyUntypedArrayMethods;
+        self.raw_only("histogram")?;
+        let n_bins = usize::try_from(n_bins).map_err(|_| invalid("n_bins", format!("must be in 1..=256, got {n_bins}")))?;
+        let (features, samples) = (bins.shape()[0], bins.shape()[1]);
+        if samples != self.ciphertexts.len() {
+            return Err(NativeError::from(confide_paillier::Error::LengthMismatch {
+                what: "bins (second axis: one column per ciphertext)",
+                expected: self.ciphertexts.len(),
+                found: samples,
+            })
+            .into());
+        }
+        if !bins.is_c_contiguous() {
+            return Err(invalid("bins", "array must be C-contiguous (F, N)"));
+        }
+        let bins = bins.as_slice().map_err(|_| invalid("bins", "array must be C-contiguous (F, N)"))?;
+        let rows = rows.as_slice().map_err(|_| invalid("rows", "array must be contiguous"))?;
+        let out = py.detach(|| threaded(threads, || Ok(self.key.histogram(&self.ciphertexts, bins, features, rows, n_bins)?)))?;
+        Ok(self.derived(out))
+    }
+    /// Cipher compression: each group of `per` consecutive ciphertexts becomes one holding
+    /// sum_j m_j * 2^(width*j) (first ciphertext in the lowest slot); per*width < key bits - 1.
+    #[pyo3(signature = (width, per, threads = 0))]
+    fn fold(&self, py: Python<'_>, width: i64, per: i64, threads: usize) -> PyResult<Self> {
+        self.raw_only("fold")?;
+        let width = u32::try_from(width).map_err(|_| invalid("width", format!("must be in 1..=1024, got {width}")))?;
+        let per = usize::try_from(per).map_err(|_| invalid("per", format!("must be at least 1, got {per}")))?;
+        let out = py.detach(|| threaded(threads, || Ok(self.key.fold(&self.ciphertexts, width, per)?)))?;
+        Ok(self.derived(out))
+    }
+    /// Encrypted matrix-vector product: `matrix` is a C-contiguous uint64 (F, N) array with
+    /// N = len(self) and entries < 2^bits; out[j] = prod_i self[i]^matrix[j, i] mod n^2.
+    #[pyo3(signature = (matrix, bits, threads = 0))]
+    fn dot_u64(&self, py: Python<'_>, matrix: numpy::PyReadonlyArray2<'_, u64>, bits: i64, threads: usize) -> PyResult<Self> {
+        use numpy::PyUntypedArrayMethods;
+        self.raw_only("dot_u64")?;
+        let bits = u32::try_from(bits).map_err(|_| invalid("bits", format!("must be in 1..=64, got {bits}")))?;
+        let (rows, columns) = (matrix.shape()[0], matrix.shape()[1]);
+        if columns != self.ciphertexts.len() {
+            return Err(NativeError::from(confide_paillier::Error::LengthMismatch {
+                what: "matrix (second axis: one column per ciphertext)",
+                expected: self.ciphertexts.len(),
+                found: columns,
+            })
+            .into());
+        }
+        if !matrix.is_c_contiguous() {
+            return Err(invalid("matrix", "array must be C-contiguous (F, N)"));
+        }
+        let matrix = matrix.as_slice().map_err(|_| invalid("matrix", "array must be C-contiguous (F, N)"))?;
+        let out = py.detach(|| threaded(threads, || Ok(self.key.dot_u64(&self.ciphertexts, matrix, rows, bits)?)))?;
+        Ok(self.derived(out))
+    }
     /// Ciphertext `index` as a big-endian integer (for interoperability).
     fn element_bytes<'py>(&self, py: Python<'py>, index: usize) -> PyResult<Bound<'py, PyBytes>> {
         let c =
@@ -693,6 +759,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(codec_layout_of, m)?)?;
     m.add("GMP_VERSION", gmp_version())?;
     m.add_function(wrap_pyfunction!(engine, m)?)?;
+    psi::register(m)?;
     Ok(())
 }
 

@@ -322,6 +322,37 @@ class EncryptedVector:
         """Raw vectors only: [[a_i + v_i]] for int64 values."""
         return EncryptedVector(self._native.add_plain_i64(_as_int64(values), threads))
 
+    def histogram(self, bins: np.ndarray, rows: np.ndarray, n_bins: int, *, threads: int = 0) -> EncryptedVector:
+        """Raw vectors only: per-feature bin sums (SecureBoost gradient histograms).
+
+        ``bins`` is an (F, N) array of bin indices in [0, n_bins) with N = ``num_ciphertexts``;
+        the result holds F * n_bins ciphertexts, feature-major: entry ``f * n_bins + b`` is the
+        sum of element r over the ``rows`` r with ``bins[f, r] == b`` (an empty bin is the
+        ciphertext 1, an encryption of 0). Re-randomize before sending it to the key holder,
+        who knows the inputs.
+        """
+        return EncryptedVector(
+            self._native.histogram(
+                _as_unsigned(bins, np.uint8, "bins", 2), _as_unsigned(rows, np.uint32, "rows", 1), n_bins, threads
+            )
+        )
+
+    def fold(self, width: int, per: int, *, threads: int = 0) -> EncryptedVector:
+        """Raw vectors only: pack ``per`` consecutive ciphertexts into one, ``width`` bits a slot.
+
+        Group j0..j(k-1) becomes sum_j m_j * 2**(width * j), the first value in the lowest slot;
+        exact while every m_j < 2**width. ``per * width`` must be below the key size minus 1.
+        """
+        return EncryptedVector(self._native.fold(width, per, threads))
+
+    def dot(self, matrix: np.ndarray, bits: int, *, threads: int = 0) -> EncryptedVector:
+        """Raw vectors only: encrypted matrix-vector product with unsigned exponents.
+
+        ``matrix`` is (F, N) with entries in [0, 2**bits), N = ``num_ciphertexts``; entry j of the
+        result encrypts sum_i matrix[j, i] * m_i mod n (bucket method, far faster than scalars).
+        """
+        return EncryptedVector(self._native.dot_u64(_as_unsigned(matrix, np.uint64, "matrix", 2), bits, threads))
+
     def ciphertext(self, index: int) -> int:
         """Ciphertext ``index`` as a Python int (for interoperability)."""
         return int.from_bytes(self._native.element_bytes(index), "big")
@@ -433,6 +464,20 @@ def _as_int64(values: np.ndarray) -> np.ndarray:
     if array.dtype.kind not in "iu":
         raise InvalidParameterError(f"values must be an integer numpy array, got dtype {array.dtype}")
     return np.ascontiguousarray(array.reshape(-1), dtype=np.int64)
+
+
+def _as_unsigned(values: np.ndarray, dtype: type, field: str, ndim: int) -> np.ndarray:
+    """A C-contiguous array of ``dtype``; integer input only, range-checked before the cast."""
+    array = np.asarray(values)
+    if array.ndim != ndim:
+        raise InvalidParameterError(f"{field} must be a {ndim}-dimensional array, got shape {array.shape}")
+    if array.dtype == dtype:
+        return np.ascontiguousarray(array)
+    if array.dtype.kind not in "iu":
+        raise InvalidParameterError(f"{field} must be an integer numpy array, got dtype {array.dtype}")
+    if array.size and (int(array.min()) < 0 or int(array.max()) > np.iinfo(dtype).max):
+        raise InvalidParameterError(f"{field} values must be in [0, {np.iinfo(dtype).max}]")
+    return np.ascontiguousarray(array, dtype=dtype)
 
 
 def _native_vector(vector: EncryptedVector) -> _native.CiphertextVector:
