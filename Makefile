@@ -52,6 +52,9 @@ demo: setup
 	@echo
 	@echo "== the same kind of job through the controller: grants, session, tuning, resume =="
 	$(PYTHON) examples/controller_demo.py --workdir reports/demo-controller
+	@echo
+	@echo "== vertical FL: the hospital holds the labels, the lab other columns; PSI, then SecureBoost =="
+	$(VENV)/bin/confide run examples/breast_cancer_secureboost.yaml --workdir reports/demo-vertical
 
 test: test-rust test-python
 
@@ -73,6 +76,8 @@ bench: setup
 	$(PYTHON) benchmarks/crypto_bench.py
 	$(PYTHON) benchmarks/runtime_bench.py
 	$(PYTHON) benchmarks/controller_bench.py --stores sqlite,postgres
+	$(PYTHON) benchmarks/vertical_bench.py
+	$(PYTHON) benchmarks/psi_bench.py --write
 
 lint: setup
 	cargo clippy --workspace --all-targets --release -- -D warnings

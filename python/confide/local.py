@@ -180,9 +180,14 @@ def run_local(
         federation.start_aggregator()
         for party in spec.parties:
             federation.start_party(party, (party_env or {}).get(party))
-        _follow(federation, progress, echo)
+        if spec.vertical:
+            _follow_vertical(federation, echo)
+        else:
+            _follow(federation, progress, echo)
     finally:
         federation.stop()
+    if spec.vertical:
+        return _vertical_report(federation, time.perf_counter() - started)
     reports = {p: federation.report_of(p) or {"status": "failed", "rounds": []} for p in spec.parties}
     completed = [r for r in reports.values() if r.get("status") == "completed"]
     final = set(completed[0]["rounds"][-1]["participants"]) if completed else set()
@@ -222,6 +227,64 @@ def _follow(federation: LocalFederation, progress: bool, echo) -> None:
             time.sleep(0.2)
     finally:
         bar.close()
+
+
+def _follow_vertical(federation: LocalFederation, echo) -> None:
+    """Print the guest's progress (PSI, then one line per tree or epoch) until every party exits."""
+    spec, shown, psi_shown = federation.spec, 0, False
+    unit = "tree" if spec.model.algorithm == "secureboost" else "epoch"
+    while True:
+        alive = [p for p in federation.parties.values() if p.poll() is None]
+        guest = federation.report_of(spec.guest) or {}
+        if not psi_shown and guest.get("psi"):
+            psi = guest["psi"]
+            echo(f"PSI: {guest.get('records')} guest records -> {psi['intersection']} common records")
+            psi_shown = True
+        for entry in guest.get("rounds", [])[shown:]:
+            shown += 1
+            extra = f"  loss {entry['loss']:.4f}" if entry.get("loss") is not None else ""
+            extra += f"  splits {entry['splits']}" if "splits" in entry else ""
+            echo(f"{unit} {shown:>3}/{spec.rounds}{extra}  {entry.get('seconds', 0.0):.2f} s")
+        if not alive:
+            return
+        time.sleep(0.2)
+
+
+def _vertical_report(federation: LocalFederation, wall_seconds: float) -> dict:
+    spec = federation.spec
+    reports = {p: federation.report_of(p) or {"status": "failed"} for p in spec.parties}
+    failed = [p for p, r in reports.items() if r.get("status") != "completed"]
+    if failed:
+        reasons = [f"{p}: {reports[p].get('error') or federation._tail(p)}" for p in failed]
+        raise JobFailedError("job failed:\n  " + "\n  ".join(reasons))
+    guest = reports[spec.guest]
+    report = {
+        "job_id": spec.job_id,
+        "algorithm": spec.model.algorithm,
+        "mode": "paillier",
+        "guest": spec.guest,
+        "hosts": [p for p in spec.parties if p != spec.guest],
+        "psi": guest.get("psi"),
+        "samples": guest.get("samples"),
+        "test_samples": guest.get("test_samples"),
+        "metrics": guest.get("metrics"),
+        "rounds": guest.get("rounds"),
+        "parties": {
+            p: {
+                "role": r.get("role"),
+                "features": r.get("features"),
+                "bytes": r.get("bytes"),
+                "seconds": r.get("seconds"),
+            }
+            for p, r in reports.items()
+        },
+        "wall_seconds": wall_seconds,
+        "spec": json.loads(spec.model_dump_json()),
+    }
+    path = federation.workdir / "report.json"
+    path.write_text(json.dumps(report, indent=1))
+    report["files"] = {"json": str(path)}
+    return report
 
 
 def _round_line(spec: JobSpec, number: int, reports: list[dict]) -> str:

@@ -47,11 +47,22 @@ class _Strict(BaseModel):
 class ModelSpec(_Strict):
     """The model and its hyper-parameters."""
 
-    algorithm: Literal["homo_lr"] = "homo_lr"
+    #: homo_lr: horizontal (parties hold different rows). hetero_lr, secureboost: vertical
+    #: (parties hold different columns of the same records; docs/vertical.md); for those,
+    #: ``rounds`` counts epochs (hetero_lr) or trees (secureboost).
+    algorithm: Literal["homo_lr", "hetero_lr", "secureboost"] = "homo_lr"
     learning_rate: float = Field(0.1, gt=0, le=100)
     local_epochs: int = Field(1, ge=1, le=1000)
     batch_size: int = Field(64, ge=1, le=1_000_000)
     l2: float = Field(0.0, ge=0, le=100)
+    # -- vertical algorithms (ignored by homo_lr) --
+    objective: Literal["binary:logistic", "reg:squarederror"] = "binary:logistic"
+    optimizer: Literal["sgd", "adam"] = "adam"
+    max_depth: int = Field(3, ge=1, le=16)
+    reg_lambda: float = Field(1.0, ge=0, le=1e6)
+    min_child_weight: float = Field(1.0, ge=0, le=1e9)
+    gamma: float = Field(0.0, ge=0, le=1e9)
+    n_bins: int = Field(32, ge=3, le=256)
 
 
 class DataSpec(_Strict):
@@ -67,6 +78,11 @@ class DataSpec(_Strict):
     alpha: float = Field(1.0, ge=0, le=10)
     beta: float = Field(1.0, ge=0, le=10)
     seed: int = Field(0, ge=0, le=2**32 - 1)
+    # -- vertical algorithms: who holds the labels, who holds which columns (docs/vertical.md) --
+    guest: Name | None = None
+    columns: dict[str, int] | None = None
+    overlap: float = Field(0.95, gt=0, le=1)
+    id_type: Literal["int", "str"] = "int"
 
 
 class ProtectionSpec(_Strict):
@@ -132,11 +148,31 @@ class JobSpec(_Strict):
                 )
         if len(set(self.parties)) != len(self.parties):
             raise ValueError("parties must be distinct")
+        if self.vertical:
+            if self.protection.mode != "paillier":
+                raise ValueError(
+                    f"model.algorithm {self.model.algorithm} runs under protection.mode paillier only, "
+                    f"got {self.protection.mode}"
+                )
+            if self.fl_data is not None:
+                raise ValueError(f"model.algorithm {self.model.algorithm} takes the embedded data, not fl_data")
+            if self.data.guest is not None and self.data.guest not in self.parties:
+                raise ValueError(f"data.guest {self.data.guest!r} is not one of the parties {self.parties}")
         if self.protection.min_parties > len(self.parties):
             raise ValueError(
                 f"protection.min_parties ({self.protection.min_parties}) exceeds the {len(self.parties)} parties"
             )
         return self
+
+    @property
+    def vertical(self) -> bool:
+        """Whether the parties hold columns (hetero_lr, secureboost) rather than rows."""
+        return self.model.algorithm in ("hetero_lr", "secureboost")
+
+    @property
+    def guest(self) -> str:
+        """The party holding the labels in a vertical job (data.guest, default the first party)."""
+        return self.data.guest or self.parties[0]
 
     def fl_data_object(self):
         """The :class:`confide.data.fldata.FLData` of ``fl_data`` (None without one)."""

@@ -368,6 +368,9 @@ class RelayServicer(rpc.RelayServicer):
         if not recipients or any(not 0 < len(r) <= MAX_NAME for r in recipients):
             raise ProtocolError(f"envelope.recipients must list 1.. names of 1..{MAX_NAME} characters")
         self._core.observe("envelope", request.sender, request)
+        if request.round > 1:
+            # Relay-only jobs (vertical) never push slices: retire by the envelopes' rounds too.
+            self._core.mailboxes.retire(request.job_id, request.round - 1)
         delivery = pb.Delivery(job_id=request.job_id, envelope=request)
         for party in recipients:
             self._core.mailboxes.deliver(request.job_id, party, request.round, delivery)

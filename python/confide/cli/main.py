@@ -199,7 +199,7 @@ def _run(args) -> int:
     workdir = Path(args.workdir or Path("reports") / spec.job_id)
     print(
         f"confide run: job {spec.job_id!r}, {len(spec.parties)} parties ({', '.join(spec.parties)}), "
-        f"{spec.rounds} rounds, mode {spec.protection.mode}, data {spec.data.dataset}/{spec.data.split}"
+        f"{spec.rounds} rounds, {spec.model.algorithm}, mode {spec.protection.mode}, data {spec.data.dataset}"
     )
     print(f"starting an aggregator and {len(spec.parties)} party processes on loopback (gRPC + mutual TLS)")
     report = run_local(spec, workdir, progress=not args.no_progress)
@@ -207,8 +207,27 @@ def _run(args) -> int:
     return 0
 
 
+def _print_vertical_summary(report: dict) -> None:
+    metrics = report.get("metrics") or {}
+    shown = "  ".join(f"{name} {value:.4f}" for name, value in metrics.items())
+    parties = report["parties"]
+    sent = sum((p.get("bytes") or {}).get("sent", 0) for p in parties.values())
+    hosts = ", ".join(report["hosts"])
+    print(f"\nprotection that ran: paillier ({report['algorithm']}, guest {report['guest']}, hosts {hosts})")
+    print(
+        f"PSI: {report['psi']['intersection']} common records; "
+        f"{report['samples']} training, {report['test_samples']} test"
+    )
+    print(f"test metrics at the guest: {shown}")
+    print(f"bytes sent (all parties): {sent / 1e6:.2f} MB; job wall time {report['wall_seconds']:.1f} s")
+    print(f"report: {report['files']['json']}")
+
+
 def print_summary(report: dict) -> None:
     """Print the job report's headline figures."""
+    if "algorithm" in report:
+        _print_vertical_summary(report)
+        return
     rounds = report["rounds"]
     print(f"\nprotection that ran: {report['mode']}  (aggregator saw: {report['aggregator_saw']})")
     protection = report["protection"]

@@ -274,6 +274,12 @@ def run_party(
     """
     if party_id not in spec.parties:
         raise JobFailedError(f"party {party_id!r} is not in the job's parties {spec.parties}")
+    if spec.vertical:
+        from confide.vertical.runner import run_vertical_party
+
+        return run_vertical_party(
+            spec, party_id, aggregator=aggregator, certs_dir=certs_dir, workdir=workdir, runtime_job_id=runtime_job_id
+        )
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else workdir / f"{party_id}.checkpoints"

@@ -1,0 +1,453 @@
+"""Vertical FL benchmark: SecureBoost and Hetero LR, ours vs per-value python-paillier vs centralized.
+
+Data sets (both split by columns; the guest holds the labels):
+
+- ``breast_cancer``: scikit-learn's Wisconsin data (569 rows), guest 10 columns, host 20 — the
+  split of FATE's breast_hetero example; 80 % training rows.
+- ``synthetic_100k``: ``make_classification``, 100,000 rows x 100 columns, split 50/50.
+
+For each, in one run (2048-bit keys, guest and host as two threads of this process talking
+through the in-memory channel with the same messages as the runtime; bytes are the encoded
+messages):
+
+- SecureBoost (ours): seconds per tree (median), its crypto share (guest encryption +
+  decryption, host histogram kernel + subtraction + folding), bytes per tree, test AUC.
+- The same protocol per value with python-paillier (what FATE did before GH packing: g and h
+  encrypted separately, one addition per row and feature for each, every bin sum decrypted):
+  the real protocol code run on a random subset of ``--phe-rows`` rows of the host's columns, over
+  the same node row sets as our trees, and scaled linearly in rows to the full data (encryption
+  and histogram costs are linear in rows; the decryptions per node are constant and not scaled).
+- XGBoost (hist, same bins: it is given the binned matrix, same depth, learning rate, lambda,
+  min_child_weight, base score), 2 threads: one tree including its DMatrix set-up
+  (``one_tree``) and the per-tree time of ``--trees`` trees (``amortized``).
+- Hetero LR (ours, no arbiter): seconds per epoch, crypto share, bytes per epoch, test AUC next to
+  scikit-learn's LogisticRegression on the pooled columns; the per-value python-paillier variant
+  (encrypt every fore-gradient, one scalar multiplication per row and column) measured on a subset
+  and scaled linearly in rows.
+
+Records: ``vertical.secureboost.<data>.vs_phe`` (ratio = phe / ours), ``.vs_xgboost`` (ratio =
+ours / XGBoost one tree; ``.vs_xgboost_amortized`` against the amortized figure),
+``.auc_gap`` (|AUC ours - AUC XGBoost|), ``.seconds_per_tree``; the same for ``hetero_lr`` with
+``seconds_per_epoch`` and the AUC gap to scikit-learn.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchutil import machine, record, results_table, write, write_markdown_block  # noqa: E402
+
+from confide import _native  # noqa: E402
+from confide.data.vertical import vertical_party_data  # noqa: E402
+from confide.vertical import secureboost as sb  # noqa: E402
+from confide.vertical.binning import Binner  # noqa: E402
+from confide.vertical.channel import LocalChannel, run_parties  # noqa: E402
+
+
+def load(name: str, rows: int, features: int):
+    """Pooled, aligned columns of the guest and the host, and the labels."""
+    dataset = "breast_cancer" if name == "breast_cancer" else "synthetic"
+    parties = ["guest", "host"]
+    guest = vertical_party_data(
+        "guest", parties, "guest", dataset=dataset, samples=rows, features=features, overlap=1.0
+    )
+    host = vertical_party_data("host", parties, "guest", dataset=dataset, samples=rows, features=features, overlap=1.0)
+    g_order = np.argsort(guest.ids)
+    h_order = np.argsort(host.ids)
+    X_g, y, X_h = guest.X[g_order], guest.y[g_order], host.X[h_order]
+    order = np.random.default_rng(5).permutation(len(y))
+    n_test = len(y) // 5
+    return X_g[order], X_h[order], y[order], n_test
+
+
+def auc(y, scores) -> float:
+    from sklearn.metrics import roc_auc_score
+
+    return float(roc_auc_score(y, scores))
+
+
+# -- SecureBoost ------------------------------------------------------------------------------------
+def secureboost_ours(X_g, X_h, y, n_test, params) -> dict:
+    train, test = slice(n_test, None), slice(0, n_test)
+    channels = LocalChannel.group(["guest", "host"])
+    key = _native.generate_keypair(params.key_bits)
+    started = time.perf_counter()
+    out = run_parties(
+        {
+            "guest": lambda: sb.train_guest(channels["guest"], ["host"], X_g[train], y[train], params, "t", key=key),
+            "host": lambda: sb.serve_host(channels["host"], "guest", X_h[train], "t"),
+        }
+    )
+    wall = time.perf_counter() - started
+    model, lookup = out["guest"], out["host"]
+    predicted = run_parties(
+        {
+            "guest": lambda: sb.predict_guest(channels["guest"], model, X_g[test], "p"),
+            "host": lambda: sb.serve_host(channels["host"], "guest", X_h[test], "p", model=lookup),
+        }
+    )["guest"]
+    history = model.history
+    per_tree = [h["seconds"] for h in history]
+    crypto = [
+        h.get("encrypt_s", 0) + h.get("host0_decrypt_s", 0) + h.get("host0_hist_s", 0) + h.get("host0_fold_s", 0)
+        for h in history
+    ]
+    return {
+        "model": model,
+        "seconds_per_tree": statistics.median(per_tree),
+        "crypto_per_tree": statistics.median(crypto),
+        "encrypt_s": statistics.median(h.get("encrypt_s", 0) for h in history),
+        "hist_s": statistics.median(h.get("host0_hist_s", 0) for h in history),
+        "fold_s": statistics.median(h.get("host0_fold_s", 0) for h in history),
+        "decrypt_s": statistics.median(h.get("host0_decrypt_s", 0) for h in history),
+        "bytes_per_tree": (channels["guest"].bytes_sent + channels["host"].bytes_sent) / params.n_trees,
+        "auc": auc(y[test], predicted),
+        "wall": wall,
+    }
+
+
+def node_row_sets(model, guest_bins, host_bins) -> list[list[np.ndarray]]:
+    """Per layer of the first tree, the row sets of the nodes whose histograms the host builds."""
+    tree = model.trees[0]
+    members = {0: np.arange(guest_bins.shape[1])}
+    layers = []
+    for depth in range(model.params.max_depth):
+        layer = [n for n in tree if n.depth == depth and n.id in members]
+        if not layer:
+            break
+        layers.append([members[n.id] for n in layer])
+        for n in layer:
+            if n.owner is None:
+                continue
+            rows = members.pop(n.id)
+            bins = guest_bins if n.owner < 0 else host_bins
+            left = bins[n.feature, rows] <= n.bin
+            members[n.left], members[n.right] = rows[left], rows[~left]
+    return layers
+
+
+def secureboost_phe(host_bins, g, h, layers, n_bins, rows_sample: int, seed: int = 3) -> dict:
+    """One tree of the per-value python-paillier protocol on a row subset; scaled in rows."""
+    from phe import paillier
+
+    public, private = paillier.generate_paillier_keypair(n_length=2048)
+    n = host_bins.shape[1]
+    subset = np.sort(np.random.default_rng(seed).choice(n, size=min(rows_sample, n), replace=False))
+    in_subset = np.zeros(n, dtype=bool)
+    in_subset[subset] = True
+    started = time.perf_counter()
+    enc_g = {int(i): public.encrypt(float(g[i])) for i in subset}
+    enc_h = {int(i): public.encrypt(float(h[i])) for i in subset}
+    encrypt_s = time.perf_counter() - started
+    hist_s = decrypt_s = 0.0
+    features = host_bins.shape[0]
+    for layer in layers:
+        for node, rows in enumerate(layer):
+            if node % 2 == 1 and len(layer) > 1:
+                # Sibling by subtraction: parent - child, one negation and addition per bin.
+                started = time.perf_counter()
+                zero = public.encrypt(0)
+                for _ in range(features * n_bins):
+                    _ = zero - zero
+                hist_s += time.perf_counter() - started
+                continue
+            rows = rows[in_subset[rows]]
+            started = time.perf_counter()
+            sums = [[None] * n_bins for _ in range(features)]
+            sums_h = [[None] * n_bins for _ in range(features)]
+            for f in range(features):
+                column = host_bins[f]
+                for i in rows:
+                    b = column[i]
+                    sums[f][b] = enc_g[int(i)] if sums[f][b] is None else sums[f][b] + enc_g[int(i)]
+                    sums_h[f][b] = enc_h[int(i)] if sums_h[f][b] is None else sums_h[f][b] + enc_h[int(i)]
+            hist_s += time.perf_counter() - started
+            started = time.perf_counter()
+            for f in range(features):
+                for b in range(n_bins):
+                    for s in (sums[f][b], sums_h[f][b]):
+                        if s is not None:
+                            private.decrypt(s)
+            decrypt_s += time.perf_counter() - started
+    scale = n / len(subset)
+    return {
+        "rows_measured": len(subset),
+        "scale": scale,
+        "encrypt_s": encrypt_s * scale,
+        "hist_s": hist_s * scale,
+        "decrypt_s": decrypt_s,
+        "seconds_per_tree": (encrypt_s + hist_s) * scale + decrypt_s,
+    }
+
+
+def xgboost_times(guest_bins, host_bins, y, n_test, params, trees: int) -> dict:
+    import xgboost as xgb
+
+    pooled = np.vstack([guest_bins, host_bins]).T.astype(np.float32)
+    train, test = slice(n_test, None), slice(0, n_test)
+    options = {
+        "max_depth": params.max_depth,
+        "eta": params.learning_rate,
+        "reg_lambda": params.reg_lambda,
+        "min_child_weight": params.min_child_weight,
+        "tree_method": "hist",
+        "max_bin": 64,
+        "objective": params.objective,
+        "base_score": float(y[train].mean()),
+        "nthread": 2,
+    }
+    one = []
+    for _ in range(3):
+        started = time.perf_counter()
+        xgb.train(options, xgb.DMatrix(pooled[train], label=y[train]), 1)
+        one.append(time.perf_counter() - started)
+    started = time.perf_counter()
+    booster = xgb.train(options, xgb.DMatrix(pooled[train], label=y[train]), trees)
+    amortized = (time.perf_counter() - started) / trees
+    booster_same = xgb.train(options, xgb.DMatrix(pooled[train], label=y[train]), params.n_trees)
+    return {
+        "one_tree": statistics.median(one),
+        "amortized": amortized,
+        "auc": auc(y[test], booster_same.predict(xgb.DMatrix(pooled[test]))),
+        "auc_many": auc(y[test], booster.predict(xgb.DMatrix(pooled[test]))),
+    }
+
+
+def bench_secureboost(name, X_g, X_h, y, n_test, args) -> list[dict]:
+    params = sb.SecureBoostParams(n_trees=args.trees, max_depth=args.depth, learning_rate=0.3, n_bins=32)
+    ours = secureboost_ours(X_g, X_h, y, n_test, params)
+    train = slice(n_test, None)
+    guest_bins = Binner.fit(X_g[train], 32).transform(X_g[train])
+    host_bins = Binner.fit(X_h[train], 32).transform(X_h[train])
+    layers = node_row_sets(ours["model"], guest_bins, host_bins)
+    ytr = y[train]
+    p0 = ytr.mean()
+    g = np.full(len(ytr), p0) - ytr
+    h = np.full(len(ytr), p0 * (1 - p0))
+    phe = secureboost_phe(host_bins, g, h, layers, 32, args.phe_rows)
+    full_guest = Binner.fit(X_g, 32)
+    full_host = Binner.fit(X_h, 32)
+    xgb_times = xgboost_times(full_guest.transform(X_g), full_host.transform(X_h), y, n_test, params, args.xgb_trees)
+    print(
+        f"secureboost {name}: ours {ours['seconds_per_tree']:.3f} s/tree (crypto {ours['crypto_per_tree']:.3f}: "
+        f"encrypt {ours['encrypt_s']:.3f}, histograms {ours['hist_s']:.3f}, fold {ours['fold_s']:.3f}, "
+        f"decrypt {ours['decrypt_s']:.3f}), {ours['bytes_per_tree'] / 1e6:.2f} MB/tree, AUC {ours['auc']:.4f}; "
+        f"phe {phe['seconds_per_tree']:.1f} s/tree (measured on {phe['rows_measured']} rows, x{phe['scale']:.1f}); "
+        f"xgboost one tree {xgb_times['one_tree']:.4f} s, amortized {xgb_times['amortized']:.4f} s, "
+        f"AUC {xgb_times['auc']:.4f}"
+    )
+    common = {"trees": args.trees, "depth": args.depth, "bins": 32, "key_bits": 2048, "rows": len(y) - n_test}
+    base = f"vertical.secureboost.{name}"
+    return [
+        record(
+            f"{base}.seconds_per_tree", ours["seconds_per_tree"], "s", "phe_per_value", phe["seconds_per_tree"], common
+        ),
+        record(
+            f"{base}.vs_phe",
+            phe["seconds_per_tree"] / ours["seconds_per_tree"],
+            "x",
+            "phe_per_value",
+            phe["seconds_per_tree"],
+            {
+                **common,
+                "ratio": "phe / ours",
+                "phe_rows_measured": phe["rows_measured"],
+                "phe_scaled_by": round(phe["scale"], 2),
+            },
+        ),
+        record(
+            f"{base}.vs_xgboost",
+            ours["seconds_per_tree"] / xgb_times["one_tree"],
+            "x",
+            "xgboost_one_tree",
+            xgb_times["one_tree"],
+            {**common, "ratio": "ours / xgboost (one tree incl. DMatrix)"},
+        ),
+        record(
+            f"{base}.vs_xgboost_amortized",
+            ours["seconds_per_tree"] / xgb_times["amortized"],
+            "x",
+            "xgboost_amortized",
+            xgb_times["amortized"],
+            {**common, "xgb_trees": args.xgb_trees},
+        ),
+        record(
+            f"{base}.auc_gap",
+            abs(ours["auc"] - xgb_times["auc"]),
+            "auc",
+            "xgboost",
+            xgb_times["auc"],
+            {**common, "auc_ours": round(ours["auc"], 5)},
+        ),
+        record(
+            f"{base}.crypto_share",
+            ours["crypto_per_tree"] / ours["seconds_per_tree"],
+            "fraction",
+            None,
+            None,
+            {
+                **common,
+                "encrypt_s": round(ours["encrypt_s"], 4),
+                "hist_s": round(ours["hist_s"], 4),
+                "fold_s": round(ours["fold_s"], 4),
+                "decrypt_s": round(ours["decrypt_s"], 4),
+            },
+        ),
+        record(f"{base}.bytes_per_tree", ours["bytes_per_tree"], "B", None, None, common),
+    ]
+
+
+# -- Hetero LR ---------------------------------------------------------------------------------------
+def bench_hetero_lr(name, X_g, X_h, y, n_test, args) -> list[dict]:
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.preprocessing import StandardScaler
+
+    from confide.vertical import hetero_lr as lr
+
+    train, test = slice(n_test, None), slice(0, n_test)
+    params = lr.HeteroLRParams(epochs=args.epochs, batch_size=args.batch_size, learning_rate=0.15)
+    channels = LocalChannel.group(["guest", "host"])
+    out = run_parties(
+        {
+            "guest": lambda: lr.train_guest(channels["guest"], ["host"], X_g[train], y[train], params, "t"),
+            "host": lambda: lr.train_host(channels["host"], "guest", ["host"], X_h[train], params, "t"),
+        }
+    )
+    scores = run_parties(
+        {
+            "guest": lambda: lr.predict_guest(channels["guest"], ["host"], X_g[test], out["guest"], "p"),
+            "host": lambda: lr.predict_host(channels["host"], "guest", X_h[test], out["host"], "p"),
+        }
+    )["guest"]
+    history = out["guest"].history
+    per_epoch = statistics.median(h["seconds"] for h in history)
+    crypto = statistics.median(h.get("crypto_seconds", h.get("crypto_s", 0.0)) for h in history)
+    host_crypto = statistics.median(h.get("crypto_seconds", h.get("crypto_s", 0.0)) for h in out["host"].history)
+    pooled = np.hstack([X_g, X_h])
+    scaler = StandardScaler().fit(pooled[train])
+    central = LogisticRegression(max_iter=2000).fit(scaler.transform(pooled[train]), y[train])
+    central_auc = auc(y[test], central.predict_proba(scaler.transform(pooled[test]))[:, 1])
+    ours_auc = auc(y[test], scores)
+    phe = hetero_lr_phe(X_g[train], X_h[train], args.phe_rows)
+    bytes_per_epoch = (channels["guest"].bytes_sent + channels["host"].bytes_sent) / args.epochs
+    print(
+        f"hetero_lr {name}: ours {per_epoch:.3f} s/epoch (crypto guest {crypto:.3f}, host {host_crypto:.3f}), "
+        f"{bytes_per_epoch / 1e6:.2f} MB/epoch, AUC {ours_auc:.4f} vs sklearn {central_auc:.4f}; "
+        f"phe {phe['seconds_per_epoch']:.1f} s/epoch (measured on {phe['rows_measured']} rows, x{phe['scale']:.1f})"
+    )
+    common = {"epochs": args.epochs, "batch_size": args.batch_size, "key_bits": 2048, "rows": len(y) - n_test}
+    base = f"vertical.hetero_lr.{name}"
+    return [
+        record(f"{base}.seconds_per_epoch", per_epoch, "s", "phe_per_value", phe["seconds_per_epoch"], common),
+        record(
+            f"{base}.vs_phe",
+            phe["seconds_per_epoch"] / per_epoch,
+            "x",
+            "phe_per_value",
+            phe["seconds_per_epoch"],
+            {**common, "ratio": "phe / ours", "phe_rows_measured": phe["rows_measured"]},
+        ),
+        record(
+            f"{base}.auc_gap",
+            abs(ours_auc - central_auc),
+            "auc",
+            "sklearn_logistic_regression",
+            central_auc,
+            {**common, "auc_ours": round(ours_auc, 5)},
+        ),
+        record(f"{base}.crypto_share", (crypto + host_crypto) / per_epoch, "fraction", None, None, common),
+        record(f"{base}.bytes_per_epoch", bytes_per_epoch, "B", None, None, common),
+    ]
+
+
+def hetero_lr_phe(X_g, X_h, rows_sample: int) -> dict:
+    """One epoch of the per-value protocol on a row subset (full batch), scaled linearly in rows."""
+    from phe import paillier
+
+    guest_pub, guest_priv = paillier.generate_paillier_keypair(n_length=2048)
+    host_pub, host_priv = paillier.generate_paillier_keypair(n_length=2048)
+    n = len(X_g)
+    rows = np.sort(np.random.default_rng(4).choice(n, size=min(rows_sample, n), replace=False))
+    xg, xh = X_g[rows], X_h[rows]
+    d_g = np.random.default_rng(5).normal(0, 0.3, len(rows))
+    u_h = np.random.default_rng(6).normal(0, 0.3, len(rows))
+    started = time.perf_counter()
+    enc_d = [guest_pub.encrypt(float(v)) for v in d_g]  # guest -> host
+    enc_u = [host_pub.encrypt(float(v)) for v in u_h]  # host -> guest
+    enc_u_g = [guest_pub.encrypt(float(v)) for v in u_h]
+    full_d = [a + float(b) for a, b in zip(enc_d, u_h, strict=True)]
+    grad_h = [sum(c * float(x) for c, x in zip(full_d, xh[:, j], strict=True)) for j in range(xh.shape[1])]
+    full_u = [a + float(b) for a, b in zip(enc_u, d_g, strict=True)]
+    grad_g = [sum(c * float(x) for c, x in zip(full_u, xg[:, j], strict=True)) for j in range(xg.shape[1])]
+    linear = time.perf_counter() - started
+    started = time.perf_counter()
+    _ = [guest_priv.decrypt(c) for c in grad_h] + [host_priv.decrypt(c) for c in grad_g]
+    del enc_u_g
+    constant = time.perf_counter() - started
+    scale = n / len(rows)
+    return {"rows_measured": len(rows), "scale": scale, "seconds_per_epoch": linear * scale + constant}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", default="breast_cancer,synthetic_100k")
+    parser.add_argument("--rows", type=int, default=100_000)
+    parser.add_argument("--features", type=int, default=100)
+    parser.add_argument("--trees", type=int, default=3)
+    parser.add_argument("--depth", type=int, default=3)
+    parser.add_argument("--xgb-trees", type=int, default=20)
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--batch-size", type=int, default=8192)
+    parser.add_argument("--phe-rows", type=int, default=1000)
+    parser.add_argument("--algorithms", default="secureboost,hetero_lr")
+    args = parser.parse_args()
+    info = machine()
+    results: list[dict] = []
+    for name in args.data.split(","):
+        X_g, X_h, y, n_test = load(name, args.rows, args.features)
+        if "secureboost" in args.algorithms:
+            trees = args.trees if name != "breast_cancer" else max(args.trees, 5)
+            results.extend(
+                bench_secureboost(name, X_g, X_h, y, n_test, argparse.Namespace(**{**vars(args), "trees": trees}))
+            )
+        if "hetero_lr" in args.algorithms:
+            epochs = args.epochs if name != "breast_cancer" else max(args.epochs, 10)
+            batch = args.batch_size if name != "breast_cancer" else 64
+            results.extend(
+                bench_hetero_lr(
+                    name,
+                    X_g,
+                    X_h,
+                    y,
+                    n_test,
+                    argparse.Namespace(**{**vars(args), "epochs": epochs, "batch_size": batch}),
+                )
+            )
+    info["anchors"] = {
+        "phe": "1.5.0 (per value; measured on a row subset, row-linear phases scaled)",
+        "xgboost": _xgb_version(),
+    }
+    path = write("vertical", info, results)
+    print(f"wrote {path}")
+    lines = [f"Measured {info['date']} on {info['cpu']} ({info['cores']} cores), commit {info['commit']}.", ""]
+    write_markdown_block("vertical_bench", "Vertical FL: SecureBoost and Hetero LR", lines + results_table(results))
+
+
+def _xgb_version() -> str:
+    try:
+        import xgboost
+
+        return xgboost.__version__
+    except ImportError:
+        return "absent"
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,241 @@
+"""One party's side of a vertical job (hetero_lr or secureboost), as a runtime process.
+
+The party connects to the aggregator over mutual TLS like any runtime party, but talks to the
+other parties through the Relay only (the aggregator routes; every payload is either a
+ciphertext, a blinded PSI point, or what the protocol reveals by design: docs/vertical.md):
+
+1. PSI aligns the records (:mod:`confide.vertical.psi`); every party then holds its rows of the
+   intersection in one common order.
+2. The common rows are split into training and test rows by the job's seed (the same split at
+   every party, since the order is common).
+3. The algorithm trains; the guest then evaluates on the test rows through the prediction
+   protocol (hosts answer for their own splits or partial scores).
+4. Each party writes its part of the model (``<party>.model.cvw``: the guest's trees or weights,
+   a host's lookup table or weights; never anything of another party) and its report
+   (``<party>.report.json``, per tree or epoch: seconds, crypto seconds, bytes).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+from confide.data.vertical import vertical_party_data
+from confide.errors import ConfideError, JobFailedError
+from confide.spec import JobSpec
+from confide.transport.certs import Identity
+from confide.transport.client import AggregatorClient
+from confide.vertical import psi, wire
+from confide.vertical.channel import RelayChannel
+
+__all__ = ["evaluate", "run_vertical_party", "secureboost_params"]
+
+#: Fault injection (tests only): the party process exits abruptly when its protocol reaches this
+#: relay round (1 = the first tree or epoch), as a crash mid-training would.
+_FAULT_EXIT_ROUND = int(os.environ["CONFIDE_FAULT_EXIT_ROUND"]) if os.environ.get("CONFIDE_FAULT_EXIT_ROUND") else None
+
+
+class _FaultyChannel(RelayChannel):
+    def _recv_raw(self, sender: str, key: str, timeout: float) -> bytes:
+        if _FAULT_EXIT_ROUND is not None and self.round >= _FAULT_EXIT_ROUND:
+            os._exit(3)
+        return super()._recv_raw(sender, key, timeout)
+
+
+def secureboost_params(spec: JobSpec):
+    """SecureBoost hyper-parameters of a job."""
+    from confide.vertical.secureboost import SecureBoostParams
+
+    m = spec.model
+    return SecureBoostParams(
+        objective=m.objective,
+        n_trees=spec.rounds,
+        max_depth=m.max_depth,
+        learning_rate=m.learning_rate,
+        reg_lambda=m.reg_lambda,
+        min_child_weight=m.min_child_weight,
+        gamma=m.gamma,
+        n_bins=m.n_bins,
+        key_bits=spec.protection.key_bits,
+    )
+
+
+def hetero_lr_params(spec: JobSpec):
+    """Hetero LR hyper-parameters of a job."""
+    from confide.vertical.hetero_lr import HeteroLRParams
+
+    m = spec.model
+    return HeteroLRParams(
+        learning_rate=m.learning_rate,
+        epochs=spec.rounds,
+        batch_size=m.batch_size,
+        l2=m.l2,
+        optimizer=m.optimizer,
+        key_bits=spec.protection.key_bits,
+        seed=spec.seed,
+    )
+
+
+def evaluate(objective: str, y: np.ndarray, predictions: np.ndarray) -> dict:
+    """Test metrics: AUC and accuracy (binary) or RMSE and R² (regression)."""
+    if objective == "reg:squarederror":
+        from sklearn.metrics import r2_score
+
+        return {"rmse": float(np.sqrt(np.mean((predictions - y) ** 2))), "r2": float(r2_score(y, predictions))}
+    from sklearn.metrics import roc_auc_score
+
+    out = {"accuracy": float(np.mean((predictions >= 0.5) == (y == 1)))}
+    if len(np.unique(y)) == 2:
+        out["auc"] = float(roc_auc_score(y, predictions))
+    return out
+
+
+def _split(n: int, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    order = np.random.default_rng([seed, 11]).permutation(n)
+    n_test = min(n - 1, max(1, round(test_fraction * n)))
+    return np.sort(order[n_test:]), np.sort(order[:n_test])
+
+
+def run_vertical_party(
+    spec: JobSpec,
+    party_id: str,
+    *,
+    aggregator: str,
+    certs_dir: str | os.PathLike,
+    workdir: str | os.PathLike,
+    runtime_job_id: str | None = None,
+) -> dict:
+    """Run this party's side of a vertical job; returns (and writes) its report."""
+    if party_id not in spec.parties:
+        raise JobFailedError(f"party {party_id!r} is not in the job's parties {spec.parties}")
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    report_path = workdir / f"{party_id}.report.json"
+    guest = spec.guest
+    hosts = [p for p in spec.parties if p != guest]
+    role = "guest" if party_id == guest else "host"
+    d = spec.data
+    report: dict = {
+        "job_id": spec.job_id,
+        "runtime_job_id": runtime_job_id or spec.job_id,
+        "party": party_id,
+        "role": role,
+        "algorithm": spec.model.algorithm,
+        "status": "starting",
+        "rounds": [],
+        "protection": {"mode": "paillier", "key_bits": spec.protection.key_bits, "ran": "paillier"},
+    }
+    client = AggregatorClient(
+        aggregator,
+        Identity.load(certs_dir, party_id),
+        runtime_job_id or spec.job_id,
+        reconnect_timeout_s=spec.transport.reconnect_timeout_s,
+        message_timeout_s=spec.transport.message_timeout_s,
+    )
+    channel_type = _FaultyChannel if _FAULT_EXIT_ROUND is not None else RelayChannel
+    channel = channel_type(client, timeout_s=spec.transport.message_timeout_s)
+    started = time.perf_counter()
+    try:
+        data = vertical_party_data(
+            party_id,
+            list(spec.parties),
+            guest,
+            dataset=d.dataset,
+            samples=d.samples,
+            features=d.features,
+            columns=d.columns,
+            overlap=d.overlap,
+            seed=d.seed,
+            objective="regression" if spec.model.objective == "reg:squarederror" else "classification",
+            id_type=d.id_type,
+        )
+        report.update(records=len(data.ids), features=int(data.X.shape[1]), columns=data.columns)
+        client.connect()
+        psi_stats: dict = {}
+        rows = psi.intersect(
+            channel, data.ids, role=role, guest=guest, hosts=hosts, session=spec.job_id, stats=psi_stats
+        )
+        report["psi"] = {"intersection": len(rows), **_jsonable(psi_stats)}
+        X = data.X[rows]
+        y = data.y[rows] if data.y is not None else None
+        train, test = _split(len(rows), d.test_fraction, spec.seed)
+        report.update(samples=len(train), test_samples=len(test), status="running")
+        _write(report_path, report)
+
+        def on_round(entry: dict) -> None:
+            report["rounds"].append(_jsonable(entry))
+            _write(report_path, report)
+
+        if spec.model.algorithm == "secureboost":
+            part = _secureboost(spec, channel, role, guest, hosts, X, y, train, test, report, on_round)
+        else:
+            part = _hetero_lr(spec, channel, role, guest, hosts, X, y, train, test, report, on_round)
+        (workdir / f"{party_id}.model.cvw").write_bytes(wire.encode(part))
+        report["status"] = "completed"
+    except ConfideError as error:
+        report["status"] = "failed"
+        report["error"] = f"{type(error).__name__}: {error}"
+        raise
+    finally:
+        report["seconds"] = time.perf_counter() - started
+        report["bytes"] = {"sent": channel.bytes_sent, "received": channel.bytes_received}
+        report["reconnects"] = client.reconnects
+        _write(report_path, report)
+        client.close()
+    return report
+
+
+def _secureboost(spec, channel, role, guest, hosts, X, y, train, test, report, on_round) -> dict:
+    from confide.vertical import secureboost as sb
+
+    params = secureboost_params(spec)
+    if role == "guest":
+        model = sb.train_guest(channel, hosts, X[train], y[train], params, "train", on_tree=on_round)
+        report["setup_seconds"] = getattr(model, "setup_seconds", None)
+        predictions = sb.predict_guest(channel, model, X[test], "test")
+        report["metrics"] = evaluate(params.objective, y[test], predictions)
+        return {"algorithm": "secureboost", "role": "guest", "model": model.to_dict()}
+    lookup = sb.serve_host(channel, guest, X[train], "train", threads=params.threads)
+    sb.serve_host(channel, guest, X[test], "test", model=lookup)
+    report["splits_owned"] = len(lookup.lookup)
+    return {"algorithm": "secureboost", "role": "host", "model": lookup.to_dict()}
+
+
+def _hetero_lr(spec, channel, role, guest, hosts, X, y, train, test, report, on_round) -> dict:
+    from confide.vertical import hetero_lr as lr
+
+    params = hetero_lr_params(spec)
+    if role == "guest":
+        model = lr.train_guest(channel, hosts, X[train], y[train], params, "train")
+        for entry in getattr(model, "history", []) or []:
+            on_round(entry)
+        predictions = lr.predict_guest(channel, hosts, X[test], model, "test")
+        report["metrics"] = evaluate("binary:logistic", y[test], predictions)
+        return {"algorithm": "hetero_lr", "role": "guest", "model": model.to_dict()}
+    model = lr.train_host(channel, guest, hosts, X[train], params, "train")
+    for entry in getattr(model, "history", []) or []:
+        on_round(entry)
+    lr.predict_host(channel, guest, X[test], model, "test")
+    return {"algorithm": "hetero_lr", "role": "host", "model": model.to_dict()}
+
+
+def _jsonable(value):
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def _write(path: Path, report: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(_jsonable(report), indent=1, default=str))
+    tmp.replace(path)

@@ -1,0 +1,886 @@
+"""SecureBoost: gradient-boosted trees on vertically split data, lossless (algorithms.md §5.2).
+
+The guest holds the labels (and possibly columns); hosts hold columns of the same aligned rows.
+Per tree:
+
+1. The guest computes each row's gradient g and hessian h, turns both into non-negative
+   fixed-point integers (:class:`GHPacking`) and encrypts them packed into ONE Paillier
+   plaintext per row, ``gh = G << 62 | H`` (GH packing), with its own key (CRT encryption).
+2. Layer by layer, the guest tells the hosts which rows sit in which node. Each host sums the
+   encrypted rows of each node per (feature, bin) with the Rust histogram kernel
+   (``CiphertextVector.histogram``); of two siblings it builds only the smaller one and gets the
+   other by subtraction from the parent's histogram (histogram subtraction). It folds up to
+   ``(key_bits - 2) // 124`` bin sums into one ciphertext (cipher compression,
+   ``CiphertextVector.fold``) and sends them with the bins' row counts.
+3. The guest decrypts, peels the fields, and scores every candidate "bin <= v" of every party
+   with the XGBoost gain, from exact integer sums; the best split of a host is sent back as
+   (feature, bin); the host records its threshold under a random record id (its lookup table),
+   splits the rows and returns the left/right partition. The guest stores only (host, record id).
+4. Leaves get ``-G / (H + lambda) * learning_rate``; the guest updates its margins.
+
+Prediction runs the same way: the guest walks every tree and asks the owning host, per layer,
+which of the rows at its nodes go left.
+
+:func:`fit_reference` runs the very same tree builder with plaintext histograms computed directly
+from the integers; the tests check that its splits equal the secure ones, split for split.
+
+What each party learns is in docs/vertical.md (hosts: the rows of every node; guest: the per-bin
+sums and counts of host features, the index of a host feature and bin it splits on, never a
+threshold or a raw value).
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+import numpy as np
+
+from confide import _native
+from confide.errors import InvalidParameterError, ProtocolError
+from confide.vertical.binning import MAX_BINS, MIN_BINS, Binner
+
+__all__ = [
+    "GHPacking",
+    "SecureBoostGuestModel",
+    "SecureBoostHostModel",
+    "SecureBoostParams",
+    "fit_reference",
+    "predict_guest",
+    "serve_host",
+    "train_guest",
+]
+
+#: Bits of each packed field (G and H): every sum over at most N rows stays below 2^62, so the
+#: guest's plaintext sums are exact in int64 and the packed fields never carry into each other.
+FIELD_BITS = 62
+MIN_PRECISION_BITS = 8
+MAX_ROWS = 1 << 30
+Objective = Literal["binary:logistic", "reg:squarederror"]
+
+
+@dataclass(frozen=True)
+class SecureBoostParams:
+    """Hyper-parameters, named and meant as in XGBoost (gamma: minimum gain to split)."""
+
+    objective: Objective = "binary:logistic"
+    n_trees: int = 5
+    max_depth: int = 3
+    learning_rate: float = 0.3
+    reg_lambda: float = 1.0
+    min_child_weight: float = 1.0
+    gamma: float = 0.0
+    n_bins: int = 32
+    key_bits: int = 2048
+    #: Initial prediction (a probability for binary:logistic); None: the mean label.
+    base_score: float | None = None
+    #: Worker threads for the crypto kernels (0: all cores).
+    threads: int = 0
+
+    def __post_init__(self) -> None:
+        checks = [
+            (
+                "objective",
+                self.objective in ("binary:logistic", "reg:squarederror"),
+                "binary:logistic or reg:squarederror",
+            ),
+            ("n_trees", _is_int(self.n_trees) and 1 <= self.n_trees <= 10_000, "an int in 1..10000"),
+            ("max_depth", _is_int(self.max_depth) and 1 <= self.max_depth <= 16, "an int in 1..16"),
+            ("learning_rate", _is_real(self.learning_rate) and 0 < self.learning_rate <= 10, "a number in (0, 10]"),
+            ("reg_lambda", _is_real(self.reg_lambda) and 0 <= self.reg_lambda <= 1e6, "a number in [0, 1e6]"),
+            (
+                "min_child_weight",
+                _is_real(self.min_child_weight) and 0 <= self.min_child_weight <= 1e9,
+                "a number in [0, 1e9]",
+            ),
+            ("gamma", _is_real(self.gamma) and 0 <= self.gamma <= 1e9, "a number in [0, 1e9]"),
+            (
+                "n_bins",
+                _is_int(self.n_bins) and MIN_BINS + 1 <= self.n_bins <= MAX_BINS,
+                f"an int in {MIN_BINS + 1}..{MAX_BINS}",
+            ),
+            ("key_bits", self.key_bits in (2048, 3072, 4096), "2048, 3072 or 4096"),
+            ("threads", _is_int(self.threads) and 0 <= self.threads <= 256, "an int in 0..256"),
+        ]
+        for name, ok, rule in checks:
+            if not ok:
+                raise InvalidParameterError(f"secureboost.{name} must be {rule}, got {getattr(self, name)!r}")
+        if self.base_score is not None:
+            low_ok = self.objective != "binary:logistic" or 0 < self.base_score < 1
+            if not (_is_real(self.base_score) and math.isfinite(self.base_score) and low_ok):
+                raise InvalidParameterError(
+                    "secureboost.base_score must be finite (and in (0, 1) for binary:logistic), "
+                    f"got {self.base_score!r}"
+                )
+
+    @property
+    def slots(self) -> int:
+        """Bin sums folded into one ciphertext."""
+        return max(1, (self.key_bits - 2) // (2 * FIELD_BITS))
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_real(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+# -- fixed point ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class GHPacking:
+    """Fixed-point form of one tree's gradients: G = g·2^p + offset·2^p >= 0, H = h·2^p >= 0.
+
+    ``offset`` is a power of two at least |min g|, so that ``offset·2^p`` is an integer and
+    ``sum G - count·offset·2^p`` is exactly the sum of the rounded g·2^p. ``precision`` is chosen so
+    that a sum over all ``rows`` rows stays below 2^62 in both fields.
+    """
+
+    precision: int
+    offset_log2: int
+    rows: int
+
+    @classmethod
+    def choose(cls, g: np.ndarray, h: np.ndarray) -> GHPacking:
+        """The packing for one tree's g and h (refused if the fields cannot hold them)."""
+        rows = len(g)
+        low = float(-g.min()) if len(g) else 0.0
+        offset_log2 = max(0, math.ceil(math.log2(low))) if low > 0 else 0
+        span = float(g.max()) + 2.0**offset_log2 if len(g) else 1.0
+        top = max(span, float(h.max()) if len(h) else 1.0, 1.0)
+        precision = FIELD_BITS - 1 - rows.bit_length() - math.ceil(math.log2(top))
+        if precision < MIN_PRECISION_BITS:
+            raise InvalidParameterError(
+                f"gradients span {span:.3g} over {rows} rows: too wide for the {FIELD_BITS}-bit packed fields "
+                f"(precision would be {precision} bits, at least {MIN_PRECISION_BITS} needed); rescale the labels"
+            )
+        return cls(precision=precision, offset_log2=offset_log2, rows=rows)
+
+    @property
+    def offset_int(self) -> int:
+        """offset·2^precision, an exact integer."""
+        return 1 << (self.offset_log2 + self.precision)
+
+    def encode(self, g: np.ndarray, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The non-negative integers G, H of each row."""
+        scale = float(2**self.precision)
+        G = np.rint(g * scale).astype(np.int64) + self.offset_int
+        H = np.rint(h * scale).astype(np.int64)
+        if (G < 0).any() or (H < 0).any():
+            raise ProtocolError("gradient packing produced a negative field (offset chosen wrongly)")
+        return G, H
+
+    def to_float(self, G_sum: np.ndarray, H_sum: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Sums of G, H over ``counts`` rows -> sums of g, h (exact integers, then one rounding)."""
+        scale = float(2**self.precision)
+        g = (G_sum - counts.astype(np.int64) * self.offset_int).astype(np.float64) / scale
+        return g, H_sum.astype(np.float64) / scale
+
+    def plaintexts(self, G: np.ndarray, H: np.ndarray) -> list[bytes]:
+        """``G << 62 | H`` as 16-byte big-endian plaintexts."""
+        G = G.astype(np.uint64)
+        hi = G >> np.uint64(64 - FIELD_BITS)
+        lo = ((G & np.uint64((1 << (64 - FIELD_BITS)) - 1)) << np.uint64(FIELD_BITS)) | H.astype(np.uint64)
+        raw = np.stack([hi, lo], axis=1).astype(">u8").tobytes()
+        return [raw[i : i + 16] for i in range(0, len(raw), 16)]
+
+    def to_dict(self) -> dict:
+        """Fields as a mapping."""
+        return asdict(self)
+
+
+# -- histograms, gains ----------------------------------------------------------------------------
+def int_histograms(bins: np.ndarray, rows: np.ndarray, values: list[np.ndarray], n_bins: int) -> list[np.ndarray]:
+    """Exact per-(feature, bin) sums of non-negative int64 ``values`` over ``rows``.
+
+    np.bincount sums in float64, exact below 2^53: each value is split in a 31-bit low and a high
+    part whose sums over < 2^22 rows stay exact, and recombined in int64.
+    """
+    features = bins.shape[0]
+    index = (bins[:, rows].astype(np.int64) + (np.arange(features, dtype=np.int64) * n_bins)[:, None]).ravel()
+    size = features * n_bins
+    out = []
+    for value in values:
+        v = np.broadcast_to(value[rows], (features, len(rows))).ravel()
+        low = np.bincount(index, weights=(v & 0x7FFFFFFF).astype(np.float64), minlength=size)
+        high = np.bincount(index, weights=(v >> 31).astype(np.float64), minlength=size)
+        out.append(((high.astype(np.int64) << 31) + low.astype(np.int64)).reshape(features, n_bins))
+    return out
+
+
+def counts_histogram(bins: np.ndarray, rows: np.ndarray, n_bins: int) -> np.ndarray:
+    """Rows per (feature, bin)."""
+    features = bins.shape[0]
+    index = (bins[:, rows].astype(np.int64) + (np.arange(features, dtype=np.int64) * n_bins)[:, None]).ravel()
+    return np.bincount(index, minlength=features * n_bins).reshape(features, n_bins)
+
+
+@dataclass
+class Candidate:
+    gain: float
+    party: int
+    feature: int
+    bin: int
+
+
+def best_split(
+    g_hist: np.ndarray, h_hist: np.ndarray, g_total: float, h_total: float, params: SecureBoostParams, party: int
+) -> Candidate | None:
+    """The best valid "bin <= v" split of one party's (features x bins) sums, first of ties."""
+    if g_hist.size == 0:
+        return None
+    lam = params.reg_lambda
+    gl = np.cumsum(g_hist, axis=1)[:, :-1]
+    hl = np.cumsum(h_hist, axis=1)[:, :-1]
+    gr = g_total - gl
+    hr = h_total - hl
+    gain = gl * gl / (hl + lam) + gr * gr / (hr + lam) - g_total * g_total / (h_total + lam)
+    valid = (hl >= params.min_child_weight) & (hr >= params.min_child_weight)
+    if not valid.any():
+        return None
+    gain = np.where(valid, gain, -np.inf)
+    flat = int(np.argmax(gain))
+    feature, bin_index = divmod(flat, gain.shape[1])
+    return Candidate(float(gain[feature, bin_index]), party, feature, bin_index)
+
+
+# -- trees ----------------------------------------------------------------------------------------
+@dataclass
+class Node:
+    """One tree node. A split node has an owner: -1 the guest, k >= 0 host k."""
+
+    id: int
+    depth: int
+    owner: int | None = None
+    feature: int = -1
+    bin: int = -1
+    threshold: float = float("nan")
+    record: int = -1
+    gain: float = 0.0
+    left: int = -1
+    right: int = -1
+    weight: float = 0.0
+
+    def to_dict(self) -> dict:
+        """Fields as a mapping."""
+        return asdict(self)
+
+
+@dataclass
+class SecureBoostGuestModel:
+    """The guest's part of a trained model: the trees, with (host, record id) at host splits."""
+
+    params: SecureBoostParams
+    hosts: list[str]
+    base_margin: float
+    trees: list[list[Node]]
+    guest_features: int
+    history: list[dict] = field(default_factory=list)
+
+    def splits(self) -> list[list[tuple]]:
+        """Per tree, (node, owner, feature, bin) of each split: what the lossless test compares."""
+        return [[(n.id, n.owner, n.feature, n.bin) for n in tree if n.owner is not None] for tree in self.trees]
+
+    def to_dict(self) -> dict:
+        """A message-safe mapping (confide.vertical.wire)."""
+        return {
+            "params": asdict(self.params),
+            "hosts": list(self.hosts),
+            "base_margin": self.base_margin,
+            "guest_features": self.guest_features,
+            "trees": [[n.to_dict() for n in tree] for tree in self.trees],
+            "history": self.history,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> SecureBoostGuestModel:
+        """Inverse of :meth:`to_dict`."""
+        return cls(
+            params=SecureBoostParams(**data["params"]),
+            hosts=list(data["hosts"]),
+            base_margin=float(data["base_margin"]),
+            guest_features=int(data["guest_features"]),
+            trees=[[Node(**n) for n in tree] for tree in data["trees"]],
+            history=list(data.get("history", [])),
+        )
+
+
+@dataclass
+class SecureBoostHostModel:
+    """A host's part: its lookup table record id -> (feature, threshold), never sent anywhere."""
+
+    lookup: dict[int, tuple[int, float]]
+
+    def to_dict(self) -> dict:
+        """A message-safe mapping (kept by the host only)."""
+        records = sorted(self.lookup)
+        return {
+            "records": np.asarray(records, dtype=np.int64),
+            "features": np.asarray([self.lookup[r][0] for r in records], dtype=np.int64),
+            "thresholds": np.asarray([self.lookup[r][1] for r in records], dtype=np.float64),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> SecureBoostHostModel:
+        """Inverse of :meth:`to_dict`."""
+        return cls(
+            {
+                int(r): (int(f), float(t))
+                for r, f, t in zip(data["records"], data["features"], data["thresholds"], strict=True)
+            }
+        )
+
+
+def _gradients(objective: str, y: np.ndarray, margin: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    if objective == "binary:logistic":
+        p = 1.0 / (1.0 + np.exp(-margin))
+        return p - y, np.maximum(p * (1.0 - p), 1e-16)
+    return margin - y, np.ones_like(margin)
+
+
+def _base_margin(params: SecureBoostParams, y: np.ndarray) -> float:
+    base = float(y.mean()) if params.base_score is None else float(params.base_score)
+    if params.objective == "binary:logistic":
+        base = min(max(base, 1e-6), 1 - 1e-6)
+        return math.log(base / (1 - base))
+    return base
+
+
+def _check_labels(y: np.ndarray, params: SecureBoostParams) -> np.ndarray:
+    y = np.asarray(y, dtype=np.float64)
+    if y.ndim != 1 or len(y) == 0:
+        raise InvalidParameterError(f"labels must be a non-empty 1-D array, got shape {y.shape}")
+    if len(y) > MAX_ROWS:
+        raise InvalidParameterError(f"labels: {len(y)} rows exceed the limit of {MAX_ROWS}")
+    if not np.isfinite(y).all():
+        raise InvalidParameterError(f"labels: row {int(np.argmin(np.isfinite(y)))} is NaN or infinite")
+    if params.objective == "binary:logistic" and not np.isin(y, (0.0, 1.0)).all():
+        bad = y[~np.isin(y, (0.0, 1.0))][0]
+        raise InvalidParameterError(f"labels: binary:logistic needs labels 0 or 1, found {bad!r}")
+    return y
+
+
+class _TreeBuilder:
+    """Grows trees depth-wise for the guest, over host "sources" (remote or plaintext)."""
+
+    def __init__(
+        self, params: SecureBoostParams, guest_bins: np.ndarray, guest_binner: Binner | None, sources: list
+    ) -> None:
+        self.params = params
+        self.guest_bins = guest_bins
+        self.guest_binner = guest_binner
+        self.sources = sources
+
+    def grow(self, G: np.ndarray, H: np.ndarray, packing: GHPacking) -> tuple[list[Node], np.ndarray, dict]:
+        """One tree; returns its nodes, each training row's leaf weight, and timings."""
+        params, n_bins = self.params, self.params.n_bins
+        rows_all = np.arange(len(G), dtype=np.int64)
+        nodes = [Node(id=0, depth=0)]
+        members = {0: rows_all}
+        plan = [(0, 0, -1, -1)]  # (node, mode: 0 direct / 1 derived, parent, sibling)
+        leaf_value = np.zeros(len(G))
+        stats = {"layers": 0}
+        for depth in range(params.max_depth + 1):
+            layer = [node_id for node_id, *_ in plan]
+            if depth == params.max_depth or not layer:
+                for node_id in layer:
+                    self._leaf(nodes[node_id], members[node_id], G, H, packing, leaf_value)
+                break
+            stats["layers"] += 1
+            node_of_row = np.full(len(G), -1, dtype=np.int32)
+            for node_id in layer:
+                node_of_row[members[node_id]] = node_id
+            host_hists = [source.layer(node_of_row, plan) for source in self.sources]
+            decisions: list[dict[int, tuple[int, int]]] = [{} for _ in self.sources]
+            chosen: dict[int, Candidate] = {}
+            for position, (node_id, _, _, _) in enumerate(plan):
+                rows = members[node_id]
+                G_own, H_own = int_histograms(self.guest_bins, rows, [G, H], n_bins)
+                count_own = counts_histogram(self.guest_bins, rows, n_bins)
+                G_total, H_total = int(G[rows].sum()), int(H[rows].sum())
+                g_total, h_total = packing.to_float(np.int64(G_total), np.int64(H_total), np.int64(len(rows)))
+                best = None
+                if h_total >= 2 * params.min_child_weight:
+                    own_g, own_h = packing.to_float(G_own, H_own, count_own)
+                    best = best_split(own_g, own_h, float(g_total), float(h_total), params, -1)
+                    for k, hists in enumerate(host_hists):
+                        Gh, Hh, ch = hists[position]
+                        hg, hh = packing.to_float(Gh, Hh, ch)
+                        candidate = best_split(hg, hh, float(g_total), float(h_total), params, k)
+                        if candidate is not None and (best is None or candidate.gain > best.gain):
+                            best = candidate
+                if best is None or not best.gain > params.gamma + 1e-12:
+                    self._leaf(nodes[node_id], rows, G, H, packing, leaf_value)
+                    continue
+                chosen[node_id] = best
+                if best.party >= 0:
+                    decisions[best.party][node_id] = (best.feature, best.bin)
+            answers = [source.split(decisions[k]) if decisions[k] else {} for k, source in enumerate(self.sources)]
+            next_plan = []
+            for node_id, best in sorted(chosen.items()):
+                node, rows = nodes[node_id], members[node_id]
+                node.owner, node.feature, node.bin, node.gain = best.party, best.feature, best.bin, best.gain
+                if best.party < 0:
+                    go_left = self.guest_bins[best.feature, rows] <= best.bin
+                    if self.guest_binner is not None:
+                        node.threshold = self.guest_binner.threshold(best.feature, best.bin)
+                else:
+                    record, go_left = answers[best.party][node_id]
+                    node.record = record
+                left, right = Node(id=len(nodes), depth=depth + 1), Node(id=len(nodes) + 1, depth=depth + 1)
+                nodes.extend([left, right])
+                node.left, node.right = left.id, right.id
+                members[left.id], members[right.id] = rows[go_left], rows[~go_left]
+                small, large = (left, right) if go_left.sum() <= (~go_left).sum() else (right, left)
+                next_plan.append((small.id, 0, node_id, large.id))
+                next_plan.append((large.id, 1, node_id, small.id))
+                del members[node_id]
+            plan = next_plan
+        return nodes, leaf_value, stats
+
+    def _leaf(self, node: Node, rows: np.ndarray, G, H, packing: GHPacking, leaf_value: np.ndarray) -> None:
+        g, h = packing.to_float(np.int64(G[rows].sum()), np.int64(H[rows].sum()), np.int64(len(rows)))
+        node.owner = None
+        node.weight = float(-g / (h + self.params.reg_lambda) * self.params.learning_rate)
+        leaf_value[rows] = node.weight
+
+
+def _boost(
+    params, y, guest_bins, guest_binner, sources, *, encrypt=None, advance=None, on_tree=None
+) -> SecureBoostGuestModel:
+    y = _check_labels(y, params)
+    if guest_bins.shape[1] != len(y):
+        raise InvalidParameterError(f"guest: {guest_bins.shape[1]} rows of features but {len(y)} labels")
+    base = _base_margin(params, y)
+    margin = np.full(len(y), base)
+    builder = _TreeBuilder(params, guest_bins, guest_binner, sources)
+    trees, history = [], []
+    for t in range(params.n_trees):
+        started = time.perf_counter()
+        g, h = _gradients(params.objective, y, margin)
+        packing = GHPacking.choose(g, h)
+        G, H = packing.encode(g, h)
+        crypto, ciphertexts = {}, None
+        if encrypt is not None:
+            clock = time.perf_counter()
+            ciphertexts = encrypt(packing.plaintexts(G, H))
+            crypto["encrypt_s"] = time.perf_counter() - clock
+        for source in sources:
+            source.begin_tree(t, G, H, packing, ciphertexts)
+        nodes, leaf_value, stats = builder.grow(G, H, packing)
+        last = t == params.n_trees - 1
+        for source in sources:
+            source.end_tree(t, last)
+        if advance is not None and not last:
+            advance()
+        margin += leaf_value
+        trees.append(nodes)
+        entry = {
+            "tree": t,
+            "seconds": time.perf_counter() - started,
+            "splits": sum(1 for n in nodes if n.owner is not None),
+            "precision_bits": packing.precision,
+            **stats,
+            **crypto,
+        }
+        for k, source in enumerate(sources):
+            entry.update({f"host{k}_{key}": value for key, value in source.tree_stats().items()})
+        history.append(entry)
+        if on_tree is not None:
+            on_tree(entry)
+    return SecureBoostGuestModel(
+        params=params,
+        hosts=[s.name for s in sources],
+        base_margin=base,
+        trees=trees,
+        guest_features=guest_bins.shape[0],
+        history=history,
+    )
+
+
+# -- plaintext reference ------------------------------------------------------------------------
+class _PlainSource:
+    """A host's histograms computed directly in plaintext (the reference implementation)."""
+
+    def __init__(self, name: str, bins: np.ndarray, n_bins: int) -> None:
+        self.name, self.bins, self.n_bins = name, bins, n_bins
+        self.records = 0
+
+    def begin_tree(self, tree, G, H, packing, ciphertexts):
+        self.G, self.H = G, H
+
+    def layer(self, node_of_row, plan):
+        out = []
+        for node_id, *_ in plan:
+            rows = np.flatnonzero(node_of_row == node_id)
+            Gs, Hs = int_histograms(self.bins, rows, [self.G, self.H], self.n_bins)
+            out.append((Gs, Hs, counts_histogram(self.bins, rows, self.n_bins)))
+        self.node_of_row = node_of_row
+        return out
+
+    def split(self, decisions):
+        out = {}
+        for node_id, (feature, bin_index) in decisions.items():
+            rows = np.flatnonzero(self.node_of_row == node_id)
+            self.records += 1
+            out[node_id] = (self.records, self.bins[feature, rows] <= bin_index)
+        return out
+
+    def end_tree(self, tree, last):
+        pass
+
+    def tree_stats(self):
+        return {}
+
+
+def fit_reference(
+    guest_bins: np.ndarray, host_bins: list[np.ndarray], y: np.ndarray, params: SecureBoostParams
+) -> SecureBoostGuestModel:
+    """The same algorithm on pooled, already binned data, without encryption (tests, baselines)."""
+    sources = [_PlainSource(f"host{k}", bins, params.n_bins) for k, bins in enumerate(host_bins)]
+    return _boost(params, y, guest_bins, None, sources)
+
+
+# -- secure protocol: guest side ----------------------------------------------------------------
+class _Commands:
+    """Numbered request/reply messages from the guest to one host (tags sb/<session>/...)."""
+
+    def __init__(self, channel, peer: str, session: str) -> None:
+        self.channel, self.peer, self.session = channel, peer, session
+        self.seq = 0
+
+    def request(self, message: dict, reply: bool = True) -> dict | None:
+        tag = f"sb/{self.session}/{self.seq}"
+        self.channel.send(self.peer, tag, message)
+        self.seq += 1
+        if not reply:
+            return None
+        return self.channel.recv(self.peer, tag + "/reply")
+
+
+class _RemoteSource:
+    """A host reached over a channel: histograms come back encrypted and folded."""
+
+    def __init__(self, name, commands: _Commands, key, params: SecureBoostParams) -> None:
+        self.name, self.commands, self.key, self.params = name, commands, key, params
+        self.sent_key = False
+        self.stats: dict[str, float] = {}
+
+    def begin_tree(self, tree, G, H, packing, ciphertexts):
+        self.stats = {"decrypt_s": 0.0}
+        message = {"op": "tree", "tree": tree, "gh": ciphertexts.to_bytes(), "rows": len(G)}
+        if not self.sent_key:
+            message["key"] = self.key.encryption_key.to_bytes()
+            self.sent_key = True
+        self.commands.request(message, reply=False)
+
+    def layer(self, node_of_row, plan):
+        reply = self.commands.request({"op": "layer", "node_of_row": node_of_row, "plan": np.asarray(plan, np.int64)})
+        counts = np.asarray(reply["counts"], dtype=np.int64)
+        hists = reply["hist"]
+        if (
+            counts.ndim != 3
+            or counts.shape[0] != len(plan)
+            or counts.shape[2] != self.params.n_bins
+            or len(hists) != len(plan)
+        ):
+            raise ProtocolError(
+                f"{self.name}: histograms of shape {counts.shape} ({len(hists)} parts) do not match "
+                f"{len(plan)} nodes x {self.params.n_bins} bins"
+            )
+        features, n_bins = counts.shape[1], counts.shape[2]
+        out = []
+        for i, data in enumerate(hists):
+            folded = _native.CiphertextVector.from_bytes(data, self.key.encryption_key)
+            started = time.perf_counter()
+            plains = self.key.decrypt_raw(folded, self.params.threads)
+            self.stats["decrypt_s"] += time.perf_counter() - started
+            G_sum, H_sum = _unfold(plains, features * n_bins, self.params.slots)
+            out.append((G_sum.reshape(features, n_bins), H_sum.reshape(features, n_bins), counts[i]))
+        return out
+
+    def split(self, decisions):
+        items = sorted(decisions.items())
+        reply = self.commands.request(
+            {"op": "split", "decisions": np.asarray([(n, f, b) for n, (f, b) in items], np.int64)}
+        )
+        records = np.asarray(reply["records"], dtype=np.int64)
+        lefts = reply["left"]
+        if len(records) != len(items) or len(lefts) != len(items):
+            raise ProtocolError(f"{self.name}: {len(records)} split answers for {len(items)} decisions")
+        return {node: (int(records[i]), np.asarray(lefts[i], dtype=bool)) for i, (node, _) in enumerate(items)}
+
+    def end_tree(self, tree, last):
+        reply = self.commands.request({"op": "end_tree", "last": last})
+        self.host_stats = {k: float(v) for k, v in reply.items()}
+
+    def tree_stats(self):
+        return {**self.stats, **getattr(self, "host_stats", {})}
+
+
+def _unfold(plains: list[bytes], count: int, slots: int) -> tuple[np.ndarray, np.ndarray]:
+    mask = (1 << FIELD_BITS) - 1
+    width = 2 * FIELD_BITS
+    G = np.empty(count, dtype=np.int64)
+    H = np.empty(count, dtype=np.int64)
+    i = 0
+    for raw in plains:
+        value = int.from_bytes(raw, "big")
+        for _ in range(slots):
+            if i == count:
+                break
+            field = value & ((1 << width) - 1)
+            value >>= width
+            G[i], H[i] = field >> FIELD_BITS, field & mask
+            i += 1
+    if i != count or value:
+        raise ProtocolError(f"folded histogram holds a different number of sums than the {count} expected")
+    return G, H
+
+
+def train_guest(
+    channel,
+    hosts: list[str],
+    X: np.ndarray,
+    y: np.ndarray,
+    params: SecureBoostParams,
+    session: str,
+    *,
+    key=None,
+    on_tree=None,
+) -> SecureBoostGuestModel:
+    """Train as the guest (labels holder). ``X`` may have zero columns (a label-only guest)."""
+    X = np.asarray(X, dtype=np.float64)
+    if X.ndim != 2 or X.shape[0] != len(y):
+        raise InvalidParameterError(f"guest: features of shape {X.shape} do not match {len(y)} labels")
+    if not hosts:
+        raise InvalidParameterError("hosts: SecureBoost needs at least one host")
+    if X.shape[1]:
+        binner = Binner.fit(X, params.n_bins, party="guest")
+        bins = binner.transform(X, party="guest")
+    else:
+        binner, bins = None, np.zeros((0, len(y)), dtype=np.uint8)
+    key = key if key is not None else _native.generate_keypair(params.key_bits)
+    started = time.perf_counter()
+    hello = {"op": "hello", "rows": len(y), "params": asdict(params)}
+    commands = [_Commands(channel, host, session) for host in hosts]
+    channel.round += 1
+    for command in commands:
+        command.request(hello, reply=False)
+    for host in hosts:
+        reply = channel.recv(host, f"sb/{session}/0/reply")
+        if reply.get("error"):
+            raise InvalidParameterError(f"{host}: {reply['error']}")
+        if int(reply["rows"]) != len(y):
+            raise InvalidParameterError(
+                f"{host} holds {reply['rows']} aligned rows, the guest {len(y)}: align with PSI first"
+            )
+    setup_s = time.perf_counter() - started
+    sources = [_RemoteSource(h, c, key, params) for h, c in zip(hosts, commands, strict=True)]
+
+    def encrypt(plaintexts: list[bytes]):
+        return key.encrypt_raw(plaintexts, "fixed_base", params.threads)
+
+    def advance() -> None:
+        channel.round += 1
+
+    model = _boost(params, y, bins, binner, sources, encrypt=encrypt, advance=advance, on_tree=on_tree)
+    for c in commands:
+        c.request({"op": "done"}, reply=False)
+    model.setup_seconds = setup_s
+    return model
+
+
+# -- secure protocol: host side -----------------------------------------------------------------
+def serve_host(
+    channel,
+    guest: str,
+    X: np.ndarray,
+    session: str,
+    *,
+    model: SecureBoostHostModel | None = None,
+    threads: int = 0,
+) -> SecureBoostHostModel:
+    """Answer the guest's training or prediction requests until it says "done".
+
+    ``X`` is this host's aligned raw rows. Returns the lookup table (grown during training).
+    """
+    X = np.asarray(X, dtype=np.float64)
+    lookup = dict(model.lookup) if model is not None else {}
+    state: dict = {}
+    seq = 0
+    channel.round += 1
+    while True:
+        tag = f"sb/{session}/{seq}"
+        message = channel.recv(guest, tag)
+        op = message.get("op")
+        seq += 1
+        if op == "hello":
+            params = SecureBoostParams(**message["params"])
+            error = None
+            try:
+                binner = Binner.fit(X, params.n_bins, party=channel.party)
+                state.update(params=params, binner=binner, bins=binner.transform(X, party=channel.party))
+            except InvalidParameterError as failure:
+                error = str(failure)
+            channel.send(guest, tag + "/reply", {"rows": int(X.shape[0]) if X.ndim == 2 else 0, "error": error})
+            if error:
+                raise InvalidParameterError(error)
+        elif op == "tree":
+            if "key" in message:
+                state["key"] = _native.EncryptionKey.from_bytes(message["key"])
+            if int(message["rows"]) != state["bins"].shape[1]:
+                raise ProtocolError(
+                    f"guest sent gradients for {message['rows']} rows, this host holds {state['bins'].shape[1]}"
+                )
+            state["gh"] = _native.CiphertextVector.from_bytes(message["gh"], state["key"])
+            state["hists"] = {}
+            state["stats"] = {"hist_s": 0.0, "fold_s": 0.0}
+        elif op == "layer":
+            _host_layer(channel, guest, tag, message, state, threads)
+        elif op == "split":
+            replies = _host_split(message, state, lookup)
+            channel.send(guest, tag + "/reply", replies)
+        elif op == "end_tree":
+            channel.send(guest, tag + "/reply", state.get("stats", {}))
+            state.pop("gh", None)
+            state["hists"] = {}
+            if not message.get("last"):
+                channel.round += 1
+        elif op == "predict":
+            channel.send(guest, tag + "/reply", _host_predict(message, X, lookup))
+        elif op == "done":
+            return SecureBoostHostModel(lookup)
+        else:
+            raise ProtocolError(f"unknown SecureBoost request {op!r} from {guest}")
+
+
+def _host_layer(channel, guest, tag, message, state, threads) -> None:
+    params: SecureBoostParams = state["params"]
+    bins, n_bins, gh = state["bins"], params.n_bins, state["gh"]
+    node_of_row = np.asarray(message["node_of_row"], dtype=np.int32)
+    plan = np.asarray(message["plan"], dtype=np.int64).reshape(-1, 4)
+    if len(node_of_row) != bins.shape[1]:
+        raise ProtocolError(f"layer plan names {len(node_of_row)} rows, this host holds {bins.shape[1]}")
+    state["node_of_row"] = node_of_row
+    started = time.perf_counter()
+    previous = state["hists"]
+    current: dict[int, object] = {}
+    for node_id, mode, _, _ in plan:
+        if mode == 0:
+            rows = np.flatnonzero(node_of_row == node_id).astype(np.uint32)
+            current[int(node_id)] = gh.histogram(bins, rows, n_bins, threads)
+    for node_id, mode, parent, sibling in plan:
+        if mode == 1:
+            if int(parent) not in previous or int(sibling) not in current:
+                raise ProtocolError(f"node {node_id}: cannot derive from parent {parent} and sibling {sibling}")
+            current[int(node_id)] = previous[int(parent)].add(current[int(sibling)].negate(threads), threads)
+    state["stats"]["hist_s"] += time.perf_counter() - started
+    started = time.perf_counter()
+    # Re-randomized: a product of the guest's own ciphertexts is deterministic, so without fresh
+    # randomness the guest could test which rows a sum combines (e.g. a bin holding one row).
+    folded = [
+        current[int(node_id)].fold(2 * FIELD_BITS, params.slots, threads).rerandomize(threads).to_bytes()
+        for node_id, *_ in plan
+    ]
+    state["stats"]["fold_s"] += time.perf_counter() - started
+    counts = np.stack([counts_histogram(bins, np.flatnonzero(node_of_row == node_id), n_bins) for node_id, *_ in plan])
+    state["hists"] = current
+    channel.send(guest, tag + "/reply", {"hist": folded, "counts": counts.astype(np.int32)})
+
+
+def _host_split(message, state, lookup) -> dict:
+    decisions = np.asarray(message["decisions"], dtype=np.int64).reshape(-1, 3)
+    bins, binner, node_of_row = state["bins"], state["binner"], state["node_of_row"]
+    records, lefts = [], []
+    for node_id, feature, bin_index in decisions:
+        if not (0 <= feature < bins.shape[0] and 0 <= bin_index < state["params"].n_bins - 1):
+            raise ProtocolError(f"split on feature {feature}, bin {bin_index} is out of range")
+        rows = np.flatnonzero(node_of_row == node_id)
+        record = secrets.randbits(62)
+        while record in lookup:
+            record = secrets.randbits(62)
+        lookup[record] = (int(feature), binner.threshold(int(feature), int(bin_index)))
+        records.append(record)
+        lefts.append(bins[feature, rows] <= bin_index)
+    return {"records": np.asarray(records, dtype=np.int64), "left": lefts}
+
+
+def _host_predict(message, X, lookup) -> dict:
+    records = np.asarray(message["records"], dtype=np.int64)
+    offsets = np.asarray(message["offsets"], dtype=np.int64)
+    rows = np.asarray(message["rows"], dtype=np.int64)
+    if len(offsets) != len(records) + 1 or (len(rows) and (rows.min() < 0 or rows.max() >= X.shape[0])):
+        raise ProtocolError("prediction request: offsets or rows out of range")
+    left = np.empty(len(rows), dtype=bool)
+    for i, record in enumerate(records):
+        if int(record) not in lookup:
+            raise ProtocolError(f"prediction request names unknown record {int(record)}")
+        feature, threshold = lookup[int(record)]
+        chunk = rows[offsets[i] : offsets[i + 1]]
+        values = X[chunk, feature]
+        left[offsets[i] : offsets[i + 1]] = values < threshold  # NaN compares False: right
+    return {"left": left}
+
+
+# -- prediction -------------------------------------------------------------------------------------
+def predict_margin(channel, model: SecureBoostGuestModel, X: np.ndarray, session: str) -> np.ndarray:
+    """Margins of the guest's rows ``X`` (aligned with the hosts'); hosts run :func:`serve_host`."""
+    X = np.asarray(X, dtype=np.float64)
+    n = X.shape[0]
+    commands = {k: _Commands(channel, host, session) for k, host in enumerate(model.hosts)}
+    channel.round += 1
+    margin = np.full(n, model.base_margin)
+    position = [np.zeros(n, dtype=np.int64) for _ in model.trees]
+    for _ in range(model.params.max_depth):
+        queries: dict[int, list[tuple[int, int, np.ndarray]]] = {k: [] for k in commands}
+        moves = []
+        for t, tree in enumerate(model.trees):
+            for node in tree:
+                if node.owner is None:
+                    continue
+                rows = np.flatnonzero(position[t] == node.id)
+                if not len(rows):
+                    continue
+                if node.owner < 0:
+                    moves.append((t, node, rows, X[rows, node.feature] < node.threshold))
+                else:
+                    queries[node.owner].append((t, node, rows))
+        for k, items in queries.items():
+            if not items:
+                continue
+            offsets = np.cumsum([0] + [len(rows) for _, _, rows in items])
+            reply = commands[k].request(
+                {
+                    "op": "predict",
+                    "records": np.asarray([node.record for _, node, _ in items], dtype=np.int64),
+                    "offsets": offsets.astype(np.int64),
+                    "rows": np.concatenate([rows for _, _, rows in items]).astype(np.int64),
+                }
+            )
+            left = np.asarray(reply["left"], dtype=bool)
+            for i, (t, node, rows) in enumerate(items):
+                moves.append((t, node, rows, left[offsets[i] : offsets[i + 1]]))
+        if not moves:
+            break
+        for t, node, rows, go_left in moves:
+            position[t][rows[go_left]] = node.left
+            position[t][rows[~go_left]] = node.right
+    for t, tree in enumerate(model.trees):
+        weights = np.array([node.weight for node in tree])
+        margin += weights[position[t]]
+    for c in commands.values():
+        c.request({"op": "done"}, reply=False)
+    return margin
+
+
+def predict_guest(channel, model: SecureBoostGuestModel, X: np.ndarray, session: str) -> np.ndarray:
+    """Predictions (probabilities for binary:logistic, values for regression)."""
+    margin = predict_margin(channel, model, X, session)
+    if model.params.objective == "binary:logistic":
+        return 1.0 / (1.0 + np.exp(-margin))
+    return margin
