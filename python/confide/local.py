@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from confide.aggregator.cluster import Cluster
 from confide.errors import JobFailedError
 from confide.spec import JobSpec
 from confide.transport.certs import init_federation
@@ -42,6 +43,29 @@ class LocalFederation:
     port: int = 0
     parties: dict[str, subprocess.Popen] = field(default_factory=dict)
     aggregator_args: list[str] = field(default_factory=list)
+    cluster: Cluster | None = None
+
+    @property
+    def target(self) -> str:
+        """What parties dial: the aggregator, or every node of the cluster."""
+        return self.cluster.target if self.cluster is not None else f"127.0.0.1:{self.port}"
+
+    def start_cluster(self, nodes: int) -> list[str]:
+        """Start an aggregator cluster of ``nodes`` processes instead of one aggregator."""
+        transport = self.spec.transport
+        self.cluster = Cluster(
+            nodes,
+            self.certs,
+            self.workdir / "aggregator-state",
+            extra_args=[
+                "--round-timeout",
+                str(transport.round_timeout_s),
+                "--dropout-grace",
+                str(transport.dropout_grace_s),
+                *self.aggregator_args,
+            ],
+        )
+        return self.cluster.start()
 
     @property
     def certs(self) -> Path:
@@ -115,7 +139,7 @@ class LocalFederation:
             "--party",
             party,
             "--aggregator",
-            f"127.0.0.1:{self.port}",
+            self.target,
             "--certs",
             str(self.certs),
             "--workdir",
@@ -147,6 +171,8 @@ class LocalFederation:
                 except subprocess.TimeoutExpired:
                     process.kill()
                     process.wait()
+        if self.cluster is not None:
+            self.cluster.stop()
 
     def _tail(self, name: str, lines: int = 15) -> str:
         path = self.workdir / "logs" / f"{name}.log"
@@ -168,16 +194,21 @@ def run_local(
     progress: bool = True,
     echo=print,
     party_env: dict[str, dict[str, str]] | None = None,
+    nodes: int = 1,
 ) -> dict:
     """Run ``spec`` on a local federation in ``workdir``; returns the job report.
 
-    ``party_env`` adds environment variables per party (fault injection in tests).
+    ``party_env`` adds environment variables per party (fault injection in tests); ``nodes`` > 1
+    runs an aggregator cluster of that many processes instead of one aggregator.
     """
     federation = LocalFederation(spec, Path(workdir))
     federation.prepare()
     started = time.perf_counter()
     try:
-        federation.start_aggregator()
+        if nodes > 1:
+            federation.start_cluster(nodes)
+        else:
+            federation.start_aggregator()
         for party in spec.parties:
             federation.start_party(party, (party_env or {}).get(party))
         if spec.vertical:

@@ -88,7 +88,7 @@ class DataSpec(_Strict):
 class ProtectionSpec(_Strict):
     """Protection mode and its parameters (docs/runtime.md has the threat model of each)."""
 
-    mode: Literal["plain", "secagg", "paillier", "groupmask"] = "paillier"
+    mode: Literal["plain", "secagg", "paillier", "groupmask", "tee"] = "paillier"
     key_bits: Literal[2048, 3072, 4096] = 2048
     bits: int = Field(16, ge=2, le=32)
     clipping: Literal["daciq", "max"] = "daciq"

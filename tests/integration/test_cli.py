@@ -50,7 +50,7 @@ def test_run_trains_and_prints_the_report(tmp_path):
 
 def test_unknown_mode_is_an_error_not_a_fallback():
     with pytest.raises(InvalidParameterError, match="mode must be one of"):
-        make_protection("tee", exchange=None, params=None)
+        make_protection("enclave-magic", exchange=None, params=None)
 
 
 def test_running_the_same_job_twice_in_one_workdir_starts_afresh(tmp_path):

@@ -10,7 +10,7 @@ import pytest
 from confide.local import run_local
 from tests.integration.conftest import make_spec
 
-MODES = ["plain", "secagg", "paillier", "groupmask"]
+MODES = ["plain", "secagg", "paillier", "groupmask", "tee"]
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +36,7 @@ def test_mode_trains_and_reports_what_ran(reports, mode):
     assert Path(report["files"]["plot"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.mark.parametrize("mode", ["secagg", "paillier", "groupmask"])
+@pytest.mark.parametrize("mode", ["secagg", "paillier", "groupmask", "tee"])
 def test_protected_modes_match_plain_auc(reports, mode):
     assert abs(reports[mode]["final_auc"] - reports["plain"]["final_auc"]) <= 0.005
 
@@ -56,3 +56,12 @@ def test_label_skew_split_trains(tmp_path):
     report = run_local(spec, tmp_path, progress=False, echo=lambda *_: None)
     assert report["mode"] == "groupmask"
     assert report["final_auc"] > 0.95
+
+
+def test_tee_report_says_the_enclave_was_simulated(reports):
+    protection = reports["tee"]["protection"]
+    assert protection["enclave_simulated"] is True
+    assert protection["enclave"]["mode"] == "simulation"
+    assert protection["enclave"]["hardware_isolation"] is False
+    assert "SIMULATION" in protection["note"]
+    assert "simulated" in reports["tee"]["aggregator_saw"]

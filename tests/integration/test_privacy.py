@@ -154,3 +154,23 @@ def test_groupmask_aggregator_learns_not_even_the_sum(tmp_path, monkeypatch):
 def test_plain_mode_says_the_aggregator_sees_everything(tmp_path, monkeypatch, mode):
     _, protections, _, reports = run_recorded(tmp_path, monkeypatch, mode)
     assert reports["hospital-a"]["protection"]["aggregator_sees"] == "every party's update in the clear"
+
+
+def test_tee_aggregator_outside_the_enclave_gets_ciphertexts_and_a_wrapped_key(tmp_path, monkeypatch):
+    recorded, protections, truth, reports = run_recorded(tmp_path, monkeypatch, "tee")
+    headers = [m for event, _, m in recorded if event == "header"]
+    session_keys = {p._aead is not None for p in protections.values()}
+    assert session_keys == {True}
+    for header in headers:
+        # 92 bytes: the session key wrapped to the enclave's X25519 key, never the key itself.
+        assert len(header.encryption_key) in (0, 92)
+    slices = [(party, m) for event, party, m in recorded if event == "slice"]
+    assert slices
+    for party, message in slices:
+        # nonce + ciphertext + tag; the float32 words of the true update appear nowhere.
+        values = truth[party][(1, message.index)] if (1, message.index) in truth[party] else None
+        assert len(message.payload) == 12 + 4 * message.n_valid + 16
+        if values is not None:
+            assert np.asarray(values, dtype="<f4").tobytes() not in message.payload
+    for report in reports.values():
+        assert report["protection"]["enclave_simulated"] is True

@@ -3,6 +3,7 @@
 //! GIL released (`py.detach`) on a rayon pool of the requested size, (c) maps
 //! errors once (errors.rs). The public Python API is `confide.crypto`.
 
+mod agg;
 mod errors;
 mod psi;
 
@@ -760,6 +761,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("GMP_VERSION", gmp_version())?;
     m.add_function(wrap_pyfunction!(engine, m)?)?;
     psi::register(m)?;
+    agg::register(m)?;
     Ok(())
 }
 

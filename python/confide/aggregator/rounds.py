@@ -1,18 +1,22 @@
-"""Round state: incremental aggregation per (job, round, attempt, slice index).
+"""Round state: the control side of one (job, round, attempt, share) at the aggregator.
 
 A round attempt opens with the first party's header, which fixes the participants, the
-aggregation kind, the slice geometry and (paillier) the public key; every later header must
-agree. Each arriving slice is checked (index, length, key, structure) and folded into the
-accumulator of its index at once, whatever the arrival order; a second copy from the same
-party is counted and ignored. When every participant has contributed to an index, the
-combined slice is emitted and the accumulator freed.
+aggregation kind, the slice geometry and the key material (paillier: public key; tee: the
+session key wrapped to the enclave); every later header must agree. Slices are folded by the
+native data plane (:class:`confide._native.DataPlane`, crate ``confide-agg``): one worker per
+core, each owning the partial sums of the indices routed to it, so folding runs without the GIL
+and without cross-core locks. This module keeps only bookkeeping: who joined, who sent how many
+slices, which indices completed, and the round's status.
 
-The aggregator combines only what it can without keys: float32 sums (plain), sums mod 2^32
-(masked words) and products mod n^2 (Paillier ciphertexts, public key only).
+The aggregator combines only what it can without keys: float32 sums or weighted means (plain),
+sums mod 2^32 (masked words), products mod n^2 (Paillier ciphertexts, public key only); in
+``tee`` mode the data plane hands AES-GCM sealed slices to the enclave interface, which opens,
+folds and re-seals them (simulated where no enclave hardware exists, and reported so).
 """
 
 from __future__ import annotations
 
+import itertools
 import re
 import threading
 import time
@@ -20,19 +24,55 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from confide.crypto import EncryptedVector, EncryptionKey, sum_encrypted
+from confide import _native
+from confide.crypto import EncryptionKey
 from confide.errors import ProtocolError, RoundClosedError
+from confide.transport.routing import share_indices
 from confide.v1 import runtime_pb2 as pb
 
-__all__ = ["Accumulator", "RoundKey", "RoundState", "expected_length", "make_accumulator"]
+__all__ = ["NATIVE_KIND", "RoundKey", "RoundState", "expected_length", "validate_header"]
 
-RoundKey = tuple[str, int, int]  # (job_id, round, attempt)
-_HEADER_FIELDS = ("participants", "kind", "num_slices", "slice_length", "vector_length", "routing", "mode")
+RoundKey = tuple[str, int, int, int]  # (job_id, round, attempt, share)
+_HEADER_FIELDS = (
+    "participants",
+    "kind",
+    "num_slices",
+    "slice_length",
+    "vector_length",
+    "routing",
+    "mode",
+    "weights",
+    "cluster_nodes",
+    "share",
+)
 MAX_PARTICIPANTS = 1024
 MAX_SLICES = 1 << 20
 MAX_SLICE_LENGTH = 4 * 1024 * 1024
+MAX_CLUSTER_NODES = 256
 _JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
-_KINDS = (pb.AGGREGATION_KIND_FLOAT32_SUM, pb.AGGREGATION_KIND_UINT32_SUM, pb.AGGREGATION_KIND_PAILLIER_PRODUCT)
+#: Aggregation kind → the native data plane's name for it.
+NATIVE_KIND = {
+    pb.AGGREGATION_KIND_FLOAT32_SUM: "f32_sum",
+    pb.AGGREGATION_KIND_FLOAT32_MEAN: "f32_mean",
+    pb.AGGREGATION_KIND_UINT32_SUM: "u32_sum",
+    pb.AGGREGATION_KIND_PAILLIER_PRODUCT: "paillier",
+    pb.AGGREGATION_KIND_TEE_FLOAT32_SUM: "tee_f32_sum",
+    pb.AGGREGATION_KIND_TEE_FLOAT32_MEAN: "tee_f32_mean",
+}
+_MEAN_KINDS = (pb.AGGREGATION_KIND_FLOAT32_MEAN, pb.AGGREGATION_KIND_TEE_FLOAT32_MEAN)
+_TEE_KINDS = (pb.AGGREGATION_KIND_TEE_FLOAT32_SUM, pb.AGGREGATION_KIND_TEE_FLOAT32_MEAN)
+_round_ids = itertools.count(1)
+_default_plane: _native.DataPlane | None = None
+_default_lock = threading.Lock()
+
+
+def default_plane() -> _native.DataPlane:
+    """A process-wide data plane for round states made without one (tools and tests)."""
+    global _default_plane
+    with _default_lock:
+        if _default_plane is None:
+            _default_plane = _native.DataPlane(0, 256 * 1024**2)
+        return _default_plane
 
 
 def expected_length(header: pb.RoundHeader, index: int) -> int:
@@ -40,106 +80,16 @@ def expected_length(header: pb.RoundHeader, index: int) -> int:
     return int(min(header.slice_length, header.vector_length - index * header.slice_length))
 
 
-class Accumulator:
-    """Combines the payloads of one slice index; kind-specific subclasses below."""
-
-    def check(self, payload: bytes, n_valid: int):
-        """Validate a payload of ``n_valid`` values; return the parsed form to :meth:`add`."""
-        raise NotImplementedError
-
-    def add(self, parsed) -> None:
-        """Fold one parsed payload in."""
-        raise NotImplementedError
-
-    def result(self) -> bytes:
-        """The combined payload."""
-        raise NotImplementedError
-
-
-class _WordSum(Accumulator):
-    dtype: np.dtype
-
-    def __init__(self) -> None:
-        self._total: np.ndarray | None = None
-
-    def check(self, payload: bytes, n_valid: int) -> np.ndarray:
-        width = self.dtype.itemsize
-        if len(payload) != n_valid * width:
-            raise ProtocolError(
-                f"payload holds {len(payload)} bytes; slice of {n_valid} values needs {n_valid * width} "
-                f"({self.dtype.name} words)"
-            )
-        return np.frombuffer(payload, dtype=self.dtype)
-
-    def add(self, parsed: np.ndarray) -> None:
-        if self._total is None:
-            self._total = parsed.copy()
-        else:
-            # uint32 addition wraps: exactly the sum mod 2^32 the masks need.
-            np.add(self._total, parsed, out=self._total)
-
-    def result(self) -> bytes:
-        assert self._total is not None
-        return self._total.tobytes()
-
-
-class Float32Sum(_WordSum):
-    """plain: float32 sum."""
-
-    dtype = np.dtype("<f4")
-
-    def check(self, payload: bytes, n_valid: int) -> np.ndarray:
-        values = super().check(payload, n_valid)
-        if not np.isfinite(values).all():
-            raise ProtocolError(f"payload holds {int((~np.isfinite(values)).sum())} non-finite float32 values")
-        return values
-
-
-class Uint32Sum(_WordSum):
-    """secagg / groupmask: masked words summed mod 2^32."""
-
-    dtype = np.dtype("<u4")
-
-
-class PaillierProduct(Accumulator):
-    """paillier: packed ciphertext blocks multiplied mod n^2 under the round's public key."""
-
-    def __init__(self, key: EncryptionKey) -> None:
-        self._key = key
-        self._total: EncryptedVector | None = None
-
-    def check(self, payload: bytes, n_valid: int) -> EncryptedVector:
-        vector = EncryptedVector.from_bytes(payload, self._key)
-        if vector.length != n_valid:
-            raise ProtocolError(f"ciphertext block packs {vector.length} values; the slice holds {n_valid}")
-        if vector.summed != 1:
-            raise ProtocolError(f"ciphertext block is already a sum of {vector.summed} vectors")
-        return vector
-
-    def add(self, parsed: EncryptedVector) -> None:
-        self._total = parsed if self._total is None else sum_encrypted([self._total, parsed], threads=1)
-
-    def result(self) -> bytes:
-        assert self._total is not None
-        return self._total.to_bytes()
-
-
-def make_accumulator(header: pb.RoundHeader, key: EncryptionKey | None) -> Accumulator:
-    """The accumulator for the round's aggregation kind."""
-    if header.kind == pb.AGGREGATION_KIND_FLOAT32_SUM:
-        return Float32Sum()
-    if header.kind == pb.AGGREGATION_KIND_UINT32_SUM:
-        return Uint32Sum()
-    if header.kind == pb.AGGREGATION_KIND_PAILLIER_PRODUCT and key is not None:
-        return PaillierProduct(key)
-    raise ProtocolError(f"header.kind {header.kind} is not an aggregation kind this aggregator runs")
+def is_tee(kind: int) -> bool:
+    """Whether ``kind`` is sealed for the enclave."""
+    return kind in _TEE_KINDS
 
 
 def validate_header(header: pb.RoundHeader) -> EncryptionKey | None:
     """Check one header on its own; returns the paillier public key when there is one."""
     if not _JOB_ID.match(header.job_id):
         raise ProtocolError("header.job_id must be 1..128 characters of [A-Za-z0-9_.-], starting alphanumeric")
-    if header.kind not in _KINDS:
+    if header.kind not in NATIVE_KIND:
         raise ProtocolError(f"header.kind {header.kind} is not an aggregation kind this aggregator runs")
     participants = list(header.participants)
     if not 1 <= len(participants) <= MAX_PARTICIPANTS or len(set(participants)) != len(participants):
@@ -156,43 +106,104 @@ def validate_header(header: pb.RoundHeader) -> EncryptionKey | None:
         )
     if header.routing not in (pb.RESULT_ROUTING_ALL, pb.RESULT_ROUTING_ROUND_ROBIN):
         raise ProtocolError(f"header.routing {header.routing} is not a result routing")
+    if header.cluster_nodes > MAX_CLUSTER_NODES:
+        raise ProtocolError(f"header.cluster_nodes must be at most {MAX_CLUSTER_NODES}, got {header.cluster_nodes}")
+    if header.share >= max(1, header.cluster_nodes):
+        raise ProtocolError(f"header.share {header.share} is out of range (cluster_nodes {header.cluster_nodes})")
+    if header.kind in _MEAN_KINDS:
+        weights = np.asarray(header.weights, dtype=np.float64)
+        if len(weights) != len(participants) or not np.isfinite(weights).all() or (weights < 0).any():
+            raise ProtocolError(
+                f"header.weights must hold {len(participants)} finite non-negative weights (one per participant)"
+            )
+        if weights.sum() <= 0:
+            raise ProtocolError("header.weights must not all be zero")
+    elif len(header.weights):
+        raise ProtocolError("header.weights is only for the weighted-mean kinds")
     if header.kind == pb.AGGREGATION_KIND_PAILLIER_PRODUCT:
         if not header.encryption_key:
             raise ProtocolError("header.encryption_key is required for paillier aggregation")
         return EncryptionKey.from_bytes(header.encryption_key)
+    if header.kind in _TEE_KINDS:
+        if not header.encryption_key:
+            raise ProtocolError("header.encryption_key (the session key wrapped to the enclave) is required for tee")
+        return None
     if header.encryption_key:
-        raise ProtocolError("header.encryption_key must be empty unless kind is paillier")
+        raise ProtocolError("header.encryption_key must be empty unless kind is paillier or tee")
     return None
 
 
 @dataclass
 class RoundState:
-    """One round attempt at the aggregator."""
+    """One round attempt (one share of it, on a cluster) at the aggregator."""
 
     key: RoundKey
     header: pb.RoundHeader
     encryption_key: EncryptionKey | None
+    #: The native data plane that folds this round's slices (shared by all rounds of a node).
+    plane: _native.DataPlane | None = None
+    round_id: int = field(default_factory=lambda: next(_round_ids))
     created: float = field(default_factory=time.monotonic)
-    partial: dict[int, tuple[Accumulator, set[str]]] = field(default_factory=dict)
+    owned: frozenset[int] = frozenset()
     done: dict[int, bytes] = field(default_factory=dict)
     joined: set[str] = field(default_factory=set)
-    finished: set[str] = field(default_factory=set)
     contributed: dict[str, int] = field(default_factory=dict)
     broken: dict[str, float] = field(default_factory=dict)
     status: str = "open"
     reason: str = ""
+    #: Incomplete partial sums written out while a participant is away (Jupiter §3.5).
+    checkpoint: bytes | None = None
+    checkpoints_written: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        header = self.header
+        self.owned = frozenset(share_indices(header.job_id, header.share, header.cluster_nodes, header.num_slices))
+        self._positions = {party: i for i, party in enumerate(header.participants)}
+        self._n_valid = np.minimum(
+            header.slice_length,
+            header.vector_length - np.arange(header.num_slices, dtype=np.int64) * header.slice_length,
+        )
+        self._owned_mask = np.zeros(header.num_slices, dtype=bool)
+        self._owned_mask[list(self.owned)] = True
+        if self.plane is None:
+            self.plane = default_plane()
+        self.plane.open_round(
+            self.round_id,
+            header.job_id,
+            NATIVE_KIND[header.kind],
+            len(header.participants),
+            header.num_slices,
+            header.slice_length,
+            header.vector_length,
+            list(header.weights) or None,
+            self.encryption_key._native if self.encryption_key is not None else None,
+            header.round,
+            header.attempt,
+        )
 
     @property
     def participants(self) -> list[str]:
         """Participants in header order."""
         return list(self.header.participants)
 
+    @property
+    def native_kind(self) -> str:
+        """The data plane's name for this round's aggregation."""
+        return NATIVE_KIND[self.header.kind]
+
+    def position(self, party: str) -> int:
+        """Index of ``party`` among the participants."""
+        position = self._positions.get(party)
+        if position is None:
+            raise ProtocolError(f"{party!r} is not a participant of round attempt {self.key}")
+        return position
+
     def check_header(self, header: pb.RoundHeader) -> None:
         """A later party's header must describe the same round."""
         for name in _HEADER_FIELDS:
             mine, theirs = getattr(self.header, name), getattr(header, name)
-            if name == "participants":
+            if name in ("participants", "weights"):
                 mine, theirs = list(mine), list(theirs)
             if mine != theirs:
                 raise ProtocolError(
@@ -201,51 +212,140 @@ class RoundState:
         if header.encryption_key != self.header.encryption_key:
             raise ProtocolError(f"header.encryption_key of {header.party_id!r} differs from the round's key")
 
-    def accept(self, party: str, message: pb.Slice) -> tuple[bool, bytes | None]:
-        """Fold ``message`` in; returns (accepted, combined payload if the index completed)."""
+    def check_batch(self, indices: np.ndarray, n_valid: np.ndarray, lengths: np.ndarray, payload_size: int) -> None:
+        """Structure of a batch: indices in range and in this share, lengths consistent."""
+        if not (len(indices) == len(n_valid) == len(lengths)):
+            raise ProtocolError(
+                f"batch.indices, batch.n_valid and batch.lengths differ in length "
+                f"({len(indices)}, {len(n_valid)}, {len(lengths)})"
+            )
+        if len(indices) == 0:
+            return
+        top = int(indices.max())
+        if top >= self.header.num_slices:
+            raise ProtocolError(f"slice.index {top} is out of range (num_slices {self.header.num_slices})")
+        wanted = self._n_valid[indices]
+        wrong = np.flatnonzero(wanted != n_valid)
+        if len(wrong):
+            i = int(indices[wrong[0]])
+            raise ProtocolError(
+                f"slice.n_valid of slice {i} is {int(n_valid[wrong[0]])}; it must be {int(wanted[wrong[0]])}"
+            )
+        foreign = np.flatnonzero(~self._owned_mask[indices])
+        if len(foreign):
+            raise ProtocolError(
+                f"slice {int(indices[foreign[0]])} belongs to another share than {self.header.share} "
+                f"of this {self.header.cluster_nodes}-node cluster"
+            )
+        if int(lengths.sum(dtype=np.int64)) != payload_size:
+            raise ProtocolError(
+                f"batch.payload holds {payload_size} bytes; batch.lengths add up to {int(lengths.sum(dtype=np.int64))}"
+            )
+
+    def fold(
+        self,
+        party: str,
+        indices: np.ndarray,
+        n_valid: np.ndarray,
+        lengths: np.ndarray,
+        payload: bytes,
+        *,
+        payload_size: int | None = None,
+    ) -> tuple[int, int, list[tuple[int, bytes]], bool]:
+        """Fold a batch of ``party``'s slices in the data plane.
+
+        ``payload`` is the concatenated slice payloads, or (``payload_size`` given) the whole
+        received ``PushMessage``, folded in place by the data plane.
+
+        Returns (accepted, duplicates or late copies, completed (index, combined payload),
+        whether this batch completed the round's share). A refused slice raises
+        :class:`ProtocolError`; slices of the batch folded before it stay folded (:meth:`drain`).
+        """
         if self.status == "complete":
-            return False, None  # a late copy of a slice that already completed its index
+            return 0, len(indices), [], False  # late copies of slices whose indices already completed
         if self.status != "open":
             raise RoundClosedError(f"round attempt {self.key} is {self.status}")
-        if party not in self.header.participants:
-            raise ProtocolError(f"{party!r} is not a participant of round attempt {self.key}")
-        index = message.index
-        if index >= self.header.num_slices:
-            raise ProtocolError(f"slice.index {index} is out of range (num_slices {self.header.num_slices})")
-        wanted = expected_length(self.header, index)
-        if message.n_valid != wanted:
-            raise ProtocolError(f"slice.n_valid of slice {index} is {message.n_valid}; it must be {wanted}")
+        position = self.position(party)
+        self.check_batch(indices, n_valid, lengths, len(payload) if payload_size is None else payload_size)
+        self.restore()
+        assert self.plane is not None
+        try:
+            if payload_size is not None:
+                accepted, duplicates, late, completed = self.plane.push_message(self.round_id, position, payload)
+            else:
+                accepted, duplicates, late, completed = self.plane.push(
+                    self.round_id, position, indices.astype("<u4").tobytes(), lengths.astype("<u4").tobytes(), payload
+                )
+        except ValueError as error:
+            raise ProtocolError(str(error)) from None
+        return accepted, duplicates + late, completed, self.record(party, accepted, completed)
+
+    def accept(self, party: str, message: pb.Slice) -> tuple[bool, bytes | None]:
+        """Fold one slice; returns (accepted, combined payload if its index completed)."""
+        accepted, _, completed, _ = self.fold(
+            party,
+            np.array([message.index], dtype=np.uint32),
+            np.array([message.n_valid], dtype=np.uint32),
+            np.array([len(message.payload)], dtype=np.uint32),
+            message.payload,
+        )
+        return accepted == 1, (completed[0][1] if completed else None)
+
+    def drain(self, party: str) -> tuple[list[tuple[int, bytes]], bool]:
+        """After a batch of ``party`` was refused part-way: book what its other slices did.
+
+        Slices before the refused one stay folded; the indices they completed are returned, and
+        the party's count of contributed slices is recounted from the open partial sums.
+        """
+        assert self.plane is not None
+        completed = self.plane.take_completed(self.round_id)
+        finished = self.record("", 0, completed) if completed else False
+        open_entries = self.plane.missing(self.round_id)
+        position = self.position(party)
         with self.lock:
-            if index in self.done:
-                return False, None
-            entry = self.partial.get(index)
-            if entry is not None and party in entry[1]:
-                return False, None
-        # Parsing and checking run outside the lock: they are the expensive part for ciphertexts.
-        probe = entry[0] if entry is not None else make_accumulator(self.header, self.encryption_key)
-        parsed = probe.check(message.payload, wanted)
+            waiting = sum(1 for _, absent in open_entries if position in absent)
+            self.contributed[party] = len(self.done) + len(open_entries) - waiting
+        return completed, finished
+
+    def restore(self) -> None:
+        """Reload partial sums written out while a participant was away."""
         with self.lock:
-            if index in self.done:
-                return False, None
-            entry = self.partial.get(index)
-            if entry is None:
-                entry = (probe, set())
-                self.partial[index] = entry
-            accumulator, seen = entry
-            if party in seen:
-                return False, None
-            accumulator.add(parsed)
-            seen.add(party)
-            self.contributed[party] = self.contributed.get(party, 0) + 1
-            if len(seen) < len(self.header.participants):
-                return True, None
-            combined = accumulator.result()
-            del self.partial[index]
-            self.done[index] = combined
-            if len(self.done) == self.header.num_slices:
+            blob, self.checkpoint = self.checkpoint, None
+            if blob is not None:
+                assert self.plane is not None
+                self.plane.restore_round(self.round_id, blob)
+
+    def write_checkpoint(self) -> tuple[int, int] | None:
+        """Move the partial sums out of memory (a participant is away); (indices, bytes)."""
+        with self.lock:
+            if self.status != "open" or self.checkpoint is not None:
+                return None
+            assert self.plane is not None
+            missing = self.plane.missing(self.round_id)
+            self.checkpoint = self.plane.checkpoint_round(self.round_id)
+            self.checkpoints_written += 1
+            return len(missing), len(self.checkpoint)
+
+    def close(self) -> None:
+        """Free the round's state in the data plane."""
+        with self.lock:
+            self.checkpoint = None
+        assert self.plane is not None
+        self.plane.close_round(self.round_id)
+
+    def record(self, party: str, accepted: int, completed: list[tuple[int, bytes]]) -> bool:
+        """Book one folded batch; True when the share of the round just completed."""
+        with self.lock:
+            if accepted:
+                self.contributed[party] = self.contributed.get(party, 0) + accepted
+            for index, payload in completed:
+                self.done[index] = payload
+            if self.status == "open" and len(self.done) == len(self.owned):
                 self.status = "complete"
-            return True, combined
+                return True
+            return False
 
     def missing(self) -> list[str]:
-        """Participants that have not sent every slice yet."""
-        return [p for p in self.header.participants if self.contributed.get(p, 0) < self.header.num_slices]
+        """Participants that have not sent every slice of the share yet."""
+        need = len(self.owned)
+        return [p for p in self.header.participants if self.contributed.get(p, 0) < need]

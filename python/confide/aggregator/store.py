@@ -1,7 +1,9 @@
 """Completed rounds on disk, so an aggregator restarted mid-job loses no completed round.
 
 Each completed round attempt is written once, atomically (temporary file, fsync, rename), as
-``<state>/<job>/round-<r>-<attempt>.bin``: the serialized header, then every combined slice.
+``<state>/<job>/round-<r>-<attempt>.bin`` (``round-<r>-<attempt>-s<share>.bin`` for a share of
+a cluster round: a node may serve a lost node's share too): the serialized header, then every
+combined slice.
 A paillier job's public key is kept in ``<state>/<job>/encryption_key.bin``.
 It holds only what the aggregator saw anyway (sums in plain/secagg, ciphertext products or
 masked words otherwise). The last ``keep`` rounds per job are kept.
@@ -19,7 +21,7 @@ from confide.v1 import runtime_pb2 as pb
 
 __all__ = ["ResultStore"]
 
-_NAME = re.compile(r"^round-(\d+)-(\d+)\.bin$")
+_NAME = re.compile(r"^round-(\d+)-(\d+)(?:-s(\d+))?\.bin$")
 _FRAME = struct.Struct("<IQ")
 
 
@@ -36,7 +38,8 @@ class ResultStore:
             return
         job_dir = self._directory / _safe(header.job_id)
         job_dir.mkdir(parents=True, exist_ok=True)
-        path = job_dir / f"round-{header.round}-{header.attempt}.bin"
+        suffix = f"-s{header.share}" if header.cluster_nodes > 1 else ""
+        path = job_dir / f"round-{header.round}-{header.attempt}{suffix}.bin"
         temporary = path.with_suffix(".tmp")
         stored = pb.RoundHeader()
         stored.CopyFrom(header)
@@ -100,8 +103,10 @@ class ResultStore:
             match = _NAME.match(path.name)
             if match:
                 found.append(((int(match[1]), int(match[2])), path))
-        for _, path in sorted(found)[: -self._keep]:
-            path.unlink(missing_ok=True)
+        keep = sorted({key for key, _ in found})[-self._keep :]
+        for key, path in found:
+            if key not in keep:
+                path.unlink(missing_ok=True)
 
 
 def _safe(job_id: str) -> str:

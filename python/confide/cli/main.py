@@ -1,4 +1,4 @@
-"""``confide certs init | aggregator | party | run`` and the controller commands (cli/controller.py)."""
+"""``confide certs init | aggregator | cluster | party | run`` and the controller commands (cli/controller.py)."""
 
 from __future__ import annotations
 
@@ -41,6 +41,17 @@ def _parser() -> argparse.ArgumentParser:
     aggregator.add_argument("--dropout-grace", type=float, default=5.0, help="seconds to resume a broken stream")
     aggregator.add_argument("--controller", default=None, help="follow this controller (https://host:port)")
     aggregator.add_argument("--advertise", default=None, help="address parties dial (default: the bound one)")
+    aggregator.add_argument("--workers", type=int, default=0, help="data-plane workers (0: one per core)")
+    aggregator.add_argument("--max-staged-mb", type=int, default=256, help="partial sums held in memory, MiB")
+    aggregator.add_argument("--max-streams", type=int, default=128, help="gRPC threads (two per connected party)")
+
+    cluster = commands.add_parser("cluster", help="run an aggregator cluster (N aggregator processes)")
+    cluster.add_argument("--nodes", type=int, required=True, help="number of aggregator nodes")
+    cluster.add_argument("--certs", required=True, help="federation certificate directory")
+    cluster.add_argument("--workdir", required=True, help="per-node state, logs and port files")
+    cluster.add_argument("--host", default="127.0.0.1", help="interface to listen on")
+    cluster.add_argument("--name", default="aggregator", help="identity every node serves as")
+    cluster.add_argument("--addresses-file", default=None, help="write the parties' --aggregator value here")
 
     party = commands.add_parser("party", help="run one party of a job")
     source = party.add_mutually_exclusive_group(required=True)
@@ -63,6 +74,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--split", default=None, help="override data.split (iid or label_skew)")
     run.add_argument("--rounds", type=int, default=None, help="override rounds")
     run.add_argument("--no-progress", action="store_true", help="print round lines without a progress bar")
+    run.add_argument("--nodes", type=int, default=1, help="aggregator nodes (more than 1: a cluster)")
     controller_commands.add_commands(commands)
     return parser
 
@@ -82,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
             return _certs(args)
         if args.command == "aggregator":
             return _aggregator(args)
+        if args.command == "cluster":
+            return _cluster(args)
         if args.command == "party":
             return _party(args)
         if args.command in controller_commands.COMMANDS:
@@ -120,7 +134,12 @@ def _aggregator(args) -> int:
 
     identity = Identity.load(args.certs, args.name)
     config = AggregatorConfig(
-        round_timeout_s=args.round_timeout, dropout_grace_s=args.dropout_grace, state_dir=args.state
+        round_timeout_s=args.round_timeout,
+        dropout_grace_s=args.dropout_grace,
+        state_dir=args.state,
+        workers=args.workers,
+        max_staged_bytes=args.max_staged_mb * 1024**2,
+        max_workers=args.max_streams,
     )
     server, port, core = serve(identity, args.listen, config)
     if args.port_file:
@@ -147,6 +166,29 @@ def _aggregator(args) -> int:
         agent.stop()
     server.stop(grace=2).wait()
     core.close()
+    return 0
+
+
+def _cluster(args) -> int:
+    from confide.aggregator.cluster import Cluster
+
+    cluster = Cluster(args.nodes, args.certs, args.workdir, host=args.host, name=args.name)
+    addresses = cluster.start()
+    if args.addresses_file:
+        temporary = Path(args.addresses_file + ".tmp")
+        temporary.write_text(cluster.target)
+        temporary.replace(args.addresses_file)
+    print(f"aggregator cluster of {args.nodes} nodes: {cluster.target}", flush=True)
+    print("parties: --aggregator " + ",".join(addresses) + "  (node 0 also relays)", flush=True)
+    stopped = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stopped.set())
+    reported: set[int] = set()
+    while not stopped.wait(1.0):
+        for k in set(range(args.nodes)) - set(cluster.alive()) - reported:
+            reported.add(k)
+            print(f"aggregator node {k} exited; parties re-route its share to the next live node", flush=True)
+    cluster.stop()
     return 0
 
 
@@ -202,7 +244,7 @@ def _run(args) -> int:
         f"{spec.rounds} rounds, {spec.model.algorithm}, mode {spec.protection.mode}, data {spec.data.dataset}"
     )
     print(f"starting an aggregator and {len(spec.parties)} party processes on loopback (gRPC + mutual TLS)")
-    report = run_local(spec, workdir, progress=not args.no_progress)
+    report = run_local(spec, workdir, progress=not args.no_progress, nodes=args.nodes)
     print_summary(report)
     return 0
 
@@ -236,6 +278,9 @@ def print_summary(report: dict) -> None:
             f"  Paillier {protection['key_bits']}-bit, BatchCrypt {protection['quantization_bits']}-bit quantization, "
             f"{protection['clipping']} clipping (last alpha {protection['last_alpha']:.4g}); {protection['decryption']}"
         )
+    if report["mode"] == "tee":
+        enclave = protection.get("enclave", {})
+        print(f"  {protection['note']}  (enclave report: mode {enclave.get('mode')!r}, {enclave.get('note', '')})")
     central = report["centralized"]
     final = report["final_auc"]
     if central and final is not None:

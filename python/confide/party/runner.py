@@ -205,6 +205,7 @@ class PartyExchange:
         self.identity = client.identity
         self.upload: RoundUpload | None = None
         self._reconnects = 0
+        self._lost = 0
         self.wait_seconds = 0.0
 
     def send(self, round_number: int, tag: str, payload: bytes, recipients) -> None:
@@ -230,6 +231,15 @@ class PartyExchange:
                     if upload is not None:
                         log.info("reconnected to the aggregator: uploading the open attempt again")
                         upload.start(self.header_key)
+                if len(self.client.lost_nodes) != self._lost:
+                    # A cluster node was lost: its share goes to the next live node from our retained copy.
+                    self._lost = len(self.client.lost_nodes)
+                    if upload is not None:
+                        log.info(
+                            "aggregator node(s) %s lost: re-routing the open attempt", sorted(self.client.lost_nodes)
+                        )
+                        upload.start(self.header_key)
+                self.client.raise_fatal()
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise MessageTimeoutError(f"no message {key!r} within {timeout:g} s")

@@ -7,7 +7,10 @@ plain       every update                      nothing                        bas
 secagg      only the sum                      pairwise X25519 keys           ~plain
 paillier    nothing                           one Paillier key (leader)      packed HE
 groupmask   nothing                           one group key (leader)         ~plain
+tee         nothing outside the enclave       session key (leader → enclave) AES-256-GCM
 =========== ================================= ============================== =================
+
+``tee`` runs against a simulated enclave where no SGX exists, and its report says so.
 
 :func:`make_protection` builds one; a mode name it does not know is an error, never a
 fallback to plaintext.
@@ -20,6 +23,7 @@ from confide.protect.base import Exchange, Protection, ProtectionParams, RoundCo
 from confide.protect.masking import GroupMask, SecAgg
 from confide.protect.paillier import PaillierProtection
 from confide.protect.plain import Plain
+from confide.protect.tee import TeeProtection
 
 __all__ = ["MODES", "Exchange", "Protection", "ProtectionParams", "RoundContext", "make_protection"]
 
@@ -28,6 +32,7 @@ MODES: dict[str, type[Protection]] = {
     "secagg": SecAgg,
     "paillier": PaillierProtection,
     "groupmask": GroupMask,
+    "tee": TeeProtection,
 }
 
 

@@ -11,6 +11,15 @@ When the stream breaks (network, aggregator restart) the thread reconnects and t
 re-sends every envelope of the recent rounds: receivers ignore what they already have, so a
 restarted relay loses nothing that still matters. Bytes are counted per round as serialized
 on the wire (protobuf size), both directions.
+
+Slices go out in batches (:class:`SliceBatch`, about 1 MiB each) so that per-message overhead
+stays off the data path. With an aggregator cluster (``target`` lists several nodes) every
+node holds a Subscribe stream; slices are split by share (:mod:`confide.transport.routing`)
+and each share is pushed to the node serving it. A node whose delivery stream stays broken for
+``node_grace_s``, or that refuses connections while slices are pushed, is marked lost: its
+share goes to the next live node from the party's retained copy (the round upload keeps every
+slice until the attempt completes). The first node also hosts the relay; losing it fails the
+job with a clear error.
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
@@ -27,14 +37,76 @@ from confide.errors import MessageTimeoutError, RoundAbortedError, TransportUnav
 from confide.transport import tls
 from confide.transport.certs import Identity
 from confide.transport.pool import Interrupted, MessagePool
+from confide.transport.routing import node_for, serving_node
 from confide.transport.status import from_rpc_error
 from confide.v1 import runtime_pb2 as pb
 from confide.v1 import runtime_pb2_grpc as rpc
 
-__all__ = ["AGGREGATOR", "AggregatorClient"]
+__all__ = ["AGGREGATOR", "AggregatorClient", "batched", "parse_targets"]
 
 log = logging.getLogger("confide.transport")
 AGGREGATOR = "aggregator"
+#: Slices per push message: up to this many bytes or slices, whichever comes first.
+BATCH_BYTES = 1 << 20
+BATCH_SLICES = 64
+
+
+def parse_targets(target: str | Sequence[str]) -> list[str]:
+    """Aggregator node addresses from "host:port[,host:port...]" or a list."""
+    items = target.split(",") if isinstance(target, str) else list(target)
+    targets = [t.strip() for t in items if t.strip()]
+    if not targets:
+        raise ValueError("aggregator must name at least one host:port")
+    return targets
+
+
+def batched(header: pb.RoundHeader, slices: Iterable[pb.Slice], sent: dict[int, int] | None = None):
+    """The push stream: the header, then slices grouped into :class:`SliceBatch` messages."""
+    message = pb.PushMessage(header=header)
+    if sent is not None:
+        sent[header.round] += message.ByteSize()
+    yield message
+    indices: list[int] = []
+    n_valid: list[int] = []
+    lengths: list[int] = []
+    payloads: list[bytes] = []
+    size = 0
+    for item in slices:
+        indices.append(item.index)
+        n_valid.append(item.n_valid)
+        lengths.append(len(item.payload))
+        payloads.append(item.payload)
+        size += len(item.payload)
+        if size >= BATCH_BYTES or len(indices) >= BATCH_SLICES:
+            message = pb.PushMessage(
+                batch=pb.SliceBatch(indices=indices, n_valid=n_valid, lengths=lengths, payload=b"".join(payloads))
+            )
+            if sent is not None:
+                sent[header.round] += message.ByteSize()
+            yield message
+            indices, n_valid, lengths, payloads, size = [], [], [], [], 0
+    if indices:
+        message = pb.PushMessage(
+            batch=pb.SliceBatch(indices=indices, n_valid=n_valid, lengths=lengths, payload=b"".join(payloads))
+        )
+        if sent is not None:
+            sent[header.round] += message.ByteSize()
+        yield message
+
+
+class _Node:
+    """One aggregator node: its channel, stubs and delivery stream."""
+
+    def __init__(self, index: int, target: str, identity: Identity) -> None:
+        self.index = index
+        self.target = target
+        self.channel = tls.channel(target, identity)
+        self.aggregation = rpc.AggregationStub(self.channel)
+        self.relay = rpc.RelayStub(self.channel)
+        self.stream: grpc.Future | None = None
+        self.thread: threading.Thread | None = None
+        self.subscribed = threading.Event()
+        self.broken_since: float | None = None
 
 
 class AggregatorClient:
@@ -42,8 +114,8 @@ class AggregatorClient:
 
     Parameters
     ----------
-    target : str
-        "host:port" of the aggregator.
+    target : str or list of str
+        "host:port" of the aggregator, or its cluster's nodes ("h:p1,h:p2,...": the first also relays).
     identity : Identity
         The party's certificate and key.
     job_id : str
@@ -62,6 +134,7 @@ class AggregatorClient:
         *,
         reconnect_timeout_s: float = 60.0,
         message_timeout_s: float = 120.0,
+        node_grace_s: float = 3.0,
     ) -> None:
         self.identity = identity
         self.party_id = identity.name
@@ -72,70 +145,132 @@ class AggregatorClient:
         self.bytes_sent: dict[int, int] = defaultdict(int)
         self.bytes_received: dict[int, int] = defaultdict(int)
         self.reconnects = 0
-        self._channel = tls.channel(target, identity)
-        self._aggregation = rpc.AggregationStub(self._channel)
-        self._relay = rpc.RelayStub(self._channel)
+        self.node_grace_s = node_grace_s
+        self._nodes = [_Node(i, t, identity) for i, t in enumerate(parse_targets(target))]
+        #: Cluster nodes found lost (their shares are served by the next live node).
+        self.lost_nodes: set[int] = set()
+        self._lost_lock = threading.Lock()
+        self._aggregation = self._nodes[0].aggregation
+        self._relay = self._nodes[0].relay
         self._sent: dict[tuple[int, str, tuple[str, ...]], pb.Envelope] = {}
         self._sent_lock = threading.Lock()
         self._closed = threading.Event()
-        self._subscribed = threading.Event()
         self._fatal: BaseException | None = None
         self._interrupt: tuple | None = None
-        self._stream: grpc.Future | None = None
-        self._thread = threading.Thread(target=self._subscribe_loop, name="confide-subscribe", daemon=True)
+        for node in self._nodes:
+            node.thread = threading.Thread(
+                target=self._subscribe_loop, args=(node,), name=f"confide-subscribe-{node.index}", daemon=True
+            )
+
+    @property
+    def cluster_nodes(self) -> int:
+        """Aggregator nodes (1: a single aggregator)."""
+        return len(self._nodes)
 
     # -- lifecycle --------------------------------------------------------------------------
     def connect(self, timeout: float | None = None) -> None:
         """Open the delivery stream; raises if the aggregator refuses us or stays unreachable."""
         timeout = self.reconnect_timeout_s if timeout is None else timeout
-        try:
-            reply = self._aggregation.Health(pb.HealthRequest(), timeout=timeout, wait_for_ready=True)
-        except grpc.RpcError as error:
-            raise from_rpc_error(error, "connecting to the aggregator") from None
-        log.info("connected to aggregator %s", reply.name)
-        self._thread.start()
-        if not self._subscribed.wait(timeout):
-            raise TransportUnavailableError(f"no delivery stream from the aggregator within {timeout:g} s")
+        for node in self._nodes:
+            try:
+                reply = node.aggregation.Health(pb.HealthRequest(), timeout=timeout, wait_for_ready=True)
+            except grpc.RpcError as error:
+                raise from_rpc_error(error, f"connecting to the aggregator at {node.target}") from None
+            log.info("connected to aggregator %s", reply.name)
+        for node in self._nodes:
+            assert node.thread is not None
+            node.thread.start()
+        for node in self._nodes:
+            if not node.subscribed.wait(timeout):
+                raise TransportUnavailableError(
+                    f"no delivery stream from the aggregator at {node.target} within {timeout:g} s"
+                )
         self._raise_fatal()
 
+    def health(self, node: int = 0) -> pb.HealthReply:
+        """The Health reply of one node (the enclave key and report for tee mode)."""
+        return self._call(
+            lambda timeout: self._nodes[node].aggregation.Health(
+                pb.HealthRequest(), timeout=timeout, wait_for_ready=True
+            ),
+            "asking the aggregator's health",
+        )
+
     def close(self) -> None:
-        """Stop the delivery stream and close the channel."""
+        """Stop the delivery streams and close the channels."""
         self._closed.set()
-        stream = self._stream
-        if stream is not None:
-            stream.cancel()
-        if self._thread.is_alive():
-            self._thread.join(timeout=5)
-        self._channel.close()
+        for node in self._nodes:
+            if node.stream is not None:
+                node.stream.cancel()
+        for node in self._nodes:
+            if node.thread is not None and node.thread.is_alive():
+                node.thread.join(timeout=5)
+            node.channel.close()
+
+    def raise_fatal(self) -> None:
+        """Raise what made the connection unusable (refused identity, relay node lost)."""
+        self._raise_fatal()
 
     def _raise_fatal(self) -> None:
         if self._fatal is not None:
             raise self._fatal
 
-    def _subscribe_loop(self) -> None:
+    def _subscribe_loop(self, node: _Node) -> None:
         first = True
-        while not self._closed.is_set():
+        cluster = len(self._nodes) > 1
+        while not self._closed.is_set() and node.index not in self.lost_nodes:
+            opened = time.monotonic()
             try:
-                stream = self._relay.Subscribe(
-                    pb.SubscribeRequest(job_id=self.job_id, party_id=self.party_id), wait_for_ready=True
+                # On a cluster a dead node must fail fast (no wait_for_ready), so that it can be
+                # declared lost; a single aggregator is waited for (it may be restarting).
+                stream = node.relay.Subscribe(
+                    pb.SubscribeRequest(job_id=self.job_id, party_id=self.party_id), wait_for_ready=not cluster
                 )
-                self._stream = stream
-                self._subscribed.set()
-                if not first:
+                node.stream = stream
+                node.subscribed.set()
+                if not first and not cluster:
                     self.reconnects += 1
                     self._replay()
                 first = False
                 for delivery in stream:
+                    if node.broken_since is not None:
+                        # The node is back: what it held may be gone, so upload the open attempt again.
+                        node.broken_since = None
+                        self.reconnects += 1
+                        if node.index == 0:
+                            self._replay()
                     self._file(delivery)
             except grpc.RpcError as error:
                 if self._closed.is_set():
                     return
                 if error.code() in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED):
                     self._fatal = from_rpc_error(error, "subscribing to deliveries")
-                    self._subscribed.set()
+                    node.subscribed.set()
                     return
-                log.info("delivery stream broke (%s); reconnecting", error.code())
+                log.info("delivery stream from %s broke (%s); reconnecting", node.target, error.code())
+            if cluster:
+                now = time.monotonic()
+                if now - opened > 1.0 or node.broken_since is None:
+                    node.broken_since = now  # a stream that had been up broke: the grace starts now
+                if now - node.broken_since > self.node_grace_s:
+                    self.mark_lost(node.index, f"its delivery stream stayed broken for {self.node_grace_s:g} s")
+                    return
             time.sleep(0.2)
+
+    def mark_lost(self, index: int, why: str) -> None:
+        """Take a cluster node out of service: its share moves to the next live node."""
+        if len(self._nodes) == 1:
+            return
+        if index == 0:
+            self._fatal = TransportUnavailableError(
+                f"aggregator node 0 ({self._nodes[0].target}), which also relays, is lost: {why}"
+            )
+            return
+        with self._lost_lock:
+            if index in self.lost_nodes:
+                return
+            self.lost_nodes.add(index)
+        log.warning("aggregator node %d (%s) lost: %s; its share moves on", index, self._nodes[index].target, why)
 
     def _file(self, delivery: pb.Delivery) -> None:
         body = delivery.WhichOneof("body")
@@ -217,30 +352,78 @@ class AggregatorClient:
 
     # -- aggregation ------------------------------------------------------------------------
     def push(self, header: pb.RoundHeader, slices: Iterable[pb.Slice]) -> pb.PushReply:
-        """Stream the header and ``slices``; one attempt, no retry (the caller decides)."""
+        """Stream the header and ``slices`` in batches; one attempt, no retry (the caller decides).
 
-        def requests():
-            message = pb.PushMessage(header=header)
-            self.bytes_sent[header.round] += message.ByteSize()
-            yield message
-            for item in slices:
-                message = pb.PushMessage(slice=item)
-                self.bytes_sent[header.round] += message.ByteSize()
-                yield message
+        On a cluster the slices are split by share and every share goes to the node serving it;
+        a node that is unreachable is marked lost and its share goes to the next live node.
+        """
+        if len(self._nodes) == 1:
+            try:
+                return self._aggregation.PushSlices(
+                    batched(header, slices, self.bytes_sent), wait_for_ready=True, timeout=None
+                )
+            except grpc.RpcError as error:
+                raise from_rpc_error(error, f"pushing round {header.round} attempt {header.attempt}") from None
+        return self._push_cluster(header, list(slices))
 
-        try:
-            return self._aggregation.PushSlices(requests(), wait_for_ready=True, timeout=None)
-        except grpc.RpcError as error:
-            raise from_rpc_error(error, f"pushing round {header.round} attempt {header.attempt}") from None
+    def _push_cluster(self, header: pb.RoundHeader, slices: list[pb.Slice]) -> pb.PushReply:
+        nodes = len(self._nodes)
+        shares: dict[int, list[pb.Slice]] = defaultdict(list)
+        for item in slices:
+            shares[node_for(self.job_id, item.index, nodes)].append(item)
+
+        def push_share(share: int) -> pb.PushReply:
+            while True:
+                node = serving_node(share, nodes, self.lost_nodes)
+                share_header = pb.RoundHeader()
+                share_header.CopyFrom(header)
+                share_header.cluster_nodes = nodes
+                share_header.share = share
+                try:
+                    reply = self._nodes[node].aggregation.PushSlices(
+                        batched(share_header, shares.get(share, []), self.bytes_sent),
+                        wait_for_ready=False,
+                        timeout=None,
+                    )
+                except grpc.RpcError as error:
+                    failure = from_rpc_error(error, f"pushing share {share} of round {header.round} to node {node}")
+                    if isinstance(failure, TransportUnavailableError) and node != 0:
+                        self.mark_lost(node, str(failure))
+                        continue
+                    raise failure from None
+                return reply
+
+        # One stream per share, all at once: the nodes aggregate in parallel.
+        with ThreadPoolExecutor(max_workers=nodes, thread_name_prefix="confide-push") as pool:
+            replies = list(pool.map(push_share, range(nodes)))
+        return pb.PushReply(
+            accepted=sum(r.accepted for r in replies),
+            duplicates=sum(r.duplicates for r in replies),
+            round_complete=all(r.round_complete for r in replies),
+        )
 
     def fetch(self, round_number: int, attempt: int, indices: list[int]) -> list[pb.Slice]:
-        """Combined slices of a completed attempt, from the aggregator's store."""
-        request = pb.FetchRequest(job_id=self.job_id, round=round_number, attempt=attempt, indices=indices)
+        """Combined slices of a completed attempt, from the store of the node serving each share."""
+        nodes = len(self._nodes)
+        by_share: dict[int, list[int]] = defaultdict(list)
+        if nodes == 1:
+            by_share[0] = list(indices)  # empty: every slice
+        for index in indices if nodes > 1 else []:
+            by_share[node_for(self.job_id, index, nodes)].append(index)
+        out: list[pb.Slice] = []
+        for share, wanted in sorted(by_share.items()):
+            node = self._nodes[serving_node(share, nodes, self.lost_nodes)]
+            request = pb.FetchRequest(
+                job_id=self.job_id, round=round_number, attempt=attempt, indices=wanted, share=share
+            )
 
-        def call(timeout):
-            return [item.slice for item in self._aggregation.FetchResult(request, timeout=timeout, wait_for_ready=True)]
+            def call(timeout, node=node, request=request):
+                return [
+                    item.slice for item in node.aggregation.FetchResult(request, timeout=timeout, wait_for_ready=True)
+                ]
 
-        return self._call(call, f"fetching round {round_number} attempt {attempt}")
+            out.extend(self._call(call, f"fetching round {round_number} attempt {attempt}"))
+        return out
 
     def _call(self, function: Callable[[float], object], action: str):
         deadline = time.monotonic() + self.reconnect_timeout_s

@@ -26,6 +26,9 @@ _OPTIONS = [
     ("grpc.keepalive_timeout_ms", 5_000),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
+    # Receive window per stream: the 64 KiB default makes every new stream of a round crawl
+    # through flow-control round trips (and a party on another continent waits one RTT each).
+    ("grpc.http2.lookahead_bytes", 8 * 1024 * 1024),
 ]
 
 

@@ -1,0 +1,264 @@
+"""Aggregator data-plane benchmark: the primitive, and one node end to end (Jupiter, seed 000 §5).
+
+1. Primitive: weighted float32 accumulate ``acc += w * x`` on 64 KiB slices (16,384 values),
+   one thread, in Rust (``confide-agg``; the loop runs in Rust, no Python call per slice), next
+   to numpy doing the same in a Python loop (``np.multiply(x, w, out=tmp); np.add(acc, tmp,
+   out=acc)``) on the same slices in the same run: "stream" cycles over 256 MiB of distinct
+   slices (DRAM speed), "hot" over 1 MiB (cache).
+2. One aggregator node end to end: ``confide aggregator`` as one process, the slice generator
+   (benchmarks/dataplane_gen.py) as another, 200 participants, each with its own mutual-TLS
+   connection and PushSlices stream over loopback, both processes sharing the machine's cores.
+   The update follows VGG-19's layer layout scaled down (the full model is 575 MB per
+   participant, 115 GB per round), 64 KiB slices, 16 per message. Orders: synchronized, and
+   asynchronized with tolerance distance 10 and 50. Modes: plain (weighted mean), tee
+   (AES-256-GCM slices opened by the simulated enclave), paillier (128 ciphertexts of 512 B
+   per slice, multiplied mod n^2). Throughput counts slice payload bytes the node received and
+   folded, from the first slice sent to the last reply; staged memory is the node's peak of
+   partial sums held (Health). Combined slices go to one participant each (round-robin
+   routing) and nobody subscribes: the fan-out of results is the relay's cost, not measured.
+   "Before": the same plain run with one slice per message (the path before batching).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchutil import machine, record, results_table, write, write_markdown_block  # noqa: E402
+from dataplane_gen import SLICE_VALUES, vgg19_layout  # noqa: E402
+
+from confide import _native  # noqa: E402
+from confide.transport import tls  # noqa: E402
+from confide.transport.certs import Identity, init_federation  # noqa: E402
+from confide.v1 import runtime_pb2 as pb  # noqa: E402
+from confide.v1 import runtime_pb2_grpc as rpc  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+SLICE_BYTES = SLICE_VALUES * 4
+
+
+def numpy_rate(slices: np.ndarray, weights: np.ndarray, iterations: int) -> float:
+    acc = np.zeros(SLICE_VALUES, dtype=np.float32)
+    tmp = np.empty_like(acc)
+    k = len(slices)
+    began = time.perf_counter()
+    for i in range(iterations):
+        np.multiply(slices[i % k], weights[i % k], out=tmp)
+        np.add(acc, tmp, out=acc)
+    return iterations / (time.perf_counter() - began)
+
+
+def primitive(repeats: int) -> list[dict]:
+    out = []
+    rng = np.random.default_rng(3)
+    for label, count, iterations in (("", 4096, 200_000), (".hot", 16, 400_000)):
+        slices = rng.standard_normal((count, SLICE_VALUES), dtype=np.float32)
+        weights = rng.uniform(0.5, 2.0, count).astype(np.float32)
+        flat = slices.reshape(-1)
+        ours, theirs = [], []
+        for _ in range(repeats):
+            ours.append(iterations / _native.agg_bench_primitive(flat, SLICE_VALUES, weights, iterations))
+            theirs.append(numpy_rate(slices, weights, iterations // 2))
+        value, anchor = statistics.median(ours), statistics.median(theirs)
+        params = {
+            "slice_bytes": SLICE_BYTES,
+            "distinct_slices": count,
+            "working_set_mib": count * SLICE_BYTES / 2**20,
+            "iterations": iterations,
+            "repeats": repeats,
+            "simd": _native.agg_simd_level(),
+            "input_gbps": value * SLICE_BYTES / 1e9,
+        }
+        out.append(
+            record(
+                f"dataplane.primitive.64k{label}.t1", value, "aggregations/s", "numpy multiply+add out=", anchor, params
+            )
+        )
+        print(
+            f"primitive{label or '.stream'}: {value:,.0f}/s  numpy {anchor:,.0f}/s  ({value / anchor:.2f}x)", flush=True
+        )
+    return out
+
+
+def start_node(certs: Path, workdir: Path, workers: int) -> tuple[subprocess.Popen, str]:
+    port_file = workdir / "node.port"
+    port_file.unlink(missing_ok=True)
+    command = [
+        sys.executable, "-m", "confide", "aggregator", "--listen", "127.0.0.1:0", "--certs", str(certs),
+        "--port-file", str(port_file), "--workers", str(workers), "--max-streams", "512",
+        "--round-timeout", "600",
+    ]  # fmt: skip
+    with open(workdir / "node.log", "ab") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while not port_file.exists() or not port_file.read_text().strip():
+        if process.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"aggregator did not start: {(workdir / 'node.log').read_text()[-2000:]}")
+        time.sleep(0.05)
+    return process, f"127.0.0.1:{int(port_file.read_text())}"
+
+
+def health(target: str, identity: Identity) -> pb.HealthReply:
+    channel = tls.channel(target, identity)
+    try:
+        return rpc.AggregationStub(channel).Health(pb.HealthRequest(), timeout=30, wait_for_ready=True)
+    finally:
+        channel.close()
+
+
+def node_run(certs, workdir, *, mode, tolerance, slices, participants, workers, unbatched=False) -> dict:
+    process, target = start_node(certs, workdir, workers)
+    try:
+        probe = Identity.load(certs, "p000")
+        before = health(target, probe)
+        command = [
+            sys.executable, str(ROOT / "benchmarks" / "dataplane_gen.py"), "--target", target, "--certs", str(certs),
+            "--mode", mode, "--participants", str(participants), "--slices", str(slices),
+            "--tolerance", str(tolerance), "--enclave-key", before.enclave_public_key.hex(),
+        ] + (["--unbatched"] if unbatched else [])  # fmt: skip
+        done = subprocess.run(command, capture_output=True, text=True, timeout=900)
+        if done.returncode != 0:
+            raise RuntimeError(f"generator failed ({done.returncode}): {done.stdout[-2000:]} {done.stderr[-3000:]}")
+        result = json.loads(done.stdout.strip().splitlines()[-1])
+        after = health(target, probe)
+        result["peak_staged_mb"] = after.peak_staged_bytes / 2**20
+        result["simd"] = after.simd
+        result["workers"] = after.workers
+        result["enclave"] = json.loads(after.enclave_report) if mode == "tee" else None
+        return result
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--participants", type=int, default=200)
+    parser.add_argument("--scale", type=float, default=1 / 110, help="VGG-19 layout scale (1: 575 MB per party)")
+    parser.add_argument("--quick", action="store_true", help="small run (smoke test)")
+    parser.add_argument("--write", action="store_true", help="write results JSON and docs/benchmarks.md")
+    args = parser.parse_args()
+    if args.quick:
+        args.repeats, args.participants, args.scale = 1, 20, 1 / 400
+    results = primitive(args.repeats)
+    layout = vgg19_layout(args.scale)
+    slices = sum(layout)
+    print(
+        f"node: {args.participants} participants x {slices} slices of 64 KiB "
+        f"({args.participants * slices * SLICE_BYTES / 2**30:.2f} GiB per round; VGG-19 layout x {args.scale:.4f})",
+        flush=True,
+    )
+    numpy_stream = results[0]["anchor_value"] * SLICE_BYTES / 1e6  # MB/s of input numpy folds from DRAM
+    with tempfile.TemporaryDirectory(prefix="confide-dataplane-") as tmp:
+        certs = Path(tmp) / "certs"
+        init_federation(certs, parties=[f"p{p:03d}" for p in range(args.participants)])
+        workdir = Path(tmp)
+        configs = [
+            ("plain", "sync", 0, 2, False),
+            ("plain", "async10", 10, 2, False),
+            ("plain", "async50", 50, 2, False),
+            ("tee", "sync", 0, 2, False),
+            ("tee", "async10", 10, 2, False),
+            ("tee", "async50", 50, 2, False),
+            ("plain", "sync.w1", 0, 1, False),
+            ("plain", "sync.unbatched", 0, 2, True),
+        ]
+        measured: dict[str, list[dict]] = {}
+        for mode, pattern, tolerance, workers, unbatched in configs:
+            for _ in range(args.repeats):
+                run = node_run(
+                    certs, workdir, mode=mode, tolerance=tolerance, slices=slices,
+                    participants=args.participants, workers=workers, unbatched=unbatched,
+                )  # fmt: skip
+                measured.setdefault(f"{mode}.{pattern}", []).append(run)
+                print(
+                    f"{mode:8s} {pattern:15s} {run['mbps']:8.0f} MB/s  {run['aggregations_per_s']:9,.0f} slices/s  "
+                    f"peak staged {run['peak_staged_mb']:.1f} MiB",
+                    flush=True,
+                )
+        paillier_slices = max(4, slices // 16)
+        for _ in range(args.repeats):
+            run = node_run(
+                certs, workdir, mode="paillier", tolerance=0, slices=paillier_slices,
+                participants=args.participants, workers=2,
+            )  # fmt: skip
+            measured.setdefault("paillier.sync", []).append(run)
+            print(f"paillier sync            {run['mbps']:8.0f} MB/s  peak staged {run['peak_staged_mb']:.1f} MiB")
+
+    def med(key: str, field: str) -> float:
+        return statistics.median(r[field] for r in measured[key])
+
+    for key, runs in measured.items():
+        mode, pattern = key.split(".", 1)
+        first = runs[0]
+        params = {
+            "participants": first["participants"],
+            "slices_per_participant": first["slices"],
+            "slice_values": first["slice_values"],
+            "slices_per_message": first["batch"],
+            "tolerance": first["tolerance"],
+            "node_workers": first["workers"],
+            "simd": first["simd"],
+            "repeats": len(runs),
+            "runs_mbps": [round(r["mbps"], 1) for r in runs],
+            "aggregations_per_s": round(med(key, "aggregations_per_s")),
+            "peak_staged_mib": round(max(r["peak_staged_mb"] for r in runs), 2),
+            "transport": "gRPC over loopback, mutual TLS, one connection per participant",
+            "cores_shared_with_generator": os.cpu_count(),
+        }
+        if first["enclave"]:
+            params["enclave"] = first["enclave"]
+        mbps = med(key, "mbps")
+        results.append(
+            record(
+                f"dataplane.node.{key}.mbps", mbps, "MB/s", "numpy in-memory fold rate (stream)", numpy_stream, params
+            )
+        )
+        results.append(
+            record(f"dataplane.node.{key}.staged_mib", max(r["peak_staged_mb"] for r in runs), "MiB", params=params)
+        )
+        base = f"plain.{pattern}" if f"plain.{pattern}" in measured else "plain.sync"
+        if key != base:
+            plain = med(base, "mbps")
+            results.append(record(f"dataplane.node.{key}.vs_plain", mbps / plain, "ratio", f"{base} MB/s", plain))
+    for mode in ("plain", "tee"):
+        sync = med(f"{mode}.sync", "mbps")
+        for tolerance in ("async10", "async50"):
+            value = med(f"{mode}.{tolerance}", "mbps")
+            results.append(
+                record(f"dataplane.node.{mode}.{tolerance}.vs_sync", value / sync, "ratio", f"{mode}.sync MB/s", sync)
+            )
+    for r in results:
+        if r["unit"] == "ratio":
+            print(f"{r['name']}: {r['value']:.2f}")
+    if args.write:
+        info = machine()
+        write("dataplane", info, results)
+        write_markdown_block(
+            "dataplane_bench",
+            "Aggregator data plane (dataplane_bench)",
+            [
+                f"One run, {info.get('cpu', 'this machine')}; medians of {args.repeats} runs per figure. "
+                "Node figures: aggregator and slice generator are separate processes sharing the cores, "
+                f"{args.participants} participants over loopback gRPC with mutual TLS, "
+                f"VGG-19 layout x {args.scale:.4f}.",
+                "",
+                *results_table(results, value=",.2f", anchor=",.0f"),
+            ],
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
