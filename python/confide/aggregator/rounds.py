@@ -187,11 +187,6 @@ class RoundState:
         """Participants in header order."""
         return list(self.header.participants)
 
-    @property
-    def native_kind(self) -> str:
-        """The data plane's name for this round's aggregation."""
-        return NATIVE_KIND[self.header.kind]
-
     def position(self, party: str) -> int:
         """Index of ``party`` among the participants."""
         position = self._positions.get(party)
