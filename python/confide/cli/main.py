@@ -243,7 +243,8 @@ def _run(args) -> int:
         f"confide run: job {spec.job_id!r}, {len(spec.parties)} parties ({', '.join(spec.parties)}), "
         f"{spec.rounds} rounds, {spec.model.algorithm}, mode {spec.protection.mode}, data {spec.data.dataset}"
     )
-    print(f"starting an aggregator and {len(spec.parties)} party processes on loopback (gRPC + mutual TLS)")
+    aggregators = f"an aggregator cluster of {args.nodes} nodes" if args.nodes > 1 else "an aggregator"
+    print(f"starting {aggregators} and {len(spec.parties)} party processes on loopback (gRPC + mutual TLS)")
     report = run_local(spec, workdir, progress=not args.no_progress, nodes=args.nodes)
     print_summary(report)
     return 0
