@@ -2,15 +2,13 @@
 //! of `confide-agg`. Batches travel as bytes (indices and lengths as little-endian
 //! uint32 arrays, payloads concatenated); every push and benchmark releases the GIL.
 
-use crate::errors::invalid;
+use crate::errors::{invalid, python_error};
 use crate::PyEncryptionKey;
 use confide_agg::{DataPlane, Enclave, Kind, RoundSpec, SimulatedEnclave, TeeRound};
 use numpy::{PyReadonlyArray1, PyReadwriteArray1};
-use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedBytes;
-use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyBytes, PyDict, PyType};
+use pyo3::types::{PyBytes, PyDict};
 use std::sync::Arc;
 
 /// Adds the data-plane classes and functions to the module.
@@ -34,18 +32,7 @@ fn agg_error(error: confide_agg::Error) -> PyErr {
         E::Crypto(_) => "CryptoError",
         _ => "ConfideError",
     };
-    let message = error.to_string();
-    Python::attach(|py| {
-        static MODULE: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
-        let class = MODULE
-            .get_or_try_init(py, || py.import("confide.errors").map(Bound::unbind))
-            .and_then(|module| module.bind(py).getattr(name))
-            .and_then(|class| class.cast_into::<PyType>().map_err(PyErr::from));
-        match class {
-            Ok(class) => PyErr::from_type(class, message),
-            Err(_) => PyRuntimeError::new_err(format!("{name}: {message}")),
-        }
-    })
+    python_error(name, error.to_string())
 }
 
 fn u32s(field: &'static str, bytes: &[u8]) -> PyResult<Vec<u32>> {

@@ -81,7 +81,8 @@ impl From<NativeError> for PyErr {
     }
 }
 
-fn python_error(name: &'static str, message: String) -> PyErr {
+/// The `confide.errors` class `name` with `message` (RuntimeError if it cannot be imported).
+pub(crate) fn python_error(name: &'static str, message: String) -> PyErr {
     Python::attach(|py| {
         static MODULE: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
         let class = MODULE
