@@ -16,7 +16,12 @@
    folded, from the first slice sent to the last reply; staged memory is the node's peak of
    partial sums held (Health). Combined slices go to one participant each (round-robin
    routing) and nobody subscribes: the fan-out of results is the relay's cost, not measured.
-   "Before": the same plain run with one slice per message (the path before batching).
+   Slices go to the node's data port (the Rust data path, crates/confide-aggnet). "Before":
+   the same plain run through the node's Python gRPC server (``sync.python``), and with one
+   slice per message (``sync.unbatched``). Each node is started once per configuration, runs
+   one untimed warm-up round (its heap grows to working size, as on an aggregator that has
+   served a round before), then the timed rounds. Also reported: CPU seconds per GB of the
+   node and of the generator (they share the cores) and the node's peak resident memory.
 """
 
 from __future__ import annotations
@@ -108,6 +113,12 @@ def start_node(certs: Path, workdir: Path, workers: int) -> tuple[subprocess.Pop
     return process, f"127.0.0.1:{int(port_file.read_text())}"
 
 
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a running process (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def health(target: str, identity: Identity) -> pb.HealthReply:
     channel = tls.channel(target, identity)
     try:
@@ -116,29 +127,59 @@ def health(target: str, identity: Identity) -> pb.HealthReply:
         channel.close()
 
 
-def node_run(certs, workdir, *, mode, tolerance, slices, participants, workers, unbatched=False) -> dict:
-    process, target = start_node(certs, workdir, workers)
+def node_runs(
+    certs, workdir, *, mode, tolerance, slices, participants, workers, repeats, unbatched=False, path="rust"
+) -> list[dict]:
+    """Rounds through one long-lived node: one untimed warm-up round, then ``repeats`` timed ones.
+
+    ``path``: "rust" (the node's data port) or "python" (PushSlices through its Python gRPC
+    server, the path before the Rust data path). The warm-up lets the node's heap reach its
+    working size, as it has on an aggregator that has served a round before.
+    """
+    process, control = start_node(certs, workdir, workers)
     try:
         probe = Identity.load(certs, "p000")
-        before = health(target, probe)
-        command = [
-            sys.executable, str(ROOT / "benchmarks" / "dataplane_gen.py"), "--target", target, "--certs", str(certs),
-            "--mode", mode, "--participants", str(participants), "--slices", str(slices),
-            "--tolerance", str(tolerance), "--enclave-key", before.enclave_public_key.hex(),
-        ] + (["--unbatched"] if unbatched else [])  # fmt: skip
-        done = subprocess.run(command, capture_output=True, text=True, timeout=900)
-        if done.returncode != 0:
-            raise RuntimeError(f"generator failed ({done.returncode}): {done.stdout[-2000:]} {done.stderr[-3000:]}")
-        result = json.loads(done.stdout.strip().splitlines()[-1])
-        after = health(target, probe)
-        result["peak_staged_mb"] = after.peak_staged_bytes / 2**20
-        result["simd"] = after.simd
-        result["workers"] = after.workers
-        result["enclave"] = json.loads(after.enclave_report) if mode == "tee" else None
-        return result
+        before = health(control, probe)
+        target = f"127.0.0.1:{before.data_port}" if path == "rust" else control
+        runs = []
+        for attempt in range(repeats + 1):
+            cpu_before = process_cpu_s(process.pid)
+            command = [
+                sys.executable, str(ROOT / "benchmarks" / "dataplane_gen.py"), "--target", target,
+                "--certs", str(certs), "--mode", mode, "--participants", str(participants), "--slices", str(slices),
+                "--tolerance", str(tolerance), "--enclave-key", before.enclave_public_key.hex(),
+                "--job", f"bench-{attempt}", "--seed", str(attempt + 1),
+            ] + (["--unbatched"] if unbatched else [])  # fmt: skip
+            done = subprocess.run(command, capture_output=True, text=True, timeout=900)
+            if done.returncode != 0:
+                raise RuntimeError(f"generator failed ({done.returncode}): {done.stdout[-2000:]} {done.stderr[-3000:]}")
+            result = json.loads(done.stdout.strip().splitlines()[-1])
+            node_cpu = process_cpu_s(process.pid) - cpu_before
+            after = health(control, probe)
+            if attempt == 0:
+                continue  # warm-up
+            gigabytes = result["wire_bytes"] / 1e9
+            result["node_cpu_s_per_gb"] = node_cpu / gigabytes
+            result["generator_cpu_s_per_gb"] = result["generator_cpu_s"] / gigabytes
+            result["node_rss_peak_mb"] = peak_rss_mb(process.pid)
+            result["peak_staged_mb"] = after.peak_staged_bytes / 2**20
+            result["simd"] = after.simd
+            result["workers"] = after.workers
+            result["path"] = path
+            result["enclave"] = json.loads(after.enclave_report) if mode == "tee" else None
+            runs.append(result)
+        return runs
     finally:
         process.terminate()
         process.wait(timeout=10)
+
+
+def peak_rss_mb(pid: int) -> float:
+    """Peak resident memory of a running process, MiB (Linux /proc)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
 
 
 def main() -> int:
@@ -164,37 +205,34 @@ def main() -> int:
         certs = Path(tmp) / "certs"
         init_federation(certs, parties=[f"p{p:03d}" for p in range(args.participants)])
         workdir = Path(tmp)
+        paillier_slices = max(4, slices // 16)
+        # (mode, pattern, tolerance, node workers, one slice per message, path, slices per participant)
         configs = [
-            ("plain", "sync", 0, 2, False),
-            ("plain", "async10", 10, 2, False),
-            ("plain", "async50", 50, 2, False),
-            ("tee", "sync", 0, 2, False),
-            ("tee", "async10", 10, 2, False),
-            ("tee", "async50", 50, 2, False),
-            ("plain", "sync.w1", 0, 1, False),
-            ("plain", "sync.unbatched", 0, 2, True),
+            ("plain", "sync", 0, 2, False, "rust", slices),
+            ("plain", "async10", 10, 2, False, "rust", slices),
+            ("plain", "async50", 50, 2, False, "rust", slices),
+            ("tee", "sync", 0, 2, False, "rust", slices),
+            ("tee", "async10", 10, 2, False, "rust", slices),
+            ("tee", "async50", 50, 2, False, "rust", slices),
+            ("plain", "sync.w1", 0, 1, False, "rust", slices),
+            ("plain", "sync.unbatched", 0, 2, True, "rust", slices),
+            ("plain", "sync.python", 0, 2, False, "python", slices),
+            ("paillier", "sync", 0, 2, False, "rust", paillier_slices),
         ]
         measured: dict[str, list[dict]] = {}
-        for mode, pattern, tolerance, workers, unbatched in configs:
-            for _ in range(args.repeats):
-                run = node_run(
-                    certs, workdir, mode=mode, tolerance=tolerance, slices=slices,
-                    participants=args.participants, workers=workers, unbatched=unbatched,
-                )  # fmt: skip
-                measured.setdefault(f"{mode}.{pattern}", []).append(run)
+        for mode, pattern, tolerance, workers, unbatched, path, count in configs:
+            runs = node_runs(
+                certs, workdir, mode=mode, tolerance=tolerance, slices=count, participants=args.participants,
+                workers=workers, repeats=args.repeats, unbatched=unbatched, path=path,
+            )  # fmt: skip
+            measured[f"{mode}.{pattern}"] = runs
+            for run in runs:
                 print(
                     f"{mode:8s} {pattern:15s} {run['mbps']:8.0f} MB/s  {run['aggregations_per_s']:9,.0f} slices/s  "
-                    f"peak staged {run['peak_staged_mb']:.1f} MiB",
+                    f"node {run['node_cpu_s_per_gb']:.2f} CPU-s/GB, generator {run['generator_cpu_s_per_gb']:.2f}  "
+                    f"peak staged {run['peak_staged_mb']:.1f} MiB, node RSS {run['node_rss_peak_mb']:.0f} MiB",
                     flush=True,
                 )
-        paillier_slices = max(4, slices // 16)
-        for _ in range(args.repeats):
-            run = node_run(
-                certs, workdir, mode="paillier", tolerance=0, slices=paillier_slices,
-                participants=args.participants, workers=2,
-            )  # fmt: skip
-            measured.setdefault("paillier.sync", []).append(run)
-            print(f"paillier sync            {run['mbps']:8.0f} MB/s  peak staged {run['peak_staged_mb']:.1f} MiB")
 
     def med(key: str, field: str) -> float:
         return statistics.median(r[field] for r in measured[key])
@@ -214,6 +252,11 @@ def main() -> int:
             "runs_mbps": [round(r["mbps"], 1) for r in runs],
             "aggregations_per_s": round(med(key, "aggregations_per_s")),
             "peak_staged_mib": round(max(r["peak_staged_mb"] for r in runs), 2),
+            "node_rss_peak_mib": round(max(r["node_rss_peak_mb"] for r in runs), 1),
+            "node_cpu_s_per_gb": round(med(key, "node_cpu_s_per_gb"), 3),
+            "generator_cpu_s_per_gb": round(med(key, "generator_cpu_s_per_gb"), 3),
+            "path": first["path"],
+            "warm_up_rounds": 1,
             "transport": "gRPC over loopback, mutual TLS, one connection per participant",
             "cores_shared_with_generator": os.cpu_count(),
         }
@@ -240,6 +283,17 @@ def main() -> int:
                     params={"mbps": round(mbps, 1), "base_mbps": round(plain, 1)},
                 )
             )
+    rust, python = med("plain.sync", "mbps"), med("plain.sync.python", "mbps")
+    results.append(
+        record(
+            "dataplane.node.plain.sync.rust_vs_python",
+            rust / python,
+            "ratio",
+            "plain.sync MB/s through the Python gRPC server (before)",
+            python,
+            params={"mbps": round(rust, 1), "python_mbps": round(python, 1)},
+        )
+    )
     for mode in ("plain", "tee"):
         sync = med(f"{mode}.sync", "mbps")
         for tolerance in ("async10", "async50"):

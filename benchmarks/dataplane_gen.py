@@ -178,12 +178,14 @@ async def run(args) -> dict:
     for call, header in zip(calls, headers, strict=True):
         await call.write(header)
     started = time.perf_counter()
+    cpu_started = time.process_time()
     for p, start in order:
         await calls[p].write(batches[p][start // per_message])
     for call in calls:
         await call.done_writing()
     replies = [await call for call in calls]
     seconds = time.perf_counter() - started
+    cpu_s = time.process_time() - cpu_started
     for channel in channels:
         await channel.close()
     accepted = sum(r.accepted for r in replies)
@@ -202,6 +204,7 @@ async def run(args) -> dict:
         "mbps": payload_bytes / seconds / 1e6,
         "aggregations_per_s": accepted / seconds,
         "build_s": build_s,
+        "generator_cpu_s": cpu_s,
     }
 
 

@@ -156,9 +156,11 @@ class DataPlane:
         paillier_key: EncryptionKey | None = None,
         tee_round: int = 0,
         tee_attempt: int = 0,
+        share: tuple[int, int, list[int]] | None = None,
     ) -> None: ...
+    def contributions(self, round_id: int) -> list[int]: ...
     def push(
-        self, round_id: int, participant: int, indices: bytes, lengths: bytes, payload: bytes
+        self, round_id: int, participant: int, indices: bytes, n_valid: bytes, lengths: bytes, payload: bytes
     ) -> tuple[int, int, int, list[tuple[int, bytes]]]: ...
     def push_message(
         self, round_id: int, participant: int, message: bytes
@@ -170,6 +172,25 @@ class DataPlane:
     def missing(self, round_id: int) -> list[tuple[int, list[int]]]: ...
     def stats(self) -> dict[str, int | str | list[int]]: ...
     def reset_peak(self) -> None: ...
+
+class DataServer:
+    """The data port: PushSlices over gRPC with mutual TLS, folded straight into a DataPlane."""
+
+    def __init__(
+        self,
+        plane: DataPlane,
+        control: object,
+        address: str,
+        cert_pem: bytes,
+        key_pem: bytes,
+        ca_pem: bytes,
+        threads: int = 0,
+        max_message_bytes: int = 64 << 20,
+        stream_window_bytes: int = 2 << 20,
+    ) -> None: ...
+    @property
+    def port(self) -> int: ...
+    def stop(self, grace_s: float = 1.0) -> None: ...
 
 def agg_accumulate_f32(acc: npt.NDArray[np.float32], x: npt.NDArray[np.float32], w: float) -> None: ...
 def agg_bench_primitive(

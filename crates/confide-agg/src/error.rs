@@ -27,6 +27,9 @@ pub enum Error {
         /// Why.
         reason: String,
     },
+    /// A received batch does not fit its round (index range, values per slice, share).
+    #[error("{0}")]
+    Batch(String),
     /// A round id that is not open.
     #[error("round {round_id} is not open")]
     UnknownRound {

@@ -57,4 +57,4 @@ pub use kernels::{accumulate_f32, accumulate_u32, all_finite_f32, bench_primitiv
 pub use node::{DataPlane, PushResult, Stats};
 pub use routing::{mix64, node_for, session_hash, worker_for};
 pub use tracker::{Kind, Outcome, RoundCheckpoint, RoundSpec, TeeRound, Tracker, TrackerStats, MAX_PARTICIPANTS};
-pub use wire::{parse_batch, BatchView};
+pub use wire::{parse_batch, parse_push, BatchView, PushBody};

@@ -14,10 +14,11 @@ use crate::error::{invalid, slice_error, Error, Result};
 use crate::kernels;
 use crate::routing::worker_for;
 use crate::tracker::{Outcome, RoundCheckpoint, RoundSpec, Tracker, TrackerStats};
+use crate::wire::BatchView;
 use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 
@@ -123,11 +124,21 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// A round on the message wall: its spec, the indices this node's share owns
+/// (None: all) and the slices each participant has had folded in.
+struct Entry {
+    spec: Arc<RoundSpec>,
+    owned: Option<Vec<bool>>,
+    share: u32,
+    cluster_nodes: u32,
+    contributed: Vec<AtomicU32>,
+}
+
 /// One aggregator node (see the module documentation).
 pub struct DataPlane {
     senders: Vec<Sender<Job>>,
     handles: Vec<JoinHandle<()>>,
-    wall: RwLock<HashMap<u64, Arc<RoundSpec>>>,
+    wall: RwLock<HashMap<u64, Arc<Entry>>>,
     enclave: Option<Arc<dyn Enclave>>,
     shared: Arc<Shared>,
     pending: Mutex<HashMap<u64, Completed>>,
@@ -258,8 +269,12 @@ impl DataPlane {
         self.enclave.as_ref()
     }
 
-    fn spec(&self, round_id: u64) -> Result<Arc<RoundSpec>> {
+    fn entry(&self, round_id: u64) -> Result<Arc<Entry>> {
         self.wall.read().unwrap_or_else(std::sync::PoisonError::into_inner).get(&round_id).cloned().ok_or(Error::UnknownRound { round_id })
+    }
+
+    fn spec(&self, round_id: u64) -> Result<Arc<RoundSpec>> {
+        Ok(self.entry(round_id)?.spec.clone())
     }
 
     fn send(&self, worker: usize, job: Job) -> Result<()> {
@@ -271,7 +286,30 @@ impl DataPlane {
     /// # Errors
     /// `InvalidParameter` (invalid spec, round already open, tee without enclave).
     pub fn open_round(&self, spec: RoundSpec) -> Result<()> {
+        self.open_round_share(spec, None)
+    }
+
+    /// [`DataPlane::open_round`] for one share of a round spread over a cluster:
+    /// `share` = (share number, cluster nodes, indices the share owns); slices of
+    /// other indices are refused by [`DataPlane::push_batch`].
+    ///
+    /// # Errors
+    /// As `open_round`; `InvalidParameter` for an owned index out of range.
+    pub fn open_round_share(&self, spec: RoundSpec, share: Option<(u32, u32, &[u32])>) -> Result<()> {
         spec.validate()?;
+        let (share, cluster_nodes, owned) = match share {
+            None => (0, 0, None),
+            Some((share, nodes, indices)) => {
+                let mut mask = vec![false; spec.num_slices as usize];
+                for &i in indices {
+                    *mask
+                        .get_mut(i as usize)
+                        .ok_or_else(|| invalid("owned", format!("index {i} is out of range (num_slices {})", spec.num_slices)))? = true;
+                }
+                (share, nodes, Some(mask))
+            }
+        };
+        let contributed = (0..spec.participants).map(|_| AtomicU32::new(0)).collect();
         let spec = Arc::new(spec);
         let mut wall = self.wall.write().unwrap_or_else(std::sync::PoisonError::into_inner);
         if wall.contains_key(&spec.round_id) {
@@ -283,7 +321,7 @@ impl DataPlane {
                 .ok_or_else(|| invalid("enclave", format!("kind {} needs a DataPlane with an enclave", spec.kind.name())))?
                 .open_round(spec.clone())?;
         }
-        wall.insert(spec.round_id, spec);
+        wall.insert(spec.round_id, Arc::new(Entry { spec, owned, share, cluster_nodes, contributed }));
         Ok(())
     }
 
@@ -292,7 +330,7 @@ impl DataPlane {
     /// # Errors
     /// `Stopped` if a worker is gone.
     pub fn close_round(&self, round_id: u64) -> Result<()> {
-        let spec = self.wall.write().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&round_id);
+        let spec = self.wall.write().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&round_id).map(|e| e.spec.clone());
         lock(&self.pending).remove(&round_id);
         if let (Some(spec), Some(enclave)) = (&spec, &self.enclave) {
             if spec.kind.is_tee() {
@@ -322,7 +360,8 @@ impl DataPlane {
 
     /// [`DataPlane::push`] over any shared buffer (the received message itself: no copy).
     pub fn push_shared(&self, round_id: u64, participant: u32, batch: SharedBytes, slices: &[(u32, usize, usize)]) -> Result<PushResult> {
-        let spec = self.spec(round_id)?;
+        let entry = self.entry(round_id)?;
+        let spec = entry.spec.clone();
         let bytes: &[u8] = (*batch).as_ref();
         for &(index, offset, len) in slices {
             spec.check_participant(index, participant)?;
@@ -370,6 +409,9 @@ impl DataPlane {
             }
         }
         result.completed.sort_by_key(|(i, _)| *i);
+        if let Some(count) = entry.contributed.get(participant as usize) {
+            count.fetch_add(result.accepted, Ordering::Relaxed);
+        }
         let mut pending = lock(&self.pending);
         if let Some((_, error)) = first_error {
             if !result.completed.is_empty() {
@@ -382,6 +424,46 @@ impl DataPlane {
             result.completed = kept;
         }
         Ok(result)
+    }
+
+    /// Checks a received batch against the round (index range, values per slice,
+    /// the node's share) and folds it, reading the payloads in place in `message`.
+    ///
+    /// # Errors
+    /// `Batch` naming the first bad slice (nothing of the batch is folded then),
+    /// or as [`DataPlane::push_shared`].
+    pub fn push_batch(&self, round_id: u64, participant: u32, message: SharedBytes, view: &BatchView) -> Result<PushResult> {
+        let entry = self.entry(round_id)?;
+        let spec = &entry.spec;
+        let mut slices = Vec::with_capacity(view.indices.len());
+        let mut offset = view.payload_start;
+        for ((&index, &n_valid), &length) in view.indices.iter().zip(&view.n_valid).zip(&view.lengths) {
+            if index >= spec.num_slices {
+                return Err(Error::Batch(format!("slice.index {index} is out of range (num_slices {})", spec.num_slices)));
+            }
+            let wanted = spec.n_valid(index)?;
+            if n_valid as usize != wanted {
+                return Err(Error::Batch(format!("slice.n_valid of slice {index} is {n_valid}; it must be {wanted}")));
+            }
+            if entry.owned.as_ref().is_some_and(|mask| !mask[index as usize]) {
+                return Err(Error::Batch(format!(
+                    "slice {index} belongs to another share than {} of this {}-node cluster",
+                    entry.share, entry.cluster_nodes
+                )));
+            }
+            slices.push((index, offset, length as usize));
+            offset += length as usize;
+        }
+        drop(entry);
+        self.push_shared(round_id, participant, message, &slices)
+    }
+
+    /// Slices folded in per participant position (duplicates and late copies not counted).
+    ///
+    /// # Errors
+    /// `UnknownRound`.
+    pub fn contributions(&self, round_id: u64) -> Result<Vec<u32>> {
+        Ok(self.entry(round_id)?.contributed.iter().map(|c| c.load(Ordering::Relaxed)).collect())
     }
 
     /// Completions kept from failed batches of a round.

@@ -130,6 +130,67 @@ pub fn parse_batch(message: &[u8]) -> Result<Option<BatchView>> {
     Ok(Some(view))
 }
 
+/// What a received `PushMessage` carries.
+#[derive(Debug, PartialEq, Eq)]
+pub enum PushBody {
+    /// A `RoundHeader` (left serialized: the control side reads it).
+    Header,
+    /// Slices: a batch, or one `Slice { uint32 index = 1; uint32 n_valid = 2; bytes payload = 3; }`
+    /// seen as a batch of one.
+    Slices(BatchView),
+    /// No body.
+    Empty,
+}
+
+/// The body of a serialized `PushMessage`, slices read in place.
+///
+/// # Errors
+/// `Malformed` naming what does not parse.
+pub fn parse_push(message: &[u8]) -> Result<PushBody> {
+    if let Some(view) = parse_batch(message)? {
+        return Ok(PushBody::Slices(view));
+    }
+    let mut at = 0;
+    let mut body: Option<(u64, usize, usize)> = None;
+    while at < message.len() {
+        let key = varint(message, &mut at)?;
+        let (field, wire) = (key >> 3, key & 7);
+        if (field == 1 || field == 2) && wire == 2 {
+            let (start, end) = length_delimited(message, &mut at)?;
+            body = Some((field, start, end));
+        } else {
+            skip(message, &mut at, wire)?;
+        }
+    }
+    match body {
+        None => Ok(PushBody::Empty),
+        Some((1, _, _)) => Ok(PushBody::Header),
+        Some((_, start, end)) => {
+            let slice = &message[..end];
+            let (mut index, mut n_valid, mut payload) = (0u32, 0u32, (start, start));
+            let mut p = start;
+            while p < end {
+                let key = varint(slice, &mut p)?;
+                match (key >> 3, key & 7) {
+                    (1, 0) => index = u32_value(varint(slice, &mut p)?)?,
+                    (2, 0) => n_valid = u32_value(varint(slice, &mut p)?)?,
+                    (3, 2) => payload = length_delimited(slice, &mut p)?,
+                    (_, wire) => skip(slice, &mut p, wire)?,
+                }
+            }
+            let len = payload.1 - payload.0;
+            let length = u32::try_from(len).map_err(|_| malformed(format!("slice.payload of {len} bytes does not fit uint32")))?;
+            Ok(PushBody::Slices(BatchView {
+                indices: vec![index],
+                n_valid: vec![n_valid],
+                lengths: vec![length],
+                payload_start: payload.0,
+                payload_len: len,
+            }))
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -214,5 +275,23 @@ mod tests {
         assert!(parse_batch(&bad).is_err_and(|e| e.to_string().contains("add up to 5")));
         assert!(parse_batch(&[0x1a, 0x05, 0x08]).is_err());
         assert!(parse_batch(&[0xff; 11]).is_err());
+    }
+
+    #[test]
+    fn push_bodies() -> Result<()> {
+        assert_eq!(parse_push(&[0x0a, 0x02, 0x08, 0x01])?, PushBody::Header);
+        assert_eq!(parse_push(&[])?, PushBody::Empty);
+        // Slice { index: 5, n_valid: 2, payload: "abcdefgh" }
+        let mut slice = vec![0x08, 0x05, 0x10, 0x02, 0x1a, 0x08];
+        slice.extend(b"abcdefgh");
+        let mut message = vec![0x12, slice.len() as u8];
+        message.extend(&slice);
+        let PushBody::Slices(view) = parse_push(&message)? else { return Err(malformed("not slices")) };
+        assert_eq!((view.indices, view.n_valid, view.lengths), (vec![5], vec![2], vec![8]));
+        assert_eq!(&message[view.payload_start..view.payload_start + view.payload_len], b"abcdefgh");
+        let batched = batch(&[1, 2], &[1, 1], &[b"abcd", b"efgh"], true);
+        assert!(matches!(parse_push(&batched)?, PushBody::Slices(v) if v.indices == vec![1, 2]));
+        assert!(parse_push(&message[..message.len() - 2]).is_err());
+        Ok(())
     }
 }

@@ -204,3 +204,50 @@ mod paillier {
         }
     }
 }
+
+fn view(indices: &[u32], n_valid: &[u32], lengths: &[u32]) -> confide_agg::BatchView {
+    confide_agg::BatchView {
+        indices: indices.to_vec(),
+        n_valid: n_valid.to_vec(),
+        lengths: lengths.to_vec(),
+        payload_start: 0,
+        payload_len: lengths.iter().map(|&l| l as usize).sum(),
+    }
+}
+
+#[test]
+fn push_batch_checks_range_values_and_share_and_counts_contributions() {
+    // 3 slices of 4 values, the last holding 2; this node's share owns slices 0 and 2.
+    let plane = DataPlane::new(2, 1 << 20, None, None).unwrap();
+    let s = spec(9, Kind::F32Sum, 2, 4, 10, vec![1.0; 2]);
+    plane.open_round_share(s, Some((1, 3, &[0, 2]))).unwrap();
+    let message = |lens: &[u32]| -> confide_agg::node::SharedBytes {
+        let total: u32 = lens.iter().sum();
+        Arc::new(Arc::<[u8]>::from(vec![0u8; total as usize]))
+    };
+    let err = plane.push_batch(9, 0, message(&[16]), &view(&[3], &[4], &[16])).unwrap_err();
+    assert_eq!(err.to_string(), "slice.index 3 is out of range (num_slices 3)");
+    let err = plane.push_batch(9, 0, message(&[16]), &view(&[2], &[4], &[16])).unwrap_err();
+    assert_eq!(err.to_string(), "slice.n_valid of slice 2 is 4; it must be 2");
+    let err = plane.push_batch(9, 0, message(&[16]), &view(&[1], &[4], &[16])).unwrap_err();
+    assert_eq!(err.to_string(), "slice 1 belongs to another share than 1 of this 3-node cluster");
+    assert_eq!(plane.contributions(9).unwrap(), vec![0, 0]); // nothing of a refused batch folded
+    let r = plane.push_batch(9, 0, message(&[16, 8]), &view(&[0, 2], &[4, 2], &[16, 8])).unwrap();
+    assert_eq!((r.accepted, r.duplicates), (2, 0));
+    let r = plane.push_batch(9, 0, message(&[16]), &view(&[0], &[4], &[16])).unwrap();
+    assert_eq!((r.accepted, r.duplicates), (0, 1));
+    let r = plane.push_batch(9, 1, message(&[8]), &view(&[2], &[2], &[8])).unwrap();
+    assert_eq!(r.completed.iter().map(|(i, _)| *i).collect::<Vec<_>>(), vec![2]);
+    assert_eq!(plane.contributions(9).unwrap(), vec![2, 1]);
+    // a batch whose second slice holds NaN: the first stays folded and counted
+    plane.open_round(spec(11, Kind::F32Sum, 2, 4, 10, vec![1.0; 2])).unwrap();
+    let mut bytes = vec![0u8; 16];
+    bytes.extend(f32::NAN.to_le_bytes().repeat(4));
+    let shared: confide_agg::node::SharedBytes = Arc::new(Arc::<[u8]>::from(bytes));
+    let err = plane.push_batch(11, 0, shared, &view(&[0, 1], &[4, 4], &[16, 16])).unwrap_err();
+    assert!(err.to_string().contains("non-finite"), "{err}");
+    assert_eq!(plane.contributions(11).unwrap(), vec![1, 0]);
+    assert!(plane.open_round_share(spec(10, Kind::F32Sum, 2, 4, 10, vec![1.0; 2]), Some((0, 2, &[5]))).is_err());
+    plane.close_round(9).unwrap();
+    assert!(plane.contributions(9).is_err());
+}

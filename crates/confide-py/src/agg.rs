@@ -20,14 +20,15 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(agg_simd_level, m)?)?;
     m.add_function(wrap_pyfunction!(agg_mix64, m)?)?;
     m.add_function(wrap_pyfunction!(agg_parse_batch, m)?)?;
+    crate::aggnet::register(m)?;
     Ok(())
 }
 
 /// Maps a data-plane error to the `confide.errors` class (input errors are ValueErrors).
-fn agg_error(error: confide_agg::Error) -> PyErr {
+pub(crate) fn agg_error(error: confide_agg::Error) -> PyErr {
     use confide_agg::Error as E;
     let name = match &error {
-        E::InvalidParameter { .. } | E::Slice { .. } | E::UnknownRound { .. } => "InvalidParameterError",
+        E::InvalidParameter { .. } | E::Slice { .. } | E::UnknownRound { .. } | E::Batch(_) => "InvalidParameterError",
         E::Malformed { .. } | E::Paillier { .. } => "WireFormatError",
         E::Crypto(_) => "CryptoError",
         _ => "ConfideError",
@@ -79,8 +80,8 @@ impl PySimulatedEnclave {
 
 /// One aggregator node: worker threads with bounded queues and state trackers.
 #[pyclass(name = "DataPlane", module = "confide._native", frozen)]
-struct PyDataPlane {
-    inner: Arc<DataPlane>,
+pub(crate) struct PyDataPlane {
+    pub(crate) inner: Arc<DataPlane>,
 }
 
 #[pymethods]
@@ -94,7 +95,7 @@ impl PyDataPlane {
     }
 
     #[pyo3(signature = (round_id, session, kind, participants, num_slices, slice_length, vector_length,
-                        weights = None, paillier_key = None, tee_round = 0, tee_attempt = 0))]
+                        weights = None, paillier_key = None, tee_round = 0, tee_attempt = 0, share = None))]
     #[allow(clippy::too_many_arguments)]
     fn open_round(
         &self,
@@ -109,6 +110,7 @@ impl PyDataPlane {
         paillier_key: Option<&PyEncryptionKey>,
         tee_round: u32,
         tee_attempt: u32,
+        share: Option<(u32, u32, Vec<u32>)>,
     ) -> PyResult<()> {
         let kind = Kind::parse(kind).map_err(agg_error)?;
         let spec = RoundSpec {
@@ -123,11 +125,17 @@ impl PyDataPlane {
             paillier: paillier_key.map(|k| Arc::new(k.key.clone())),
             tee: kind.is_tee().then(|| TeeRound { session: session.to_string(), round: tee_round, attempt: tee_attempt }),
         };
-        self.inner.open_round(spec).map_err(agg_error)
+        let share = share.as_ref().map(|(s, n, owned)| (*s, *n, owned.as_slice()));
+        self.inner.open_round_share(spec, share).map_err(agg_error)
     }
 
-    /// Folds the batch of a serialized `PushMessage` in place (the payload is not copied).
-    /// Returns (accepted, duplicates, late, completed) like `push`.
+    /// Slices folded in per participant position.
+    fn contributions(&self, round_id: u64) -> PyResult<Vec<u32>> {
+        self.inner.contributions(round_id).map_err(agg_error)
+    }
+
+    /// Checks and folds the slices of a serialized `PushMessage` (a batch or one slice) in
+    /// place: the payload is not copied. Returns (accepted, duplicates, late, completed).
     #[allow(clippy::type_complexity)]
     fn push_message<'py>(
         &self,
@@ -136,59 +144,49 @@ impl PyDataPlane {
         participant: u32,
         message: PyBackedBytes,
     ) -> PyResult<(u32, u32, u32, Vec<(u32, Bound<'py, PyBytes>)>)> {
-        let view =
-            confide_agg::parse_batch(&message).map_err(agg_error)?.ok_or_else(|| invalid("message", "is not a slice batch".to_string()))?;
-        let mut offset = view.payload_start;
-        let slices: Vec<(u32, usize, usize)> = view
-            .indices
-            .iter()
-            .zip(&view.lengths)
-            .map(|(&i, &l)| {
-                let s = (i, offset, l as usize);
-                offset += l as usize;
-                s
-            })
-            .collect();
+        let view = match confide_agg::parse_push(&message).map_err(agg_error)? {
+            confide_agg::PushBody::Slices(view) => view,
+            _ => return Err(invalid("message", "carries no slices".to_string())),
+        };
         let shared: confide_agg::node::SharedBytes = Arc::new(message);
         let inner = self.inner.clone();
-        let result = py.detach(move || inner.push_shared(round_id, participant, shared, &slices)).map_err(agg_error)?;
+        let result = py.detach(move || inner.push_batch(round_id, participant, shared, &view)).map_err(agg_error)?;
         let completed = result.completed.into_iter().map(|(i, b)| (i, PyBytes::new(py, &b))).collect();
         Ok((result.accepted, result.duplicates, result.late, completed))
     }
 
-    /// Returns (accepted, duplicates, late, [(index, bytes)] of completed slices).
-    #[allow(clippy::type_complexity)]
+    /// Checks and folds a batch given as arrays (little-endian uint32 indices, n_valid and
+    /// lengths; payloads back to back). Returns (accepted, duplicates, late, [(index, bytes)]
+    /// of completed slices).
+    #[allow(clippy::type_complexity, clippy::too_many_arguments)]
     fn push<'py>(
         &self,
         py: Python<'py>,
         round_id: u64,
         participant: u32,
         indices: &[u8],
+        n_valid: &[u8],
         lengths: &[u8],
         payload: &[u8],
     ) -> PyResult<(u32, u32, u32, Vec<(u32, Bound<'py, PyBytes>)>)> {
         let indices = u32s("indices", indices)?;
+        let n_valid = u32s("n_valid", n_valid)?;
         let lengths = u32s("lengths", lengths)?;
-        if indices.len() != lengths.len() {
-            return Err(invalid("lengths", format!("holds {} lengths; {} indices need one each", lengths.len(), indices.len())));
+        if indices.len() != lengths.len() || indices.len() != n_valid.len() {
+            return Err(invalid(
+                "lengths",
+                format!("indices, n_valid and lengths differ in length ({}, {}, {})", indices.len(), n_valid.len(), lengths.len()),
+            ));
         }
         let total: u64 = lengths.iter().map(|&l| u64::from(l)).sum();
         if total != payload.len() as u64 {
             return Err(invalid("payload", format!("holds {} bytes; the lengths add up to {total}", payload.len())));
         }
-        let mut offset = 0usize;
-        let slices: Vec<(u32, usize, usize)> = indices
-            .iter()
-            .zip(&lengths)
-            .map(|(&i, &l)| {
-                let s = (i, offset, l as usize);
-                offset += l as usize;
-                s
-            })
-            .collect();
+        let view = confide_agg::BatchView { indices, n_valid, lengths, payload_start: 0, payload_len: payload.len() };
         let batch: Arc<[u8]> = Arc::from(payload);
+        let shared: confide_agg::node::SharedBytes = Arc::new(batch);
         let inner = self.inner.clone();
-        let result = py.detach(move || inner.push(round_id, participant, batch, &slices)).map_err(agg_error)?;
+        let result = py.detach(move || inner.push_batch(round_id, participant, shared, &view)).map_err(agg_error)?;
         let completed = result.completed.into_iter().map(|(i, b)| (i, PyBytes::new(py, &b))).collect();
         Ok((result.accepted, result.duplicates, result.late, completed))
     }

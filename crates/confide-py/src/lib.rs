@@ -4,6 +4,7 @@
 //! errors once (errors.rs). The public Python API is `confide.crypto`.
 
 mod agg;
+mod aggnet;
 mod errors;
 mod psi;
 

@@ -147,7 +147,6 @@ class RoundState:
     owned: frozenset[int] = frozenset()
     done: dict[int, bytes] = field(default_factory=dict)
     joined: set[str] = field(default_factory=set)
-    contributed: dict[str, int] = field(default_factory=dict)
     broken: dict[str, float] = field(default_factory=dict)
     status: str = "open"
     reason: str = ""
@@ -160,12 +159,8 @@ class RoundState:
         header = self.header
         self.owned = frozenset(share_indices(header.job_id, header.share, header.cluster_nodes, header.num_slices))
         self._positions = {party: i for i, party in enumerate(header.participants)}
-        self._n_valid = np.minimum(
-            header.slice_length,
-            header.vector_length - np.arange(header.num_slices, dtype=np.int64) * header.slice_length,
-        )
-        self._owned_mask = np.zeros(header.num_slices, dtype=bool)
-        self._owned_mask[list(self.owned)] = True
+        #: Slices folded per participant, kept when the round's state leaves the data plane.
+        self._final_contributions: list[int] | None = None
         if self.plane is None:
             self.plane = default_plane()
         self.plane.open_round(
@@ -180,6 +175,8 @@ class RoundState:
             self.encryption_key._native if self.encryption_key is not None else None,
             header.round,
             header.attempt,
+            # On a cluster the data plane refuses slices of other shares.
+            (header.share, header.cluster_nodes, sorted(self.owned)) if header.cluster_nodes > 1 else None,
         )
 
     @property
@@ -207,36 +204,6 @@ class RoundState:
         if header.encryption_key != self.header.encryption_key:
             raise ProtocolError(f"header.encryption_key of {header.party_id!r} differs from the round's key")
 
-    def check_batch(self, indices: np.ndarray, n_valid: np.ndarray, lengths: np.ndarray, payload_size: int) -> None:
-        """Structure of a batch: indices in range and in this share, lengths consistent."""
-        if not (len(indices) == len(n_valid) == len(lengths)):
-            raise ProtocolError(
-                f"batch.indices, batch.n_valid and batch.lengths differ in length "
-                f"({len(indices)}, {len(n_valid)}, {len(lengths)})"
-            )
-        if len(indices) == 0:
-            return
-        top = int(indices.max())
-        if top >= self.header.num_slices:
-            raise ProtocolError(f"slice.index {top} is out of range (num_slices {self.header.num_slices})")
-        wanted = self._n_valid[indices]
-        wrong = np.flatnonzero(wanted != n_valid)
-        if len(wrong):
-            i = int(indices[wrong[0]])
-            raise ProtocolError(
-                f"slice.n_valid of slice {i} is {int(n_valid[wrong[0]])}; it must be {int(wanted[wrong[0]])}"
-            )
-        foreign = np.flatnonzero(~self._owned_mask[indices])
-        if len(foreign):
-            raise ProtocolError(
-                f"slice {int(indices[foreign[0]])} belongs to another share than {self.header.share} "
-                f"of this {self.header.cluster_nodes}-node cluster"
-            )
-        if int(lengths.sum(dtype=np.int64)) != payload_size:
-            raise ProtocolError(
-                f"batch.payload holds {payload_size} bytes; batch.lengths add up to {int(lengths.sum(dtype=np.int64))}"
-            )
-
     def fold(
         self,
         party: str,
@@ -250,7 +217,8 @@ class RoundState:
         """Fold a batch of ``party``'s slices in the data plane.
 
         ``payload`` is the concatenated slice payloads, or (``payload_size`` given) the whole
-        received ``PushMessage``, folded in place by the data plane.
+        received ``PushMessage``, folded in place by the data plane. The data plane checks the
+        batch against the round (index range, values per slice, this node's share).
 
         Returns (accepted, duplicates or late copies, completed (index, combined payload),
         whether this batch completed the round's share). A refused slice raises
@@ -261,7 +229,6 @@ class RoundState:
         if self.status != "open":
             raise RoundClosedError(f"round attempt {self.key} is {self.status}")
         position = self.position(party)
-        self.check_batch(indices, n_valid, lengths, len(payload) if payload_size is None else payload_size)
         self.restore()
         assert self.plane is not None
         try:
@@ -269,11 +236,16 @@ class RoundState:
                 accepted, duplicates, late, completed = self.plane.push_message(self.round_id, position, payload)
             else:
                 accepted, duplicates, late, completed = self.plane.push(
-                    self.round_id, position, indices.astype("<u4").tobytes(), lengths.astype("<u4").tobytes(), payload
+                    self.round_id,
+                    position,
+                    np.asarray(indices).astype("<u4").tobytes(),
+                    np.asarray(n_valid).astype("<u4").tobytes(),
+                    np.asarray(lengths).astype("<u4").tobytes(),
+                    payload,
                 )
         except ValueError as error:
             raise ProtocolError(str(error)) from None
-        return accepted, duplicates + late, completed, self.record(party, accepted, completed)
+        return accepted, duplicates + late, completed, self.record(completed)
 
     def accept(self, party: str, message: pb.Slice) -> tuple[bool, bytes | None]:
         """Fold one slice; returns (accepted, combined payload if its index completed)."""
@@ -286,21 +258,15 @@ class RoundState:
         )
         return accepted == 1, (completed[0][1] if completed else None)
 
-    def drain(self, party: str) -> tuple[list[tuple[int, bytes]], bool]:
-        """After a batch of ``party`` was refused part-way: book what its other slices did.
+    def drain(self) -> tuple[list[tuple[int, bytes]], bool]:
+        """After a batch was refused part-way: the indices its other slices completed.
 
-        Slices before the refused one stay folded; the indices they completed are returned, and
-        the party's count of contributed slices is recounted from the open partial sums.
+        Slices of the batch folded before the refused one stay folded (and counted in
+        :attr:`contributed` by the data plane); the indices they completed are returned.
         """
         assert self.plane is not None
         completed = self.plane.take_completed(self.round_id)
-        finished = self.record("", 0, completed) if completed else False
-        open_entries = self.plane.missing(self.round_id)
-        position = self.position(party)
-        with self.lock:
-            waiting = sum(1 for _, absent in open_entries if position in absent)
-            self.contributed[party] = len(self.done) + len(open_entries) - waiting
-        return completed, finished
+        return completed, self.record(completed) if completed else False
 
     def restore(self) -> None:
         """Reload partial sums written out while a participant was away."""
@@ -323,16 +289,28 @@ class RoundState:
 
     def close(self) -> None:
         """Free the round's state in the data plane."""
+        assert self.plane is not None
         with self.lock:
             self.checkpoint = None
-        assert self.plane is not None
+            if self._final_contributions is None:
+                self._final_contributions = list(self.plane.contributions(self.round_id))
         self.plane.close_round(self.round_id)
 
-    def record(self, party: str, accepted: int, completed: list[tuple[int, bytes]]) -> bool:
-        """Book one folded batch; True when the share of the round just completed."""
+    @property
+    def contributed(self) -> dict[str, int]:
+        """Slices each participant has had folded in (participants with none left out)."""
+        counts = self._final_contributions
+        if counts is None:
+            assert self.plane is not None
+            try:
+                counts = list(self.plane.contributions(self.round_id))
+            except ValueError:  # closed meanwhile
+                counts = self._final_contributions or []
+        return {party: n for party, n in zip(self.header.participants, counts, strict=False) if n}
+
+    def record(self, completed: list[tuple[int, bytes]]) -> bool:
+        """Book completed indices; True when the share of the round just completed."""
         with self.lock:
-            if accepted:
-                self.contributed[party] = self.contributed.get(party, 0) + accepted
             for index, payload in completed:
                 self.done[index] = payload
             if self.status == "open" and len(self.done) == len(self.owned):
@@ -343,4 +321,5 @@ class RoundState:
     def missing(self) -> list[str]:
         """Participants that have not sent every slice of the share yet."""
         need = len(self.owned)
-        return [p for p in self.header.participants if self.contributed.get(p, 0) < need]
+        contributed = self.contributed
+        return [p for p in self.header.participants if contributed.get(p, 0) < need]

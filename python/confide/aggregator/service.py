@@ -11,6 +11,7 @@ survivors are told and retry under a new attempt number), or superseded by the n
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import threading
@@ -28,11 +29,11 @@ from confide.aggregator.rounds import RoundKey, RoundState, expected_length, is_
 from confide.aggregator.store import ResultStore
 from confide.errors import ConfideError, PermissionDeniedError, ProtocolError, RoundClosedError
 from confide.transport import status, tls
-from confide.transport.certs import Identity
+from confide.transport.certs import Identity, name_from_der
 from confide.v1 import runtime_pb2 as pb
 from confide.v1 import runtime_pb2_grpc as rpc
 
-__all__ = ["AggregatorConfig", "AggregatorCore", "serve"]
+__all__ = ["AggregatorConfig", "AggregatorCore", "NativeDataPath", "serve"]
 
 log = logging.getLogger("confide.aggregator")
 Observer = Callable[[str, str, object], None]
@@ -62,6 +63,12 @@ class AggregatorConfig:
     checkpoint_after_s : float
         A round whose participant's stream broke writes its partial sums out after this long
         (freeing memory while the party is away) and reloads them on the next slice.
+    data_port : int or None
+        Port of the data path in Rust (``PushSlices`` received, parsed and folded without
+        Python; reported in ``Health``), on the host of the listen address: 0 picks a free
+        port, None serves ``PushSlices`` only through the Python gRPC server.
+    data_threads : int
+        Threads of the data path for TLS and HTTP/2 (0: one per core).
     """
 
     round_timeout_s: float = 120.0
@@ -72,6 +79,8 @@ class AggregatorConfig:
     workers: int = 0
     max_staged_bytes: int = 256 * 1024**2
     checkpoint_after_s: float = 1.0
+    data_port: int | None = 0
+    data_threads: int = 0
 
 
 class AggregatorCore:
@@ -107,6 +116,9 @@ class AggregatorCore:
             self._latest[header.job_id] = max(self._latest.get(header.job_id, 0), header.round)
         self._monitor = threading.Thread(target=self._watch, name="confide-round-monitor", daemon=True)
         self._monitor.start()
+        #: The Rust data path (see :class:`NativeDataPath`), when started by :func:`serve`.
+        self.data_server: _native.DataServer | None = None
+        self.data_path: NativeDataPath | None = None
 
     def configure_job(self, job_id: str, *, round_timeout_s: float, dropout_grace_s: float) -> None:
         """Timeouts for one job (from its session's aggregator configuration)."""
@@ -236,7 +248,7 @@ class AggregatorCore:
         except ProtocolError:
             # Slices of the batch folded before the refused one stay folded; indices they
             # completed are delivered now rather than with the next batch.
-            self._deliver(state, *state.drain(party))
+            self._deliver(state, *state.drain())
             raise
         self._deliver(state, completed, finished)
         return accepted, duplicates
@@ -394,7 +406,9 @@ class AggregatorCore:
             return sum(1 for s in self._rounds.values() if s.status == "open")
 
     def close(self) -> None:
-        """Stop the monitor thread."""
+        """Stop the data path and the monitor thread."""
+        if self.data_server is not None:
+            self.data_server.stop(1.0)
         self._stopped.set()
 
     def health(self, name: str) -> pb.HealthReply:
@@ -410,12 +424,94 @@ class AggregatorCore:
             staged_bytes=int(stats["staged_bytes"]),
             peak_staged_bytes=int(stats["peak_staged_bytes"]),
             workers=int(stats["workers"]),
+            data_port=self.data_server.port if self.data_server is not None else 0,
         )
 
     def observe(self, event: str, party: str, message: object) -> None:
         """Hand a received message to the observer (tests, audits)."""
         if self.observer is not None:
             self.observer(event, party, message)
+
+
+class NativeDataPath:
+    """The control side of the Rust data path (``_native.DataServer``, crate ``confide-aggnet``).
+
+    The data server receives a party's ``PushSlices`` stream, parses and checks every batch
+    and folds it in the data plane without the GIL. It calls this object once per stream
+    (:meth:`open`, :meth:`ended`), when a batch completed slices (:meth:`folded`) or was
+    refused (:meth:`refused`), and per message only while an observer is attached. The
+    replies and status codes are those of :meth:`AggregationServicer.PushSlices`.
+    """
+
+    def __init__(self, core: AggregatorCore) -> None:
+        self._core = core
+        self._streams: dict[int, tuple[str, RoundState]] = {}
+        self._tokens = itertools.count(1)
+        self._lock = threading.Lock()
+        self.observing = core.observer is not None
+        #: Streams this path opened (a measure that slices took it).
+        self.streams_opened = 0
+
+    def open(self, peer_der: bytes | None, raw: bytes) -> tuple[int, int, int] | None:
+        """A stream's header: (round id, party position, token), or None if already complete."""
+        header = pb.PushMessage.FromString(raw).header
+        party = tls.check_caller(name_from_der(peer_der), header.party_id, "header.party_id")
+        self._core.observe("header", party, header)
+        state = self._core.open_round(header)
+        if state is None:
+            self._core.redeliver((header.job_id, header.round, header.attempt, header.share), party)
+            return None
+        token = next(self._tokens)
+        with self._lock:
+            self._streams[token] = (party, state)
+            self.streams_opened += 1
+        return state.round_id, state.position(party), token
+
+    def _stream(self, token: int) -> tuple[str, RoundState]:
+        with self._lock:
+            return self._streams[token]
+
+    def observe(self, token: int, raw: bytes) -> None:
+        """Hand the slices of a received message to the observer."""
+        party, _ = self._stream(token)
+        message = pb.PushMessage.FromString(raw)
+        items = unbatch(message.batch) if message.HasField("batch") else [message.slice]
+        for item in items:
+            self._core.observe("slice", party, item)
+
+    def folded(self, token: int, completed: list[tuple[int, bytes]]) -> None:
+        """Book and deliver the slices a batch completed."""
+        _, state = self._stream(token)
+        self._core._deliver(state, completed, state.record(completed))
+
+    def refused(self, token: int, kind: str, message: str, slices: int) -> int:
+        """The data plane refused a batch: late copies (returned) or the error to end with."""
+        _, state = self._stream(token)
+        if state.status == "complete":
+            return slices  # late copies of slices whose indices completed
+        if kind == "closed" or state.status != "open":
+            raise RoundClosedError(f"round attempt {state.key} is {state.status}")
+        # Slices of the batch folded before the refused one stay folded; deliver what they completed.
+        self._core._deliver(state, *state.drain())
+        if kind == "invalid":
+            raise ProtocolError(message)
+        raise ConfideError(message)
+
+    def ended(self, token: int) -> bool:
+        """The stream ended; whether the round attempt (share) is complete."""
+        with self._lock:
+            party, state = self._streams.pop(token)
+        self._core.stream_ended(party, state)
+        return state.status == "complete"
+
+    def status_of(self, error: BaseException) -> tuple[int, str]:
+        """The gRPC status code (number) and message for an error raised here."""
+        code, message = status.code_of(error)
+        return int(code.value[0]), message
+
+    def log_failure(self, what: str, error: BaseException) -> None:
+        """A callback failed where no status can be sent (the stream is gone)."""
+        log.error("data path %s failed: %s: %s", what, type(error).__name__, error)
 
 
 class AggregationServicer(rpc.AggregationServicer):
@@ -586,5 +682,19 @@ def serve(
     server, port = tls.server(identity, address, max_workers=config.max_workers)
     add_aggregation_service(AggregationServicer(core, identity.name), server)
     rpc.add_RelayServicer_to_server(RelayServicer(core), server)
+    if config.data_port is not None:
+        host = address.rpartition(":")[0] or "0.0.0.0"
+        core.data_path = NativeDataPath(core)
+        core.data_server = _native.DataServer(
+            core.dataplane,
+            core.data_path,
+            f"{host}:{config.data_port}",
+            identity.cert_pem,
+            identity.key_pem,
+            identity.ca_pem,
+            threads=config.data_threads,
+            max_message_bytes=tls.MAX_MESSAGE_BYTES,
+        )
+        log.info("data path (Rust) listening on port %d", core.data_server.port)
     server.start()
     return server, port, core

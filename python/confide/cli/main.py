@@ -44,6 +44,13 @@ def _parser() -> argparse.ArgumentParser:
     aggregator.add_argument("--workers", type=int, default=0, help="data-plane workers (0: one per core)")
     aggregator.add_argument("--max-staged-mb", type=int, default=256, help="partial sums held in memory, MiB")
     aggregator.add_argument("--max-streams", type=int, default=128, help="gRPC threads (two per connected party)")
+    aggregator.add_argument(
+        "--data-port",
+        type=int,
+        default=0,
+        help="port of the Rust data path for slices (0: any free port, reported in Health; -1: none, "
+        "slices go through the Python gRPC server)",
+    )
 
     cluster = commands.add_parser("cluster", help="run an aggregator cluster (N aggregator processes)")
     cluster.add_argument("--nodes", type=int, required=True, help="number of aggregator nodes")
@@ -140,6 +147,7 @@ def _aggregator(args) -> int:
         workers=args.workers,
         max_staged_bytes=args.max_staged_mb * 1024**2,
         max_workers=args.max_streams,
+        data_port=None if args.data_port < 0 else args.data_port,
     )
     server, port, core = serve(identity, args.listen, config)
     if args.port_file:

@@ -54,6 +54,7 @@ __all__ = [
     "init_federation",
     "issue_identity",
     "name_from_auth_context",
+    "name_from_der",
     "peer_identity",
     "verify_signature",
 ]
@@ -637,10 +638,25 @@ def name_from_auth_context(auth_context: dict | None) -> str | None:
             cert = x509.load_pem_x509_certificate(value.encode() if isinstance(value, str) else bytes(value))
         except (ValueError, TypeError):
             continue
-        names = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
-        if names and isinstance(names[0].value, str):
-            return names[0].value
+        name = _common_name(cert)
+        if name:
+            return name
     return None
+
+
+def name_from_der(der: bytes | None) -> str | None:
+    """The CN of a peer certificate (DER) that the TLS layer already verified, or None."""
+    if not der:
+        return None
+    try:
+        return _common_name(x509.load_der_x509_certificate(bytes(der)))
+    except ValueError:
+        return None
+
+
+def _common_name(cert: x509.Certificate) -> str | None:
+    names = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    return names[0].value if names and isinstance(names[0].value, str) and names[0].value else None
 
 
 # ----------------------------------------------------------------------------------------------------------------------

@@ -100,13 +100,57 @@ class _Node:
     def __init__(self, index: int, target: str, identity: Identity) -> None:
         self.index = index
         self.target = target
+        self.identity = identity
         self.channel = tls.channel(target, identity)
         self.aggregation = rpc.AggregationStub(self.channel)
         self.relay = rpc.RelayStub(self.channel)
+        #: Where PushSlices goes: the node's data port (Rust data path) once found, else here.
+        self.push_stub = self.aggregation
+        self.data_channel: grpc.Channel | None = None
+        self.data_port = 0
         self.stream: grpc.Future | None = None
         self.thread: threading.Thread | None = None
         self.subscribed = threading.Event()
         self.broken_since: float | None = None
+
+    def use_data_port(self, port: int, timeout: float) -> None:
+        """Push slices to the node's data port; stay on the control port if it is unreachable."""
+        host = self.target.rpartition(":")[0]
+        channel = tls.channel(f"{host}:{port}", self.identity)
+        try:
+            grpc.channel_ready_future(channel).result(timeout=timeout)
+        except grpc.FutureTimeoutError:
+            channel.close()
+            log.warning(
+                "aggregator %s: data port %d unreachable within %g s; pushing slices through the control port "
+                "(the Python path, slower)",
+                self.target,
+                port,
+                timeout,
+            )
+            return
+        self.data_channel = channel
+        self.data_port = port
+        self.push_stub = rpc.AggregationStub(channel)
+
+    def refresh_data_port(self, timeout: float) -> None:
+        """After a failed push: the node may have restarted with another data port."""
+        try:
+            reply = self.aggregation.Health(pb.HealthRequest(), timeout=timeout)
+        except grpc.RpcError:
+            return  # still away; the next attempt asks again
+        if reply.data_port == self.data_port:
+            return
+        if self.data_channel is not None:
+            self.data_channel.close()
+        self.data_channel, self.data_port, self.push_stub = None, 0, self.aggregation
+        if reply.data_port:
+            self.use_data_port(reply.data_port, timeout)
+
+    @property
+    def push_waits_for_ready(self) -> bool:
+        """The control channel rides over restarts; a data channel fails fast and is re-found."""
+        return self.data_channel is None
 
 
 class AggregatorClient:
@@ -150,7 +194,6 @@ class AggregatorClient:
         #: Cluster nodes found lost (their shares are served by the next live node).
         self.lost_nodes: set[int] = set()
         self._lost_lock = threading.Lock()
-        self._aggregation = self._nodes[0].aggregation
         self._relay = self._nodes[0].relay
         self._sent: dict[tuple[int, str, tuple[str, ...]], pb.Envelope] = {}
         self._sent_lock = threading.Lock()
@@ -177,6 +220,8 @@ class AggregatorClient:
             except grpc.RpcError as error:
                 raise from_rpc_error(error, f"connecting to the aggregator at {node.target}") from None
             log.info("connected to aggregator %s", reply.name)
+            if reply.data_port:
+                node.use_data_port(reply.data_port, min(timeout, 10.0))
         for node in self._nodes:
             assert node.thread is not None
             node.thread.start()
@@ -206,6 +251,8 @@ class AggregatorClient:
             if node.thread is not None and node.thread.is_alive():
                 node.thread.join(timeout=5)
             node.channel.close()
+            if node.data_channel is not None:
+                node.data_channel.close()
 
     def raise_fatal(self) -> None:
         """Raise what made the connection unusable (refused identity, relay node lost)."""
@@ -358,12 +405,16 @@ class AggregatorClient:
         a node that is unreachable is marked lost and its share goes to the next live node.
         """
         if len(self._nodes) == 1:
+            node = self._nodes[0]
             try:
-                return self._aggregation.PushSlices(
-                    batched(header, slices, self.bytes_sent), wait_for_ready=True, timeout=None
+                return node.push_stub.PushSlices(
+                    batched(header, slices, self.bytes_sent), wait_for_ready=node.push_waits_for_ready, timeout=None
                 )
             except grpc.RpcError as error:
-                raise from_rpc_error(error, f"pushing round {header.round} attempt {header.attempt}") from None
+                failure = from_rpc_error(error, f"pushing round {header.round} attempt {header.attempt}")
+                if isinstance(failure, TransportUnavailableError):
+                    node.refresh_data_port(timeout=2.0)
+                raise failure from None
         return self._push_cluster(header, list(slices))
 
     def _push_cluster(self, header: pb.RoundHeader, slices: list[pb.Slice]) -> pb.PushReply:
@@ -380,7 +431,7 @@ class AggregatorClient:
                 share_header.cluster_nodes = nodes
                 share_header.share = share
                 try:
-                    reply = self._nodes[node].aggregation.PushSlices(
+                    reply = self._nodes[node].push_stub.PushSlices(
                         batched(share_header, shares.get(share, []), self.bytes_sent),
                         wait_for_ready=False,
                         timeout=None,
@@ -390,6 +441,8 @@ class AggregatorClient:
                     if isinstance(failure, TransportUnavailableError) and node != 0:
                         self.mark_lost(node, str(failure))
                         continue
+                    if isinstance(failure, TransportUnavailableError):
+                        self._nodes[node].refresh_data_port(timeout=2.0)
                     raise failure from None
                 return reply
 

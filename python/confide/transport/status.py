@@ -17,7 +17,7 @@ from confide.errors import (
     TransportUnavailableError,
 )
 
-__all__ = ["abort", "from_rpc_error", "guarded"]
+__all__ = ["abort", "code_of", "from_rpc_error", "guarded"]
 
 _TO_CODE: list[tuple[type[BaseException], grpc.StatusCode]] = [
     (PermissionDeniedError, grpc.StatusCode.PERMISSION_DENIED),
@@ -38,12 +38,17 @@ _FROM_CODE: dict[grpc.StatusCode, type[ConfideError]] = {
 }
 
 
-def abort(context: grpc.ServicerContext, error: BaseException) -> NoReturn:
-    """End the call with the status that matches ``error`` (INTERNAL for anything unexpected)."""
+def code_of(error: BaseException) -> tuple[grpc.StatusCode, str]:
+    """The status and message that ``error`` ends a call with (INTERNAL for anything unexpected)."""
     for kind, code in _TO_CODE:
         if isinstance(error, kind):
-            context.abort(code, str(error))
-    context.abort(grpc.StatusCode.INTERNAL, f"{type(error).__name__}: {error}")
+            return code, str(error)
+    return grpc.StatusCode.INTERNAL, f"{type(error).__name__}: {error}"
+
+
+def abort(context: grpc.ServicerContext, error: BaseException) -> NoReturn:
+    """End the call with the status that matches ``error``."""
+    context.abort(*code_of(error))
 
 
 def guarded(method):

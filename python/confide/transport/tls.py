@@ -63,7 +63,11 @@ def caller_name(context: grpc.ServicerContext) -> str | None:
 
 def require_caller(context: grpc.ServicerContext, claimed: str, field: str) -> str:
     """Raise :class:`PermissionDeniedError` unless the certificate names ``claimed``."""
-    name = caller_name(context)
+    return check_caller(caller_name(context), claimed, field)
+
+
+def check_caller(name: str | None, claimed: str, field: str) -> str:
+    """Raise :class:`PermissionDeniedError` unless ``name`` (the certificate's) is ``claimed``."""
     if name is None:
         raise PermissionDeniedError("no client certificate")
     if name != claimed:

@@ -23,9 +23,10 @@ def reference() -> np.ndarray:
     return (w[:, None] * UPDATES.astype(np.float64)).sum(0) / w.sum()
 
 
-def pack(indices, payloads):
+def pack(indices, payloads, n_valid=L):
     return (
         np.asarray(indices, dtype="<u4").tobytes(),
+        np.full(len(indices), n_valid, dtype="<u4").tobytes(),
         np.asarray([len(p) for p in payloads], dtype="<u4").tobytes(),
         b"".join(payloads),
     )
@@ -136,7 +137,9 @@ def test_u32_sums_wrap_exactly():
     words = rng.integers(0, 2**32, size=(3, 16), dtype=np.uint64).astype(np.uint32)
     got = {}
     for p in range(3):
-        got.update(dict(plane.push(5, p, *pack([0, 1], [words[p, :8].tobytes(), words[p, 8:].tobytes()]))[3]))
+        got.update(
+            dict(plane.push(5, p, *pack([0, 1], [words[p, :8].tobytes(), words[p, 8:].tobytes()], n_valid=8))[3])
+        )
     total = np.concatenate([np.frombuffer(got[0], "<u4"), np.frombuffer(got[1], "<u4")])
     assert np.array_equal(total, (words.astype(np.uint64).sum(0) % 2**32).astype(np.uint32))
 
