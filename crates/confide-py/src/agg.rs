@@ -136,14 +136,7 @@ impl PyDataPlane {
 
     /// Checks and folds the slices of a serialized `PushMessage` (a batch or one slice) in
     /// place: the payload is not copied. Returns (accepted, duplicates, late, completed).
-    #[allow(clippy::type_complexity)]
-    fn push_message<'py>(
-        &self,
-        py: Python<'py>,
-        round_id: u64,
-        participant: u32,
-        message: PyBackedBytes,
-    ) -> PyResult<(u32, u32, u32, Vec<(u32, Bound<'py, PyBytes>)>)> {
+    fn push_message<'py>(&self, py: Python<'py>, round_id: u64, participant: u32, message: PyBackedBytes) -> PyResult<PushReply<'py>> {
         let view = match confide_agg::parse_push(&message).map_err(agg_error)? {
             confide_agg::PushBody::Slices(view) => view,
             _ => return Err(invalid("message", "carries no slices".to_string())),
@@ -151,14 +144,13 @@ impl PyDataPlane {
         let shared: confide_agg::node::SharedBytes = Arc::new(message);
         let inner = self.inner.clone();
         let result = py.detach(move || inner.push_batch(round_id, participant, shared, &view)).map_err(agg_error)?;
-        let completed = result.completed.into_iter().map(|(i, b)| (i, PyBytes::new(py, &b))).collect();
-        Ok((result.accepted, result.duplicates, result.late, completed))
+        Ok(push_reply(py, result))
     }
 
     /// Checks and folds a batch given as arrays (little-endian uint32 indices, n_valid and
     /// lengths; payloads back to back). Returns (accepted, duplicates, late, [(index, bytes)]
     /// of completed slices).
-    #[allow(clippy::type_complexity, clippy::too_many_arguments)]
+    #[allow(clippy::too_many_arguments)]
     fn push<'py>(
         &self,
         py: Python<'py>,
@@ -168,7 +160,7 @@ impl PyDataPlane {
         n_valid: &[u8],
         lengths: &[u8],
         payload: &[u8],
-    ) -> PyResult<(u32, u32, u32, Vec<(u32, Bound<'py, PyBytes>)>)> {
+    ) -> PyResult<PushReply<'py>> {
         let indices = u32s("indices", indices)?;
         let n_valid = u32s("n_valid", n_valid)?;
         let lengths = u32s("lengths", lengths)?;
@@ -187,8 +179,7 @@ impl PyDataPlane {
         let shared: confide_agg::node::SharedBytes = Arc::new(batch);
         let inner = self.inner.clone();
         let result = py.detach(move || inner.push_batch(round_id, participant, shared, &view)).map_err(agg_error)?;
-        let completed = result.completed.into_iter().map(|(i, b)| (i, PyBytes::new(py, &b))).collect();
-        Ok((result.accepted, result.duplicates, result.late, completed))
+        Ok(push_reply(py, result))
     }
 
     fn take_completed<'py>(&self, py: Python<'py>, round_id: u64) -> Vec<(u32, Bound<'py, PyBytes>)> {
@@ -261,6 +252,14 @@ fn agg_bench_primitive(
     let slices = slices.as_slice().map_err(|_| invalid("slices", "array must be contiguous"))?;
     let weights = weights.as_slice().map_err(|_| invalid("weights", "array must be contiguous"))?;
     py.detach(|| confide_agg::bench_primitive(slices, slice_len, weights, iterations)).map_err(agg_error)
+}
+
+/// (accepted, duplicates, late, [(index, bytes)] of completed slices).
+type PushReply<'py> = (u32, u32, u32, Vec<(u32, Bound<'py, PyBytes>)>);
+
+fn push_reply(py: Python<'_>, result: confide_agg::PushResult) -> PushReply<'_> {
+    let completed = result.completed.into_iter().map(|(i, b)| (i, PyBytes::new(py, &b))).collect();
+    (result.accepted, result.duplicates, result.late, completed)
 }
 
 fn le_words(words: &[u32]) -> Vec<u8> {
