@@ -15,7 +15,7 @@ RUST_SRC  := $(shell find crates -name '*.rs' -o -name Cargo.toml 2>/dev/null) C
 .PHONY: help setup demo test test-rust test-python bench lint fmt clean
 
 help:
-	@echo "make demo   three hospitals train Homo LR in paillier mode (separate processes, gRPC + mTLS)"
+	@echo "make demo   three hospitals train Homo LR, then a CNN, in paillier mode (separate processes, gRPC + mTLS)"
 	@echo "make test   run the whole test suite (Rust + Python)"
 	@echo "make bench  run benchmarks (writes benchmarks/results/*.json)"
 	@echo "make lint   clippy, rustfmt --check, ruff"
@@ -34,10 +34,11 @@ $(PROTO): proto/confide/v1/runtime.proto $(STAMP)
 		apt-get update -qq && apt-get install -y -qq python3-venv m4 >/dev/null; fi
 	@touch $@
 
-$(STAMP): requirements-dev.txt pyproject.toml .system-deps
+$(STAMP): requirements-dev.txt requirements-frameworks.txt pyproject.toml .system-deps
 	@test -x $(PYTHON) || python3 -m venv $(VENV)
 	$(PYTHON) -m pip install -q --upgrade pip
 	$(PYTHON) -m pip install -q -r requirements-dev.txt
+	$(PYTHON) -m pip install -q -r requirements-frameworks.txt
 	@touch $@
 
 $(GMP): scripts/build-gmp.sh .system-deps
@@ -55,6 +56,9 @@ demo: setup
 	@echo
 	@echo "== vertical FL: the hospital holds the labels, the lab other columns; PSI, then SecureBoost =="
 	$(VENV)/bin/confide run examples/breast_cancer_secureboost.yaml --workdir reports/demo-vertical
+	@echo
+	@echo "== a neural network: a Keras 3 CNN on digits, three hospitals, paillier (one on PyTorch, two on JAX) =="
+	$(VENV)/bin/confide run examples/digits_cnn.yaml --workdir reports/demo-digits-cnn
 
 test: test-rust test-python
 

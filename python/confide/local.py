@@ -10,7 +10,6 @@ through gRPC with mutual TLS, as they would across sites.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import shutil
@@ -25,6 +24,7 @@ import numpy as np
 
 from confide.aggregator.cluster import Cluster
 from confide.errors import JobFailedError
+from confide.reports import JobReport, JobRound
 from confide.spec import JobSpec
 from confide.transport.certs import init_federation
 
@@ -248,6 +248,7 @@ def _follow(federation: LocalFederation, progress: bool, echo) -> None:
             running = [r for r in reports if r.get("status") != "failed"]
             done = [len(r["rounds"]) for r in running]
             finished = min(done) if done else 0
+            _fail_fast(federation)
             while shown < finished:
                 shown += 1
                 line = _round_line(spec, shown, running)
@@ -258,6 +259,21 @@ def _follow(federation: LocalFederation, progress: bool, echo) -> None:
             time.sleep(0.2)
     finally:
         bar.close()
+
+
+def _fail_fast(federation: LocalFederation) -> None:
+    """A party that failed before its first round (bad model, missing framework) fails the job now.
+
+    Its peers would otherwise wait out the set-up timeout for it; a party that fails later is a
+    dropout, which the others survive (``on_dropout``).
+    """
+    for name, process in federation.parties.items():
+        if process.poll() in (None, 0):
+            continue
+        report = federation.report_of(name) or {}
+        if not report.get("rounds"):
+            reason = report.get("error") or federation._tail(name)
+            raise JobFailedError(f"job failed before round 1:\n  {name}: {reason}")
 
 
 def _follow_vertical(federation: LocalFederation, echo) -> None:
@@ -322,10 +338,12 @@ def _round_line(spec: JobSpec, number: int, reports: list[dict]) -> str:
     entries = [r["rounds"][number - 1] for r in reports if len(r["rounds"]) >= number]
     loss = _weighted_loss(number, reports)
     sent = sum(e["bytes_sent"] for e in entries)
-    auc = _round_auc(spec, entries)
-    auc_text = f"  AUC {auc:.4f}" if auc is not None else ""
+    shown = ""
+    for name, label in (("auc", "AUC"), ("accuracy", "accuracy")):
+        value = _round_metric(entries, name)
+        shown += f"  {label} {value:.4f}" if value is not None else ""
     return (
-        f"round {number:>3}/{spec.rounds}  loss {loss:.4f}{auc_text}  parties {len(entries[0]['participants'])}"
+        f"round {number:>3}/{spec.rounds}  loss {loss:.4f}{shown}  parties {len(entries[0]['participants'])}"
         f"  sent {_size(sent)}  {max(e['seconds'] for e in entries):.2f} s"
     )
 
@@ -337,59 +355,51 @@ def _weighted_loss(number: int, reports: list[dict]) -> float:
     return float(np.dot(samples, [p[1] for p in pairs]) / samples.sum())
 
 
-@functools.lru_cache(maxsize=4)
-def _federation(parties: int, split: str, skew: float, test_fraction: float, seed: int):
-    from confide.data import breast_cancer_federation
+def _round_metric(entries: list[dict], name: str) -> float | None:
+    """Mean over the parties of the global model's ``test_<name>`` (one shared test set: all equal)."""
+    values = [e[f"test_{name}"] for e in entries if f"test_{name}" in e]
+    return float(np.mean(values)) if values else None
 
-    return breast_cancer_federation(parties, split=split, skew=skew, test_fraction=test_fraction, seed=seed)
 
+def _embedded(spec: JobSpec):
+    from confide.data import breast_cancer_federation, digits_federation
 
-def _breast_cancer(spec: JobSpec):
     data = spec.data
-    return _federation(len(spec.parties), data.split, data.skew, data.test_fraction, data.seed)
-
-
-def _round_auc(spec: JobSpec, entries: list[dict]) -> float | None:
-    from sklearn.metrics import roc_auc_score
-
-    if spec.data.dataset == "breast_cancer":
-        weights = entries[0].get("weights")
-        if weights is None:
-            return None
-        X, y = _breast_cancer(spec).test
-        w = np.asarray(weights)
-        return float(roc_auc_score(y, X @ w[:-1] + w[-1]))
-    aucs = [e["test_auc"] for e in entries if "test_auc" in e]
-    return float(np.mean(aucs)) if aucs else None
+    make = digits_federation if data.dataset == "digits" else breast_cancer_federation
+    return make(len(spec.parties), split=data.split, skew=data.skew, test_fraction=data.test_fraction, seed=data.seed)
 
 
 def centralized_baseline(spec: JobSpec) -> dict:
-    """The same model trained on the pooled data (what federation must match), plus scikit-learn's LR."""
-    from sklearn.linear_model import LogisticRegression
-    from sklearn.metrics import roc_auc_score
+    """The same model trained on the pooled data (what federation must match).
 
-    from confide.ml import HomoLR
+    Embedded data sets only (nobody can pool a real federation's rows). The model is built by
+    the same registry as the parties', trained for ``rounds x local_epochs`` epochs; for
+    ``homo_lr`` scikit-learn's LR is reported beside it.
+    """
+    from confide.ml import FitConfig, build_model
 
-    if spec.data.dataset != "breast_cancer":
+    if spec.data.dataset not in ("breast_cancer", "digits") or spec.fl_data is not None or spec.vertical:
         return {}
-    federation = _breast_cancer(spec)
+    if spec.model.algorithm == "custom":
+        return {}
+    federation = _embedded(spec)
     X_test, y_test = federation.test
-    parts = federation.parts
-    X = np.vstack([p[0] for p in parts])
-    y = np.concatenate([p[1] for p in parts])
-    model = HomoLR(
-        learning_rate=spec.model.learning_rate,
-        batch_size=spec.model.batch_size,
-        l2=spec.model.l2,
-        seed=spec.seed,
-    )
-    model.fit(X, y, epochs=spec.rounds * spec.model.local_epochs)
-    sklearn_model = LogisticRegression(max_iter=5000).fit(X, y)
-    return {
-        "homo_lr_pooled_auc": float(roc_auc_score(y_test, model.decision_function(X_test))),
-        "sklearn_lr_pooled_auc": float(roc_auc_score(y_test, sklearn_model.decision_function(X_test))),
-        "epochs": spec.rounds * spec.model.local_epochs,
-    }
+    X = np.concatenate([p[0] for p in federation.parts])
+    y = np.concatenate([p[1] for p in federation.parts])
+    model = build_model(spec.model, seed=spec.seed, party_id="pooled", network=spec.network())
+    model.build(tuple(X.shape[1:]), 10 if spec.data.dataset == "digits" else 2)
+    epochs = spec.rounds * spec.model.local_epochs
+    model.fit(X, y, FitConfig(round=1, seed=(spec.seed, 0), epochs=epochs))
+    metrics = model.evaluate(X_test, y_test, ["auc", "accuracy"])
+    out = {"algorithm": spec.model.algorithm, "epochs": epochs, **{f"pooled_{k}": v for k, v in metrics.items()}}
+    if spec.model.algorithm == "homo_lr":
+        from sklearn.linear_model import LogisticRegression
+        from sklearn.metrics import roc_auc_score
+
+        sklearn_model = LogisticRegression(max_iter=5000).fit(X, y)
+        out["homo_lr_pooled_auc"] = metrics["auc"]
+        out["sklearn_lr_pooled_auc"] = float(roc_auc_score(y_test, sklearn_model.decision_function(X_test)))
+    return out
 
 
 def build_report(spec: JobSpec, reports: dict[str, dict], wall_seconds: float, dropped: dict[str, str]) -> dict:
@@ -404,7 +414,8 @@ def build_report(spec: JobSpec, reports: dict[str, dict], wall_seconds: float, d
                 "participants": entries[0]["participants"],
                 "attempts": max(e["attempts"] for e in entries),
                 "loss": _weighted_loss(number, list(reports.values())),
-                "auc": _round_auc(spec, entries),
+                "auc": _round_metric(entries, "auc"),
+                "accuracy": _round_metric(entries, "accuracy"),
                 "bytes_sent": sum(e["bytes_sent"] for e in entries),
                 "bytes_received": sum(e["bytes_received"] for e in entries),
                 "seconds": max(e["seconds"] for e in entries),
@@ -413,22 +424,26 @@ def build_report(spec: JobSpec, reports: dict[str, dict], wall_seconds: float, d
             }
         )
     protection = first["protection"]
-    return {
-        "job_id": spec.job_id,
-        "mode": protection["mode"],
-        "mode_requested": spec.protection.mode,
-        "aggregator_saw": protection["aggregator_sees"],
-        "protection": protection,
-        "parties": {p: {"samples": r.get("samples"), "status": r["status"]} for p, r in reports.items()},
-        "dropped": dropped,
-        "rounds": rounds,
-        "final_auc": rounds[-1]["auc"],
-        "centralized": centralized_baseline(spec),
-        "wall_seconds": wall_seconds,
-        "setup_seconds": max(r.get("setup_seconds", 0.0) for r in reports.values()),
-        "reconnects": sum(r.get("reconnects", 0) for r in reports.values()),
-        "spec": json.loads(spec.model_dump_json()),
-    }
+    report = JobReport(
+        job_id=spec.job_id,
+        mode=protection["mode"],
+        mode_requested=spec.protection.mode,
+        aggregator_saw=protection["aggregator_sees"],
+        protection=protection,
+        parties={p: {"samples": r.get("samples"), "status": r["status"]} for p, r in reports.items()},
+        dropped=dropped,
+        rounds=[JobRound(**r) for r in rounds],
+        final_auc=rounds[-1]["auc"],
+        final_accuracy=rounds[-1]["accuracy"],
+        model=first.get("model"),
+        strategy=first.get("strategy"),
+        centralized=centralized_baseline(spec),
+        wall_seconds=wall_seconds,
+        setup_seconds=max(r.get("setup_seconds", 0.0) for r in reports.values()),
+        reconnects=sum(r.get("reconnects", 0) for r in reports.values()),
+        spec=json.loads(spec.model_dump_json()),
+    )
+    return report.model_dump(mode="json")
 
 
 def write_report(report: dict, workdir: Path) -> dict[str, Path]:
@@ -445,12 +460,13 @@ def write_report(report: dict, workdir: Path) -> dict[str, Path]:
     loss_axis.plot(rounds, [r["loss"] for r in report["rounds"]], "o-", color="tab:blue", label="loss")
     loss_axis.set_xlabel("round")
     loss_axis.set_ylabel("training loss (weighted mean)", color="tab:blue")
-    aucs = [r["auc"] for r in report["rounds"]]
-    if all(a is not None for a in aucs):
+    metric = "auc" if all(r.get("auc") is not None for r in report["rounds"]) else "accuracy"
+    values = [r.get(metric) for r in report["rounds"]]
+    if all(a is not None for a in values):
         auc_axis = loss_axis.twinx()
-        auc_axis.plot(rounds, aucs, "s-", color="tab:red", label="AUC")
-        auc_axis.set_ylabel("test AUC", color="tab:red")
-        central = report["centralized"].get("homo_lr_pooled_auc")
+        auc_axis.plot(rounds, values, "s-", color="tab:red", label=metric)
+        auc_axis.set_ylabel(f"test {metric}", color="tab:red")
+        central = report["centralized"].get(f"pooled_{metric}")
         if central is not None:
             auc_axis.axhline(central, color="tab:red", linestyle=":", label="pooled")
     loss_axis.set_title(f"{report['job_id']}: {report['mode']} mode")

@@ -33,7 +33,16 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from confide.errors import InvalidParameterError
 
-__all__ = ["DataSpec", "JobSpec", "ModelSpec", "ProtectionSpec", "TransportSpec", "load_job", "parse_job"]
+__all__ = [
+    "DataSpec",
+    "JobSpec",
+    "ModelSpec",
+    "ProtectionSpec",
+    "StrategySpec",
+    "TransportSpec",
+    "load_job",
+    "parse_job",
+]
 
 Name = Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9-]{0,63}$")]
 MAX_PARTIES = 200
@@ -44,17 +53,35 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
-class ModelSpec(_Strict):
-    """The model and its hyper-parameters."""
+Backend = Literal["jax", "torch", "tensorflow"]
 
-    #: homo_lr: horizontal (parties hold different rows). hetero_lr, secureboost: vertical
-    #: (parties hold different columns of the same records; docs/vertical.md); for those,
-    #: ``rounds`` counts epochs (hetero_lr) or trees (secureboost).
-    algorithm: Literal["homo_lr", "hetero_lr", "secureboost"] = "homo_lr"
+
+class ModelSpec(_Strict):
+    """The model and its hyper-parameters (docs/models.md).
+
+    Horizontal (parties hold different rows), each a plug-in of :data:`confide.ml.MODELS`:
+    ``homo_lr`` (logistic regression), ``keras`` (a Keras 3 network described by ``network``,
+    trained on each party's backend), ``custom`` (the party's own code, ``entry``).
+    Vertical (parties hold different columns of the same records; docs/vertical.md):
+    ``hetero_lr`` and ``secureboost``; for those, ``rounds`` counts epochs or trees.
+    """
+
+    algorithm: Literal["homo_lr", "keras", "custom", "hetero_lr", "secureboost"] = "homo_lr"
     learning_rate: float = Field(0.1, gt=0, le=100)
     local_epochs: int = Field(1, ge=1, le=1000)
     batch_size: int = Field(64, ge=1, le=1_000_000)
     l2: float = Field(0.0, ge=0, le=100)
+    # -- keras: the network (layers, optimizer, loss, metrics) inline or in a YAML/JSON file --
+    network: dict[str, Any] | None = None
+    network_file: str | None = None
+    #: Keras backend of every party, unless ``backends`` names one for it (or the party's own
+    #: ``confide party --keras-backend``, which wins).
+    backend: Backend = "jax"
+    backends: dict[Name, Backend] = {}
+    # -- custom: the party's own object or factory, "package.module:attribute" or "path/file.py:attribute" --
+    entry: str | None = Field(None, pattern=r"^[^:]+:[A-Za-z_][A-Za-z0-9_.]*$")
+    #: Keyword arguments for a custom factory (free-form, JSON-compatible).
+    options: dict[str, Any] = {}
     # -- vertical algorithms (ignored by homo_lr) --
     objective: Literal["binary:logistic", "reg:squarederror"] = "binary:logistic"
     optimizer: Literal["sgd", "adam"] = "adam"
@@ -68,7 +95,7 @@ class ModelSpec(_Strict):
 class DataSpec(_Strict):
     """Where each party's rows come from (embedded or generated; nothing is downloaded)."""
 
-    dataset: Literal["breast_cancer", "synthetic"] = "breast_cancer"
+    dataset: Literal["breast_cancer", "synthetic", "digits"] = "breast_cancer"
     split: Literal["iid", "label_skew"] = "iid"
     skew: float = Field(0.8, ge=0.5, lt=1.0)
     test_fraction: float = Field(0.2, gt=0, le=0.5)
@@ -98,6 +125,41 @@ class ProtectionSpec(_Strict):
     setup_timeout_s: float = Field(120.0, gt=0, le=3600)
     mask_bound: float | None = Field(8.0, gt=0, le=2**20)
 
+    def params(self):
+        """The :class:`confide.protect.ProtectionParams` of this section (the mode's own parameters)."""
+        from confide.protect import ProtectionParams
+
+        return ProtectionParams(**self.model_dump(include=set(ProtectionParams.__dataclass_fields__)))
+
+
+class StrategySpec(_Strict):
+    """How the sum of the parties' changes becomes the next global model (:mod:`confide.ml.strategies`)."""
+
+    name: Literal["fedavg", "fedprox", "fedadam"] = "fedavg"
+    #: fedprox: weight of the proximal term.
+    mu: float = Field(0.01, gt=0, le=1000)
+    #: fedadam: server-side step size and moments.
+    server_learning_rate: float = Field(0.01, gt=0, le=100)
+    beta1: float = Field(0.9, gt=0, lt=1)
+    beta2: float = Field(0.99, gt=0, lt=1)
+    tau: float = Field(1e-3, gt=0, le=10)
+
+    def build(self):
+        """The :class:`confide.ml.strategies.Strategy` this section describes."""
+        from confide.ml.strategies import make_strategy
+
+        options = {
+            "fedavg": {},
+            "fedprox": {"mu": self.mu},
+            "fedadam": {
+                "server_learning_rate": self.server_learning_rate,
+                "beta1": self.beta1,
+                "beta2": self.beta2,
+                "tau": self.tau,
+            },
+        }[self.name]
+        return make_strategy(self.name, **options)
+
 
 class TransportSpec(_Strict):
     """Slicing, pipelining and the timeouts that decide a dropout."""
@@ -118,6 +180,7 @@ class JobSpec(_Strict):
     rounds: int = Field(10, ge=1, le=100_000)
     parties: list[Name] = Field(min_length=2, max_length=MAX_PARTIES)
     model: ModelSpec = ModelSpec()
+    strategy: StrategySpec = StrategySpec()
     data: DataSpec = DataSpec()
     protection: ProtectionSpec = ProtectionSpec()
     transport: TransportSpec = TransportSpec()
@@ -158,11 +221,42 @@ class JobSpec(_Strict):
                 raise ValueError(f"model.algorithm {self.model.algorithm} takes the embedded data, not fl_data")
             if self.data.guest is not None and self.data.guest not in self.parties:
                 raise ValueError(f"data.guest {self.data.guest!r} is not one of the parties {self.parties}")
+        self._check_model()
         if self.protection.min_parties > len(self.parties):
             raise ValueError(
                 f"protection.min_parties ({self.protection.min_parties}) exceeds the {len(self.parties)} parties"
             )
         return self
+
+    def _check_model(self) -> None:
+        model = self.model
+        unknown = sorted(set(model.backends) - set(self.parties))
+        if unknown:
+            raise ValueError(f"model.backends names {unknown}, which are not parties of the job")
+        if model.algorithm == "keras":
+            if (model.network is None) == (model.network_file is None):
+                raise ValueError("model.algorithm keras needs exactly one of model.network and model.network_file")
+            from confide.ml.keras_spec import validate_network
+
+            network = model.network if model.network is not None else _read_network(model.network_file)
+            try:
+                validate_network(network, where="model.network")
+            except InvalidParameterError as error:
+                raise ValueError(str(error)) from None
+        elif model.network is not None or model.network_file is not None:
+            raise ValueError(f"model.network is for model.algorithm keras, not {model.algorithm}")
+        if model.algorithm == "custom" and model.entry is None:
+            raise ValueError("model.algorithm custom needs model.entry ('package.module:attribute' or 'file.py:name')")
+        if model.algorithm != "custom" and (model.entry is not None or model.options):
+            raise ValueError(f"model.entry and model.options are for model.algorithm custom, not {model.algorithm}")
+        if self.data.dataset == "digits" and self.fl_data is None and model.algorithm == "homo_lr":
+            raise ValueError("data.dataset digits has 10 classes of images; model.algorithm homo_lr is binary on rows")
+
+    def network(self) -> dict | None:
+        """The Keras network description (inline, or read from ``model.network_file``)."""
+        if self.model.network is not None:
+            return self.model.network
+        return _read_network(self.model.network_file) if self.model.network_file else None
 
     @property
     def vertical(self) -> bool:
@@ -197,6 +291,32 @@ class JobSpec(_Strict):
         return fl_data.datasets() if fl_data is not None else {}
 
 
+def _read_network(path: str) -> dict:
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as error:
+        raise ValueError(f"model.network_file {path!r} cannot be read: {error}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"model.network_file {path!r} must hold a mapping, got {type(data).__name__}")
+    return data
+
+
+def _resolve_paths(data: Any, base: Path) -> Any:
+    """Make the job's file references (network file, custom code file) relative to the job file."""
+    if not isinstance(data, dict) or not isinstance(data.get("model"), dict):
+        return data
+    model = dict(data["model"])
+    network_file = model.get("network_file")
+    if isinstance(network_file, str) and not Path(network_file).is_absolute():
+        model["network_file"] = str((base / network_file).resolve())
+    entry = model.get("entry")
+    if isinstance(entry, str) and ":" in entry:
+        location, _, attribute = entry.rpartition(":")
+        if location.endswith(".py") and not Path(location).is_absolute():
+            model["entry"] = f"{(base / location).resolve()}:{attribute}"
+    return {**data, "model": model}
+
+
 def parse_job(data: dict) -> JobSpec:
     """Validate a job specification given as a mapping."""
     if not isinstance(data, dict):
@@ -218,4 +338,4 @@ def load_job(path: str | Path) -> JobSpec:
         data = yaml.safe_load(text)
     except yaml.YAMLError as error:
         raise InvalidParameterError(f"{path}: not valid YAML/JSON: {error}") from None
-    return parse_job(data)
+    return parse_job(_resolve_paths(data, Path(path).resolve().parent))

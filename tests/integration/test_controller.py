@@ -192,18 +192,18 @@ def test_resume_after_killing_every_process_reaches_the_uninterrupted_model(depl
             / "checkpoints"
             / f"round-{recorded['round']:06d}"
         )
-        original = (round_dir / "weights.npy").read_bytes()
+        original = (round_dir / "weights.npz").read_bytes()
         tampered = bytearray(original)
         tampered[-1] ^= 0x01
-        (round_dir / "weights.npy").write_bytes(bytes(tampered))
+        (round_dir / "weights.npz").write_bytes(bytes(tampered))
         alice.resume(token)
         refused = deployment.wait_session(token, "alice", states=("refused", "running", "completed"), timeout_s=60)
         assert refused["state"] == "refused", refused
-        assert f"hospital-b/round-{recorded['round']:06d}/weights.npy: changed" in refused["message"]
+        assert f"hospital-b/round-{recorded['round']:06d}/weights.npz: changed" in refused["message"]
         assert recorded["root"][:16] in refused["message"]
 
         # Restored: the resume verifies the root and finishes the job.
-        (round_dir / "weights.npy").write_bytes(original)
+        (round_dir / "weights.npz").write_bytes(original)
         resumed = cli(deployment, "alice", "job", "resume", token, "--wait")
         assert resumed.returncode == 0, resumed.stdout + resumed.stderr
         status = alice.status(token)

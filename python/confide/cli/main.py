@@ -73,6 +73,12 @@ def _parser() -> argparse.ArgumentParser:
     party.add_argument("--resume-round", type=int, default=0, help="continue after this checkpointed round")
     party.add_argument("--datasets", default=None, help="this party's dataset catalog (FL_Data jobs)")
     party.add_argument("--joining", default="", help="parties without the resume checkpoint (comma-separated)")
+    party.add_argument(
+        "--keras-backend",
+        choices=["jax", "torch", "tensorflow"],
+        default=None,
+        help="this party's Keras backend (model.algorithm keras); wins over the job's model.backends",
+    )
 
     run = commands.add_parser("run", help="run a job on a local federation (aggregator + parties as processes)")
     run.add_argument("job", help="job specification (YAML or JSON)")
@@ -226,6 +232,7 @@ def _party(args) -> int:
         resume_round=args.resume_round,
         catalog=catalog,
         joining=_names(args.joining),
+        keras_backend=args.keras_backend,
     )
     logging.getLogger("confide.party").info(
         "%s: %s after %d rounds", args.party, report["status"], len(report["rounds"])
@@ -290,13 +297,28 @@ def print_summary(report: dict) -> None:
     if report["mode"] == "tee":
         enclave = protection.get("enclave", {})
         print(f"  {protection['note']}  (enclave report: mode {enclave.get('mode')!r}, {enclave.get('note', '')})")
-    central = report["centralized"]
-    final = report["final_auc"]
-    if central and final is not None:
+    model = report.get("model") or {}
+    if model:
+        backend = f", backend {model['backend']}" if model.get("backend") else ""
+        strategy = (report.get("strategy") or {}).get("name", "fedavg")
         print(
-            f"final test AUC {final:.4f}   centralized on pooled data: {central['homo_lr_pooled_auc']:.4f} "
-            f"(same model, {central['epochs']} epochs), scikit-learn LR {central['sklearn_lr_pooled_auc']:.4f}"
+            f"model: {model['algorithm']} ({model['parameters']:,} weights in {model['tensors']} tensors, "
+            f"{model['layers']} layer{'s' if model['layers'] != 1 else ''}{backend}); strategy {strategy}"
         )
+    central = report["centralized"]
+    for metric, label in (("auc", "AUC"), ("accuracy", "accuracy")):
+        final = report.get(f"final_{metric}")
+        if final is None:
+            continue
+        line = f"final test {label} {final:.4f}"
+        if central.get(f"pooled_{metric}") is not None:
+            line += (
+                f"   centralized on pooled data: {central[f'pooled_{metric}']:.4f} "
+                f"(same model, {central['epochs']} epochs)"
+            )
+        if metric == "auc" and central.get("sklearn_lr_pooled_auc") is not None:
+            line += f", scikit-learn LR {central['sklearn_lr_pooled_auc']:.4f}"
+        print(line)
     mean_bytes = sum(r["bytes_sent"] for r in rounds) / len(rounds)
     print(
         f"bytes sent per round (all parties): {mean_bytes / 1e3:.1f} KB mean; "

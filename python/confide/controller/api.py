@@ -35,6 +35,7 @@ from confide.errors import (
     PermissionDeniedError,
     ResourceLimitError,
 )
+from confide.reports import SessionStatus
 from confide.transport.certs import peer_identity
 
 __all__ = ["MAX_REQUEST_BYTES", "create_app"]
@@ -243,7 +244,7 @@ def create_app(controller: Controller, *, ca_pem: bytes, max_request_bytes: int 
         """The caller's sessions."""
         return await call(controller.sessions, who)
 
-    @app.get("/v1/sessions/{token}", tags=["sessions"])
+    @app.get("/v1/sessions/{token}", tags=["sessions"], response_model=SessionStatus)
     async def status(token: str, who: Who) -> dict:
         """A session's state, run, progress and last checkpoint."""
         return await call(controller.status, who, token)

@@ -10,6 +10,7 @@ from confide.data.datasets import (
     Federation,
     breast_cancer_feature_ranges,
     breast_cancer_federation,
+    digits_federation,
     synthetic_lr,
 )
 from confide.data.fldata import FLData, FLDataConflictError, Participant, Provisioned, Step, is_empty_diff
@@ -25,6 +26,7 @@ __all__ = [
     "Table",
     "breast_cancer_feature_ranges",
     "breast_cancer_federation",
+    "digits_federation",
     "is_empty_diff",
     "synthetic_lr",
 ]

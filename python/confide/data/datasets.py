@@ -7,6 +7,12 @@ r"""Federated data sets for tests, examples and benchmarks (no downloads).
     the data set's description (its "Min Max" summary table), i.e. a public schema: every party
     applies the identical transform without looking at anyone else's rows.
 
+:func:`digits_federation`
+    scikit-learn's embedded handwritten digits (1,797 images of 8x8 pixels, 10 classes) as
+    images ``(n, 8, 8, 1)`` scaled to [0, 1], with a stratified held-out test split and the
+    training images dealt IID or label-skewed (a class's images go to its "home" party
+    ``c mod parties`` with probability ``skew``, else to any party). The neural-network demo.
+
 :func:`synthetic_lr`
     One party's shard of a synthetic, heterogeneous binary classification task. It follows
     algorithms §7.1, the "Synthetic(alpha, beta)" generator of FedProx (Li et al., 2020), for
@@ -57,6 +63,7 @@ __all__ = [
     "Federation",
     "breast_cancer_feature_ranges",
     "breast_cancer_federation",
+    "digits_federation",
     "synthetic_lr",
 ]
 
@@ -171,6 +178,20 @@ def breast_cancer_feature_ranges() -> tuple[list[str], np.ndarray, np.ndarray]:
     return names, lo, hi
 
 
+def _check_dealing(parties: Any, split: Any, skew: Any, test_fraction: Any, seed: Any) -> tuple[int, float, float, int]:
+    """The arguments every embedded federation takes, checked."""
+    parties = _check_int("parties", parties, 2, _MAX_PARTIES)
+    if split not in ("iid", "label_skew"):
+        raise InvalidParameterError(f"split must be 'iid' or 'label_skew', got {split!r}")
+    skew = _check_real("skew", skew)
+    if not 0.5 <= skew < 1.0:
+        raise InvalidParameterError(f"skew must be in [0.5, 1), got {skew}")
+    test_fraction = _check_real("test_fraction", test_fraction)
+    if not 0.0 < test_fraction <= 0.5:
+        raise InvalidParameterError(f"test_fraction must be in (0, 0.5], got {test_fraction}")
+    return parties, skew, test_fraction, _check_int("seed", seed, 0)
+
+
 def breast_cancer_federation(
     parties: int = 3,
     *,
@@ -228,16 +249,7 @@ def breast_cancer_federation(
         An argument is out of range, or ``"label_skew"`` cannot give every party 10 rows of
         each class.
     """
-    parties = _check_int("parties", parties, 2, _MAX_PARTIES)
-    if split not in ("iid", "label_skew"):
-        raise InvalidParameterError(f"split must be 'iid' or 'label_skew', got {split!r}")
-    skew = _check_real("skew", skew)
-    if not 0.5 <= skew < 1.0:
-        raise InvalidParameterError(f"skew must be in [0.5, 1), got {skew}")
-    test_fraction = _check_real("test_fraction", test_fraction)
-    if not 0.0 < test_fraction <= 0.5:
-        raise InvalidParameterError(f"test_fraction must be in (0, 0.5], got {test_fraction}")
-    seed = _check_int("seed", seed, 0)
+    parties, skew, test_fraction, seed = _check_dealing(parties, split, skew, test_fraction, seed)
 
     data = _load_breast_cancer()
     names = [str(n) for n in data.feature_names]
@@ -294,6 +306,66 @@ def breast_cancer_federation(
     )
     return Federation(
         parts=parts, test=(X[test], y[test]), feature_names=names, description=description, part_rows=list(shares)
+    )
+
+
+def digits_federation(
+    parties: int = 3,
+    *,
+    split: str = "iid",
+    skew: float = 0.8,
+    test_fraction: float = 0.2,
+    seed: int = 0,
+) -> Federation:
+    """Deal scikit-learn's embedded digits (8x8 images, 10 classes) to parties.
+
+    Steps, all driven by ``np.random.default_rng(seed)``: a stratified held-out test split
+    (``round(test_fraction * n_class)`` images of each class); pixels scaled to [0, 1] (divided
+    by 16, the data set's maximum, a public constant); then ``"iid"``: shuffle and cut into
+    ``parties`` pieces of sizes differing by at most one; ``"label_skew"``: every training image
+    of class ``c`` goes to party ``c mod parties`` with probability ``skew`` and otherwise to a
+    uniformly drawn party. Each party's images are finally shuffled.
+
+    Returns
+    -------
+    Federation
+        ``parts`` and ``test`` hold float32 images ``(n, 8, 8, 1)`` and int64 labels 0..9.
+    """
+    from sklearn.datasets import load_digits
+
+    parties, skew, test_fraction, seed = _check_dealing(parties, split, skew, test_fraction, seed)
+    data = load_digits()
+    X = (np.asarray(data.images, dtype=np.float32) / 16.0)[..., None]
+    y = np.asarray(data.target, dtype=np.int64)
+    rng = np.random.default_rng(seed)
+    test_idx, train_idx = [], []
+    for c in range(10):
+        idx = rng.permutation(np.flatnonzero(y == c))
+        k = max(1, round(test_fraction * idx.size))
+        test_idx.append(idx[:k])
+        train_idx.append(idx[k:])
+    test = np.sort(np.concatenate(test_idx))
+    train = rng.permutation(np.concatenate(train_idx))
+    if split == "iid":
+        shares = np.array_split(train, parties)
+    else:
+        home = y[train] % parties
+        other = rng.integers(0, parties, size=train.size)
+        owner = np.where(rng.random(train.size) < skew, home, other)
+        shares = [rng.permutation(train[owner == p]) for p in range(parties)]
+        if min(s.size for s in shares) == 0:
+            raise InvalidParameterError(f"label_skew left a party without images; use fewer than {parties} parties")
+    detail = f", skew {skew}" if split == "label_skew" else ""
+    description = (
+        f"digits (scikit-learn, 8x8 images, 10 classes): {parties} parties, {split} split{detail}, "
+        f"{train.size} training images, {test.size} held-out test images, seed {seed}"
+    )
+    return Federation(
+        parts=[(X[s], y[s]) for s in shares],
+        test=(X[test], y[test]),
+        feature_names=[f"pixel_{r}_{c}" for r in range(8) for c in range(8)],
+        description=description,
+        part_rows=list(shares),
     )
 
 

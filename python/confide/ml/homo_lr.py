@@ -51,7 +51,7 @@ import numpy as np
 from confide._checks import check_int as _check_int
 from confide.errors import InvalidParameterError
 
-__all__ = ["HomoLR"]
+__all__ = ["HomoLR", "HomoLRModel", "build"]
 
 _FORMAT = "confide.HomoLR/1"
 _MAX_FEATURES = 100_000_000
@@ -262,7 +262,9 @@ class HomoLR:
 
     # ------------------------------------------------------------------ training
 
-    def local_train(self, X: Any, y: Any, *, epochs: int | None = None) -> float:
+    def local_train(
+        self, X: Any, y: Any, *, epochs: int | None = None, proximal: tuple[float, np.ndarray] | None = None
+    ) -> float:
         """Run mini-batch SGD from the current weights over the local rows.
 
         Parameters
@@ -273,6 +275,9 @@ class HomoLR:
             Shape ``(n,)``, values in {0, 1}.
         epochs : int, optional
             Passes over the shuffled rows (>= 1); defaults to ``local_epochs``.
+        proximal : (mu, anchor), optional
+            FedProx: after every step, ``w <- w - lr * mu * (w - anchor)`` (``anchor``: the global
+            weights, shape ``(d + 1,)``).
 
         Returns
         -------
@@ -291,8 +296,13 @@ class HomoLR:
         buf = None if _is_sparse(X) else np.empty((bs, X.shape[1]), dtype=X.dtype)
         shrink = 1.0 - lr * l2
         w = w.copy()  # committed only if training stays finite
+        if proximal is not None:
+            mu, anchor = float(proximal[0]), np.asarray(proximal[1], dtype=np.float64)
+            if anchor.shape != w.shape:
+                raise InvalidParameterError(f"proximal anchor must have shape {w.shape}, got {anchor.shape}")
+            proximal = (mu, anchor) if mu > 0 else None
         with np.errstate(over="ignore", invalid="ignore"):  # divergence is checked once, below
-            self._sgd(X, y, w, epochs, lr, shrink, bs, buf)
+            self._sgd(X, y, w, epochs, lr, shrink, bs, buf, proximal)
         if not np.isfinite(w).all():
             raise InvalidParameterError(
                 f"training diverged (non-finite weights, model left unchanged); lower learning_rate "
@@ -302,7 +312,16 @@ class HomoLR:
         return self.loss(X, y)
 
     def _sgd(
-        self, X: Any, y: np.ndarray, w: np.ndarray, epochs: int, lr: float, shrink: float, bs: int, buf: Any
+        self,
+        X: Any,
+        y: np.ndarray,
+        w: np.ndarray,
+        epochs: int,
+        lr: float,
+        shrink: float,
+        bs: int,
+        buf: Any,
+        proximal: tuple[float, np.ndarray] | None = None,
     ) -> None:
         n, dt, sparse = X.shape[0], X.dtype, buf is None
         coef = w[:-1]  # view: updated in place
@@ -324,6 +343,8 @@ class HomoLR:
                     coef *= shrink
                 coef -= (lr / m) * g
                 w[-1] -= lr * float(np.mean(r, dtype=np.float64))
+                if proximal is not None:
+                    w -= (lr * proximal[0]) * (w - proximal[1])
 
     def fit(self, X: Any, y: Any, *, epochs: int = 10) -> HomoLR:
         """Centralised training with the same optimiser as :meth:`local_train`.
@@ -495,3 +516,66 @@ class HomoLR:
         )
         model.set_weights(data["weights"])
         return model
+
+
+class HomoLRModel:
+    """:class:`HomoLR` on the model seam: tensors ``lr/coef`` ``(d,)`` and ``lr/intercept`` ``(1,)``.
+
+    Flattened in that order they are exactly HomoLR's ``[coef..., intercept]`` vector, and both
+    tensors form one layer (one dACIQ threshold), so a job trains as it did before the seam.
+    """
+
+    def __init__(self, estimator: HomoLR) -> None:
+        self.estimator = estimator
+
+    def build(self, example_shape: tuple[int, ...], classes: int) -> None:
+        """Zero weights for ``example_shape = (d,)`` features; binary labels only."""
+        if len(example_shape) != 1:
+            raise InvalidParameterError(
+                f"model.algorithm homo_lr takes rows of features, got examples of shape {example_shape}"
+            )
+        if classes not in (0, 2):
+            raise InvalidParameterError(f"model.algorithm homo_lr is binary, the data has {classes} classes")
+        self.estimator.initialize(example_shape[0])
+
+    def get_weights(self) -> dict[str, np.ndarray]:
+        """``lr/coef`` and ``lr/intercept`` (float64 copies)."""
+        w = self.estimator.get_weights()
+        return {"lr/coef": w[:-1], "lr/intercept": w[-1:]}
+
+    def set_weights(self, weights: dict[str, np.ndarray]) -> None:
+        """Load the two tensors."""
+        self.estimator.set_weights(np.concatenate([np.ravel(weights["lr/coef"]), np.ravel(weights["lr/intercept"])]))
+
+    def fit(self, X: Any, y: np.ndarray, config: Any) -> Any:
+        """``local_epochs`` of SGD from the current weights, batch order drawn from ``config.seed``."""
+        from confide.ml.base import FitResult
+
+        self.estimator.reseed(list(config.seed))
+        proximal = None
+        if config.proximal_mu > 0 and config.global_weights is not None:
+            g = config.global_weights
+            proximal = (config.proximal_mu, np.concatenate([np.ravel(g["lr/coef"]), np.ravel(g["lr/intercept"])]))
+        loss = self.estimator.local_train(X, y, proximal=proximal)
+        return FitResult(num_examples=int(X.shape[0]), metrics={"loss": float(loss)})
+
+    def evaluate(self, X: Any, y: np.ndarray, metrics: list[str]) -> dict[str, float]:
+        """Log loss, accuracy at 0.5 and AUC."""
+        from confide.ml.base import classification_metrics
+
+        return classification_metrics(
+            self.estimator.decision_function(X), np.asarray(y), metrics, self.estimator.loss(X, y)
+        )
+
+
+def build(spec: Any, *, seed: int, party_id: str, **_options: Any) -> HomoLRModel:
+    """The seam's factory for ``model.algorithm: homo_lr``."""
+    return HomoLRModel(
+        HomoLR(
+            learning_rate=spec.learning_rate,
+            local_epochs=spec.local_epochs,
+            batch_size=spec.batch_size,
+            l2=spec.l2,
+            seed=seed,
+        )
+    )

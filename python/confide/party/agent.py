@@ -22,6 +22,7 @@ import threading
 from pathlib import Path
 
 from confide.controller.agent import RunState
+from confide.reports import PartyReport, PartyResult
 
 __all__ = ["PartyWorker"]
 
@@ -173,11 +174,5 @@ def _last_round(report: dict) -> int:
 
 
 def _result(report: dict) -> dict:
-    last = (report.get("rounds") or [{}])[-1]
-    return {
-        "rounds": len(report.get("rounds") or []),
-        "train_loss": last.get("train_loss"),
-        "test_auc": last.get("test_auc"),
-        "test_accuracy": last.get("test_accuracy"),
-        "protection": (report.get("protection") or {}).get("mode"),
-    }
+    """The :class:`PartyResult` of a completed report (what the controller stores and serves)."""
+    return PartyResult.of(PartyReport.model_validate(report)).model_dump(mode="json")

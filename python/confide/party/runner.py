@@ -23,6 +23,7 @@ uninterrupted one would.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import logging
@@ -37,17 +38,19 @@ from pathlib import Path
 import numpy as np
 
 from confide import checkpoints as ckpt
-from confide.data import breast_cancer_federation, synthetic_lr
+from confide.data import breast_cancer_federation, digits_federation, synthetic_lr
 from confide.errors import (
     ConfideError,
+    InvalidParameterError,
     JobFailedError,
     MessageTimeoutError,
     RoundAbortedError,
     RoundClosedError,
     TransportUnavailableError,
 )
-from confide.ml import HomoLR
-from confide.protect import ProtectionParams, RoundContext, make_protection
+from confide.ml import FitConfig, WeightLayout, build_model
+from confide.protect import RoundContext, make_protection
+from confide.reports import ModelSummary, PartyReport, RoundReport
 from confide.spec import JobSpec
 from confide.transport.certs import Identity
 from confide.transport.client import AGGREGATOR, AggregatorClient
@@ -66,12 +69,22 @@ _FAULT_ROUND_DELAY_S = float(os.environ.get("CONFIDE_FAULT_ROUND_DELAY_S") or 0)
 
 @dataclass
 class PartyData:
-    """One party's rows (and a local test split when the data set gives one)."""
+    """One party's rows (and a test split when the data set gives one).
+
+    ``classes``: labels of the *job* (2 for binary, 0 for regression), which every party's model
+    is built for even where its own rows lack a class.
+    """
 
     X: object
     y: np.ndarray
     X_test: object | None = None
     y_test: np.ndarray | None = None
+    classes: int = 2
+
+    @property
+    def example_shape(self) -> tuple[int, ...]:
+        """Shape of one example (features, or an image's height x width x channels)."""
+        return tuple(int(d) for d in self.X.shape[1:])
 
 
 def load_party_data(spec: JobSpec, party_id: str, catalog=None) -> PartyData:
@@ -84,12 +97,15 @@ def load_party_data(spec: JobSpec, party_id: str, catalog=None) -> PartyData:
         return PartyData(provisioned.X, provisioned.y, provisioned.X_test, provisioned.y_test)
     index = spec.parties.index(party_id)
     data = spec.data
-    if data.dataset == "breast_cancer":
-        federation = breast_cancer_federation(
+    if data.dataset in ("breast_cancer", "digits"):
+        make = breast_cancer_federation if data.dataset == "breast_cancer" else digits_federation
+        federation = make(
             len(spec.parties), split=data.split, skew=data.skew, test_fraction=data.test_fraction, seed=data.seed
         )
         X, y = federation.parts[index]
-        return PartyData(X, y)
+        # Every party evaluates the global model on the federation's held-out rows (no party trains on them).
+        X_test, y_test = federation.test
+        return PartyData(X, y, X_test, y_test, classes=10 if data.dataset == "digits" else 2)
     X, y, X_test, y_test = synthetic_lr(
         index,
         len(spec.parties),
@@ -270,6 +286,7 @@ def run_party(
     resume_round: int = 0,
     catalog=None,
     joining: list[str] | tuple[str, ...] = (),
+    keras_backend: str | None = None,
 ) -> dict:
     """Run this party's side of a job to the end; returns (and writes) its report.
 
@@ -281,6 +298,8 @@ def run_party(
     round ``resume_round + 1`` every party runs one bootstrap aggregation in which the holders
     contribute ``w / holders`` and the joiners zeros, so the joiners receive the checkpointed
     model ``w`` through the job's own protection (exact in plain; to its precision otherwise).
+    ``keras_backend``: this party's choice of Keras backend (``model.algorithm: keras``), which
+    wins over the job's ``model.backends``.
     """
     if party_id not in spec.parties:
         raise JobFailedError(f"party {party_id!r} is not in the job's parties {spec.parties}")
@@ -295,32 +314,49 @@ def run_party(
     checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else workdir / f"{party_id}.checkpoints"
     report_path = workdir / f"{party_id}.report.json"
     identity = Identity.load(certs_dir, party_id)
-    data = load_party_data(spec, party_id, catalog)
-    model = HomoLR(
-        learning_rate=spec.model.learning_rate,
-        local_epochs=spec.model.local_epochs,
-        batch_size=spec.model.batch_size,
-        l2=spec.model.l2,
-        seed=spec.seed * 1000 + spec.parties.index(party_id),
-    )
-    model.initialize(data.X.shape[1])
+    try:
+        data = load_party_data(spec, party_id, catalog)
+        model = build_model(
+            spec.model, seed=spec.seed, party_id=party_id, network=spec.network(), keras_backend=keras_backend
+        )
+        model.build(data.example_shape, data.classes)
+        layout = WeightLayout.of(model.get_weights())
+    except ConfideError as error:
+        # Before any peer is contacted: the report says why, and the launcher stops the others.
+        failed = PartyReport(
+            job_id=spec.job_id,
+            party=party_id,
+            status="failed",
+            failed_round=0,
+            error=f"{type(error).__name__}: {error}",
+        )
+        _write_report(report_path, failed)
+        raise
+    strategy = spec.strategy.build()
     first_round = 1
     joining = [p for p in joining if p in spec.parties]
     if resume_round:
         if party_id not in joining:
-            model.set_weights(_load_checkpoint(checkpoint_dir, resume_round, data.X.shape[1]))
+            _load_checkpoint(checkpoint_dir, resume_round, model, layout, strategy)
         first_round = resume_round + 1
     _drop_later_checkpoints(checkpoint_dir, resume_round)
-    report = {
-        "job_id": spec.job_id,
-        "runtime_job_id": runtime_job_id or spec.job_id,
-        "resumed_after_round": resume_round,
-        "party": party_id,
-        "status": "starting",
-        "samples": int(data.X.shape[0]),
-        "features": int(data.X.shape[1]),
-        "rounds": [],
-    }
+    report = PartyReport(
+        job_id=spec.job_id,
+        runtime_job_id=runtime_job_id or spec.job_id,
+        resumed_after_round=resume_round,
+        party=party_id,
+        status="starting",
+        samples=int(data.X.shape[0]),
+        features=int(np.prod(data.example_shape)),
+        model=ModelSummary(
+            algorithm=spec.model.algorithm,
+            parameters=layout.size,
+            tensors=len(layout.tensors),
+            layers=len(layout.layers()),
+            backend=getattr(model, "backend", None) if spec.model.algorithm == "keras" else None,
+        ),
+        strategy=strategy.describe(),
+    )
     client = AggregatorClient(
         aggregator,
         identity,
@@ -329,14 +365,7 @@ def run_party(
         message_timeout_s=spec.transport.message_timeout_s,
     )
     exchange = PartyExchange(client)
-    params = ProtectionParams(
-        key_bits=spec.protection.key_bits,
-        bits=spec.protection.bits,
-        clipping=spec.protection.clipping,
-        share_timeout_s=spec.protection.share_timeout_s,
-        setup_timeout_s=spec.protection.setup_timeout_s,
-        mask_bound=spec.protection.mask_bound,
-    )
+    params = spec.protection.params()
     current: dict = {}
 
     def fetch(context: RoundContext, indices: list[int]) -> list[pb.Slice]:
@@ -353,15 +382,16 @@ def run_party(
         counts = protection.exchange_values(
             0, "samples", [float(data.X.shape[0])], [p for p in spec.parties if p != party_id]
         )
-        report["setup_seconds"] = time.perf_counter() - started
-        report["protection"] = protection.report()
+        _agree_on_model(protection, party_id, list(spec.parties), model, layout, distribute=not resume_round)
+        report.setup_seconds = time.perf_counter() - started
+        report.protection = protection.report()
         participants = list(spec.parties)
         slice_length = slice_length_for(spec.transport.slice_bytes)
         if resume_round and joining:
             holders = [p for p in spec.parties if p not in joining]
             if not holders:
                 raise JobFailedError("every party is joining: nobody holds the checkpointed model")
-            weights = model.get_weights()
+            weights = layout.flatten(model.get_weights())
             share = weights / len(holders) if party_id in holders else np.zeros_like(weights)
             context = RoundContext(
                 round=resume_round,
@@ -370,72 +400,108 @@ def run_party(
                 party_id=party_id,
                 vector_length=share.size,
                 slice_length=slice_length,
+                layers=layout.layers(),
             )
             aggregate, _ = _run_attempt(protection, exchange, client, context, share, spec)
             if party_id in joining:
-                model.set_weights(np.asarray(aggregate, dtype=np.float64))
-            report["bootstrap"] = {"round": resume_round, "joining": joining, "holders": holders}
-        index = spec.parties.index(party_id)
+                model.set_weights(layout.unflatten(np.asarray(aggregate, dtype=np.float64)))
+            report.bootstrap = {"round": resume_round, "joining": joining, "holders": holders}
+        training = _Training(
+            spec,
+            party_id,
+            spec.parties.index(party_id),
+            model,
+            layout,
+            strategy,
+            data,
+            protection,
+            exchange,
+            client,
+            counts,
+            slice_length,
+        )
         for round_number in range(first_round, spec.rounds + 1):
             current = {"round": round_number}
-            model.reseed([spec.seed, index, round_number])
-            entry = _train_and_aggregate(
-                spec,
-                party_id,
-                model,
-                data,
-                protection,
-                exchange,
-                client,
-                counts,
-                participants,
-                slice_length,
-                round_number,
-            )
-            participants = entry["participants"]
-            report["rounds"].append(entry)
-            report["status"] = "running"
+            entry = _train_and_aggregate(training, participants, round_number)
+            participants = entry.participants
+            report.rounds.append(entry)
+            report.status = "running"
             interval = spec.checkpoint_interval
             if interval and (round_number % interval == 0 or round_number == spec.rounds):
-                _checkpoint(checkpoint_dir, round_number, model, participants)
-            _write_json(report_path, report)
+                _checkpoint(checkpoint_dir, round_number, model, layout, strategy, participants)
+            _write_report(report_path, report)
             if on_round is not None:
-                on_round(entry)
+                on_round(entry.model_dump(mode="json", exclude_none=True))
             if _FAULT_ROUND_DELAY_S:
                 time.sleep(_FAULT_ROUND_DELAY_S)
-        report["status"] = "completed"
-        report["protection"] = protection.report()
-        report["weights"] = model.get_weights().tolist() if model.get_weights().size <= MAX_WEIGHTS_IN_REPORT else None
-        model.save(workdir / f"{party_id}.model.npz")
+        report.status = "completed"
+        report.protection = protection.report()
+        final = layout.flatten(model.get_weights())
+        report.weights = final.tolist() if final.size <= MAX_WEIGHTS_IN_REPORT else None
+        _save_model(workdir / f"{party_id}.model.npz", model, layout, spec)
     except ConfideError as error:
-        report["status"] = "failed"
-        report["error"] = f"{type(error).__name__}: {error}"
-        report["failed_round"] = current.get("round")
-        _write_json(report_path, report)
+        report.status = "failed"
+        report.error = f"{type(error).__name__}: {error}"
+        report.failed_round = current.get("round")
+        _write_report(report_path, report)
         raise
     finally:
-        report["bytes_setup"] = {"sent": client.bytes_sent.get(0, 0), "received": client.bytes_received.get(0, 0)}
-        report["reconnects"] = client.reconnects
-        if report["status"] != "failed":
-            _write_json(report_path, report)
+        report.bytes_setup = {"sent": client.bytes_sent.get(0, 0), "received": client.bytes_received.get(0, 0)}
+        report.reconnects = client.reconnects
+        if report.status != "failed":
+            _write_report(report_path, report)
         client.close()
-    return report
+    return report.model_dump(mode="json", exclude_none=True)
 
 
-def _train_and_aggregate(
-    spec, party_id, model, data, protection, exchange, client, counts, participants, slice_length, round_number
-) -> dict:
+@dataclass
+class _Training:
+    """What stays fixed over a party's rounds."""
+
+    spec: JobSpec
+    party_id: str
+    index: int
+    model: object
+    layout: WeightLayout
+    strategy: object
+    data: PartyData
+    protection: object
+    exchange: PartyExchange
+    client: AggregatorClient
+    counts: dict
+    slice_length: int
+
+
+def _train_and_aggregate(training: _Training, participants: list[str], round_number: int) -> RoundReport:
+    spec, party_id, model, layout, strategy, data = (
+        training.spec,
+        training.party_id,
+        training.model,
+        training.layout,
+        training.strategy,
+        training.data,
+    )
+    protection, exchange, client, counts = training.protection, training.exchange, training.client, training.counts
+    slice_length, index = training.slice_length, training.index
     timings: dict[str, float] = {}
     round_started = time.perf_counter()
-    global_weights = model.get_weights()
+    global_vector = layout.flatten(model.get_weights())
+    config = FitConfig(
+        round=round_number,
+        seed=(spec.seed, index, round_number),
+        epochs=spec.model.local_epochs,
+        proximal_mu=strategy.proximal_mu,
+        global_weights=layout.unflatten(global_vector) if strategy.proximal_mu > 0 else None,
+    )
     started = time.perf_counter()
-    model.local_train(data.X, data.y)
+    fitted = model.fit(data.X, data.y, config)
     timings["train_s"] = time.perf_counter() - started
-    delta = model.get_weights() - global_weights
+    delta = layout.flatten(model.get_weights(), who=f"party {party_id!r} after local training") - global_vector
+    _check_finite(delta, layout, party_id, round_number)
     attempt = 0
     while True:
         total = sum(float(counts[p][0]) for p in participants)
-        vector = delta * (float(counts[party_id][0]) / total)
+        vector = strategy.contribution(delta, float(counts[party_id][0]) / total)
         context = RoundContext(
             round=round_number,
             attempt=attempt,
@@ -443,6 +509,7 @@ def _train_and_aggregate(
             party_id=party_id,
             vector_length=vector.size,
             slice_length=slice_length,
+            layers=layout.layers(),
         )
         try:
             aggregate, attempt_timings = _run_attempt(protection, exchange, client, context, vector, spec)
@@ -461,30 +528,78 @@ def _train_and_aggregate(
             log.warning("%s; retrying round %d with %s", aborted, round_number, aborted.survivors)
             participants = list(aborted.survivors)
             attempt += 1
-    model.set_weights(global_weights + aggregate)
-    entry = {
+    new_global = strategy.apply(global_vector, np.asarray(aggregate, dtype=np.float64))
+    if not np.isfinite(new_global).all():
+        raise JobFailedError(f"round {round_number}: the aggregated model is not finite (a participant diverged)")
+    model.set_weights(layout.unflatten(new_global))
+    entry: dict = {
         "round": round_number,
         "attempts": attempt + 1,
         "participants": list(participants),
         "seconds": time.perf_counter() - round_started,
         **{k: round(v, 6) for k, v in timings.items()},
-        "train_loss": model.loss(data.X, data.y),
+        "train_loss": model.evaluate(data.X, data.y, ["loss"])["loss"],
+        "local_examples": fitted.num_examples,
+        "local_metrics": fitted.metrics,
         "bytes_sent": client.bytes_sent.get(round_number, 0),
         "bytes_received": client.bytes_received.get(round_number, 0),
         "stats": context.stats,
     }
-    # Metrics on the party's local held-out rows (train loss is always reported).
-    if data.X_test is not None and "auc" in spec.metrics and len(np.unique(data.y_test)) == 2:
-        from sklearn.metrics import roc_auc_score
+    # Metrics of the global model on held-out rows (train loss is always reported).
+    wanted = [m for m in spec.metrics if m != "loss"]
+    if data.X_test is not None and wanted and len(data.y_test):
+        for name, value in model.evaluate(data.X_test, data.y_test, wanted).items():
+            if name in wanted or name == "loss":
+                entry[f"test_{name}"] = float(value)
+    if new_global.size <= MAX_WEIGHTS_IN_REPORT:
+        entry["weights"] = new_global.tolist()
+    return RoundReport(**entry)
 
-        entry["test_auc"] = float(roc_auc_score(data.y_test, model.decision_function(data.X_test)))
-    if data.X_test is not None and "accuracy" in spec.metrics and len(data.y_test):
-        predicted = model.decision_function(data.X_test) > 0
-        entry["test_accuracy"] = float(np.mean(predicted == (np.asarray(data.y_test) > 0.5)))
-    weights = model.get_weights()
-    if weights.size <= MAX_WEIGHTS_IN_REPORT:
-        entry["weights"] = weights.tolist()
-    return entry
+
+def _check_finite(delta: np.ndarray, layout: WeightLayout, party_id: str, round_number: int) -> None:
+    """A non-finite update never leaves the party: fail naming the tensor."""
+    if np.isfinite(delta).all():
+        return
+    for tensor, (start, stop) in zip(layout.tensors, layout.segments(), strict=True):
+        if not np.isfinite(delta[start:stop]).all():
+            raise JobFailedError(
+                f"party {party_id!r}, round {round_number}: local training gave a non-finite update in weight "
+                f"{tensor.name!r} (diverged; lower model.learning_rate); nothing was sent"
+            )
+
+
+def _agree_on_model(protection, party_id: str, parties: list[str], model, layout: WeightLayout, *, distribute: bool):
+    """Before round 1: every party's weight layout must match; start from the leader's weights.
+
+    Parties share their layout and a digest of their initial weights. A different layout fails the
+    job naming the party and the tensor. Different initial weights (a framework that drew them
+    from its own generator) are replaced by the leader's (the first party's), sent under the mode's
+    peer protection in 32 MiB pieces, so every party starts from one model.
+    """
+    peers = [p for p in parties if p != party_id]
+    initial = layout.flatten(model.get_weights())
+    mine = {"layout": layout.to_dict(), "weights": hashlib.sha256(initial.tobytes()).hexdigest()}
+    protection.share(0, "model", json.dumps(mine).encode(), peers)
+    digests = {party_id: mine["weights"]}
+    for peer in peers:
+        theirs = json.loads(protection.collect(0, "model", peer))
+        difference = layout.difference(WeightLayout.from_dict(theirs["layout"]))
+        if difference:
+            raise JobFailedError(f"party {peer!r} has another model than {party_id!r}: {difference}")
+        digests[peer] = theirs["weights"]
+    leader = parties[0]
+    if not distribute or len(set(digests.values())) == 1:
+        return
+    piece = 32 * 1024 * 1024
+    pieces = max(1, -(-initial.nbytes // piece))
+    if party_id == leader:
+        data = initial.tobytes()
+        for i in range(pieces):
+            protection.share(0, f"initial/{i}", data[i * piece : (i + 1) * piece], peers)
+        return
+    data = b"".join(protection.collect(0, f"initial/{i}", leader) for i in range(pieces))
+    model.set_weights(layout.unflatten(np.frombuffer(data, dtype=np.float64)))
+    log.info("initial weights differ between parties: starting from %s's", leader)
 
 
 def _run_attempt(protection, exchange: PartyExchange, client: AggregatorClient, context: RoundContext, vector, spec):
@@ -558,31 +673,72 @@ def encode_workers(pipeline: bool) -> int:
     return max(1, os.cpu_count() or 1) if pipeline else 1
 
 
-def _checkpoint(directory: Path, round_number: int, model: HomoLR, participants: list[str]) -> None:
+def _npz(arrays: dict[str, np.ndarray]) -> bytes:
     buffer = io.BytesIO()
-    np.save(buffer, model.get_weights(), allow_pickle=False)
-    state = {"round": round_number, "participants": list(participants), "format": 1}
+    np.savez(buffer, **arrays)
+    return buffer.getvalue()
+
+
+def _checkpoint(directory: Path, round_number: int, model, layout: WeightLayout, strategy, participants) -> None:
+    """``weights.npz`` (the global model by tensor name), the strategy's and the model's local state."""
+    state = {"round": round_number, "participants": list(participants), "format": 2, "layout": layout.to_dict()}
+    files = {
+        "weights.npz": _npz(model.get_weights()),
+        "strategy.npz": _npz(strategy.state()),
+        "local.npz": _npz(model.state() if hasattr(model, "state") else {}),
+        "state.json": json.dumps(state, sort_keys=True).encode(),
+    }
     target = directory / ckpt.round_name(round_number)
     if target.exists():  # a previous run of this session wrote it; this run's files replace it
         shutil.rmtree(target)
-    ckpt.write_checkpoint(
-        target, {"weights.npy": buffer.getvalue(), "state.json": json.dumps(state, sort_keys=True).encode()}
-    )
+    ckpt.write_checkpoint(target, files)
 
 
-def _load_checkpoint(directory: Path, round_number: int, features: int) -> np.ndarray:
+def _load_checkpoint(directory: Path, round_number: int, model, layout: WeightLayout, strategy) -> None:
+    """Restore round ``round_number``'s checkpoint into ``model`` and ``strategy``.
+
+    Format 1 (before the model seam) held one flat ``weights.npy``; it loads into any model whose
+    layout has that many values.
+    """
     target = directory / ckpt.round_name(round_number)
     try:
         state = json.loads((target / "state.json").read_text())
-        weights = np.load(target / "weights.npy", allow_pickle=False)
-    except (OSError, ValueError) as error:
+        if state.get("format", 1) == 1:
+            flat = np.load(target / "weights.npy", allow_pickle=False)
+            weights = layout.unflatten(flat) if flat.shape == (layout.size,) else None
+            strategy_state, local = {}, {}
+        else:
+            with np.load(target / "weights.npz", allow_pickle=False) as npz:
+                weights = {name: npz[name] for name in npz.files}
+            with np.load(target / "strategy.npz", allow_pickle=False) as npz:
+                strategy_state = {name: npz[name] for name in npz.files}
+            with np.load(target / "local.npz", allow_pickle=False) as npz:
+                local = {name: npz[name] for name in npz.files}
+    except (OSError, ValueError, KeyError) as error:
         raise JobFailedError(f"cannot resume: checkpoint {target} is unreadable: {error}") from None
-    if state.get("round") != round_number or weights.shape != (features + 1,):
+    if state.get("round") != round_number or weights is None:
         raise JobFailedError(
-            f"cannot resume: checkpoint {target} holds round {state.get('round')} with {weights.shape} weights, "
-            f"expected round {round_number} with {features + 1}"
+            f"cannot resume: checkpoint {target} holds round {state.get('round')}, expected round {round_number} "
+            f"of a model with {layout.size} values"
         )
-    return weights
+    try:
+        weights = {name: weights[name] for name in (t.name for t in layout.tensors) if name in weights} or weights
+        layout.check(weights, who=f"checkpoint {target}")
+    except InvalidParameterError as error:
+        raise JobFailedError(f"cannot resume: {error}") from None
+    model.set_weights(weights)
+    strategy.load_state(strategy_state)
+    if local and hasattr(model, "load_state"):
+        model.load_state(local)
+
+
+def _save_model(path: Path, model, layout: WeightLayout, spec: JobSpec) -> None:
+    """The final global model: its tensors by name, with the layout and the model spec (JSON)."""
+    meta = {"format": "confide.model/1", "layout": layout.to_dict(), "model": spec.model.model_dump(mode="json")}
+    temporary = path.with_suffix(".tmp")
+    with open(temporary, "wb") as handle:
+        np.savez(handle, **model.get_weights(), **{"__confide__": np.array(json.dumps(meta))})
+    os.replace(temporary, path)
 
 
 def _drop_later_checkpoints(directory: Path, resume_round: int) -> None:
@@ -595,7 +751,7 @@ def _drop_later_checkpoints(directory: Path, resume_round: int) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
-def _write_json(path: Path, data: dict) -> None:
+def _write_report(path: Path, report: PartyReport) -> None:
     temporary = path.with_suffix(".tmp")
-    temporary.write_text(json.dumps(data, indent=1, default=float))
+    temporary.write_text(report.model_dump_json(indent=1, exclude_none=True))
     os.replace(temporary, path)

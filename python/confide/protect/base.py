@@ -80,6 +80,9 @@ class RoundContext:
     vector_length: int
     slice_length: int
     stats: dict = field(default_factory=dict)
+    #: (start, stop) of the model's layers in the vector; modes that clip (``paillier``) pick one
+    #: threshold per layer. None: the whole vector is one layer.
+    layers: list[tuple[int, int]] | None = None
 
     @property
     def position(self) -> int:

@@ -4,10 +4,14 @@ Set-up: the leader (first participant) generates the key pair and seals the secr
 group key to each party under its X25519 pair key (see :mod:`confide.protect.keys`), so the
 aggregator and the relay only ever hold the public key.
 
-Per round attempt: every party shares the max and min of its (weighted) update under the group
-key; dACIQ picks the clipping threshold alpha from them (algorithms.md §2.6); every slice is
-clipped, quantized to r bits with stochastic rounding, packed with ceil(log2 m) carry bits and
-encrypted (CRT path: each party holds the secret key). The aggregator multiplies ciphertexts.
+Per round attempt: every party shares the max and min of each layer of its (weighted) update
+under the group key; dACIQ picks each layer's clipping threshold alpha_l from them (algorithms.md
+§2.6; BatchCrypt clips layer by layer). With one layer the codec clips at alpha directly; with
+several, each value is divided by its layer's alpha_l, encoded with alpha = 1 and the decoded sum
+multiplied back (quantization is linear, so this is the same as a codec per layer, in one pass
+over the slices). Every slice is clipped, quantized to r bits with stochastic rounding, packed
+with ceil(log2 m) carry bits and encrypted (CRT path: each party holds the secret key). The
+aggregator multiplies ciphertexts.
 Combined slice i goes to participant (i mod m) only; it decrypts and decodes it and shares the
 float32 sums with the others under the group key, so each party decrypts ~1/m of the aggregate.
 If a part does not arrive within ``share_timeout_s`` (its decryptor dropped out after the
@@ -52,6 +56,8 @@ class PaillierProtection(GroupShared, Protection):
         self._group: GroupCipher | None = None
         self._codec: BatchCryptCodec | None = None
         self.last_alpha = float("nan")
+        #: Per-value alpha when the round has several layers (None: one layer, alpha in the codec).
+        self._scale: np.ndarray | None = None
         self.crypto_seconds = 0.0
         self.local_fallbacks = 0
 
@@ -79,25 +85,44 @@ class PaillierProtection(GroupShared, Protection):
         return self.encryption_key.to_bytes()
 
     def begin_round(self, context: RoundContext, vector: np.ndarray) -> None:
-        """Pick the dACIQ threshold from every participant's max and min."""
-        local = [float(vector.max()), float(vector.min())] if vector.size else [0.0, 0.0]
+        """Pick each layer's dACIQ threshold from every participant's max and min of it."""
+        layers = context.layers or [(0, context.vector_length)]
+        local = []
+        for start, stop in layers:
+            part = vector[start:stop]
+            local += [float(part.max()), float(part.min())] if part.size else [0.0, 0.0]
         values = self.exchange_values(context.round, context.tag("range"), local, context.peers)
-        maxima = np.array([v[0] for v in values.values()])
-        minima = np.array([v[1] for v in values.values()])
+        table = np.array(list(values.values())).reshape(len(values), len(layers), 2)
         m = len(context.participants)
-        if self.params.clipping == "daciq":
-            alpha = daciq_threshold(maxima, minima, context.vector_length, bits=self.params.bits, parties=m)
+        alphas = []
+        for index, (start, stop) in enumerate(layers):
+            maxima, minima = table[:, index, 0], table[:, index, 1]
+            if self.params.clipping == "daciq":
+                alpha = daciq_threshold(maxima, minima, stop - start, bits=self.params.bits, parties=m)
+            else:
+                alpha = float(max(np.abs(maxima).max(), np.abs(minima).max()))
+            alphas.append(max(alpha, 1e-12))
+        if len(layers) == 1:
+            self._scale = None
+            codec_alpha = alphas[0]
         else:
-            alpha = float(max(np.abs(maxima).max(), np.abs(minima).max()))
-        alpha = max(alpha, 1e-12)
-        self.last_alpha = alpha
-        self._codec = BatchCryptCodec(bits=self.params.bits, max_parties=m, alpha=alpha)
-        context.stats.update(alpha=alpha, bits=self.params.bits, key_bits=self.params.key_bits)
+            self._scale = np.empty(context.vector_length, dtype=np.float64)
+            for (start, stop), alpha in zip(layers, alphas, strict=True):
+                self._scale[start:stop] = alpha
+            codec_alpha = 1.0
+        self.last_alpha = float(max(alphas))
+        self._codec = BatchCryptCodec(bits=self.params.bits, max_parties=m, alpha=codec_alpha)
+        context.stats.update(alpha=self.last_alpha, bits=self.params.bits, key_bits=self.params.key_bits)
+        if len(layers) > 1:
+            context.stats.update(layer_alphas=[float(a) for a in alphas])
 
     def encode(self, context: RoundContext, index: int, values: np.ndarray) -> bytes:
         """Clip, quantize, pack and encrypt one slice (CRT encryption, all cores)."""
         assert self._codec is not None and self._key is not None, "begin_round first"
         start = time.perf_counter()
+        if self._scale is not None:
+            first, stop = context.bounds(index)
+            values = np.asarray(values, dtype=np.float64) / self._scale[first:stop]
         data = _encrypt_packed(values, self._codec, self._key, threads=self.encode_threads).to_bytes()
         self.crypto_seconds += time.perf_counter() - start
         return data
@@ -137,6 +162,8 @@ class PaillierProtection(GroupShared, Protection):
                     f"decrypted slice {index} holds {parts[index].size} values, expected {stop - start}"
                 )
             out[start:stop] = parts[index]
+        if self._scale is not None:
+            out *= self._scale
         return out
 
     def _decrypt_locally(self, context: RoundContext, peer: str, indices: list[int]) -> dict[int, np.ndarray]:

@@ -184,6 +184,20 @@ def test_openapi_lists_the_endpoints(clients):
         assert path in paths
 
 
+def test_openapi_describes_session_status_with_the_typed_report_models(clients):
+    document = clients["dev"].request("GET", "/openapi.json")
+    answer = document["paths"]["/v1/sessions/{token}"]["get"]["responses"]["200"]["content"]["application/json"]
+    assert answer["schema"] == {"$ref": "#/components/schemas/SessionStatus"}
+    schemas = document["components"]["schemas"]
+    assert {"SessionStatus", "ParticipantStatus", "PartyResult"} <= set(schemas)
+    assert {"rounds", "train_loss", "test_auc", "test_accuracy", "protection", "model"} <= set(
+        schemas["PartyResult"]["properties"]
+    )
+    token = clients["dev"].submit(job())["session"]
+    status = clients["dev"].status(token)
+    assert status["session"] == token and set(PARTY_NAMES) <= {p["name"] for p in status["participants"]}
+
+
 def _status_of(client, method, path, body=None):
     response = client._http.request(method, path, json=body)
     return response.status_code, response.json()

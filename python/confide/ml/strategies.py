@@ -1,0 +1,165 @@
+r"""Aggregation strategies: how local changes become the next global model.
+
+A strategy sees two things only: this party's change ``delta = w_local - w_global`` (flat
+float64, :class:`confide.ml.base.WeightLayout`) with its weight ``n_k / N``, and the *sum* of
+every participant's contribution, which the protection mode delivers. It never knows which
+protection ran, and every party applies it to the same sum, so every party holds the same
+global model after each round without a trusted server.
+
+==========  ================================================  ===============================
+strategy    contribution of party k / global update           source
+==========  ================================================  ===============================
+fedavg      ``n_k/N delta_k``;  ``w += sum``                   McMahan et al. 2017
+fedprox     as fedavg; local fit adds ``mu/2 ||w - w_g||^2``   Li et al. 2020 (MLSys)
+fedadam     as fedavg; ``w += eta m / (sqrt(v) + tau)``       Reddi et al. 2021 (ICLR), Alg. 2
+==========  ================================================  ===============================
+
+FedAdam's moments, with ``d = sum_k n_k/N delta_k`` the weighted mean change::
+
+    m <- beta1 m + (1 - beta1) d
+    v <- beta2 v + (1 - beta2) d^2
+    w <- w + eta m / (sqrt(v) + tau)
+
+(no bias correction, as in the paper). ``m`` and ``v`` are state: checkpoints carry them, so a
+resumed job continues exactly.
+
+Adding a strategy: one file (or class) subclassing :class:`Strategy`, one line in
+:data:`STRATEGIES`.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import numpy as np
+
+from confide.errors import InvalidParameterError
+
+__all__ = ["STRATEGIES", "FedAdam", "FedAvg", "FedProx", "Strategy", "make_strategy"]
+
+
+class Strategy:
+    """FedAvg by default: subclasses change what is sent, how the sum is applied, or the local fit."""
+
+    name: ClassVar[str] = "fedavg"
+
+    def __init__(self, **options: float) -> None:
+        if options:
+            raise InvalidParameterError(f"strategy {self.name} takes no options, got {sorted(options)}")
+
+    #: FedProx's mu (0: no proximal term in the local fit).
+    proximal_mu: float = 0.0
+
+    def contribution(self, delta: np.ndarray, weight: float) -> np.ndarray:
+        """What this party protects and sends: its change weighted by ``n_k / N``."""
+        return delta * weight
+
+    def apply(self, global_weights: np.ndarray, aggregate: np.ndarray) -> np.ndarray:
+        """The next global model from the current one and the sum of contributions."""
+        return global_weights + aggregate
+
+    def state(self) -> dict[str, np.ndarray]:
+        """State to checkpoint (none by default)."""
+        return {}
+
+    def load_state(self, state: dict[str, np.ndarray]) -> None:  # noqa: B027 - optional hook
+        """Restore :meth:`state` from a checkpoint."""
+
+    def describe(self) -> dict:
+        """For reports."""
+        return {"name": self.name}
+
+
+class FedAvg(Strategy):
+    """Weighted by examples: the global model is the example-weighted mean of local models."""
+
+    name = "fedavg"
+
+
+class FedProx(Strategy):
+    """FedAvg's aggregation with a proximal term in every local fit (``mu`` > 0)."""
+
+    name = "fedprox"
+
+    def __init__(self, mu: float = 0.01) -> None:
+        if not (isinstance(mu, int | float) and 0 < mu <= 1e3):
+            raise InvalidParameterError(f"strategy.mu must be in (0, 1000], got {mu!r}")
+        self.proximal_mu = float(mu)
+
+    def describe(self) -> dict:
+        """Name and mu."""
+        return {"name": self.name, "mu": self.proximal_mu}
+
+
+class FedAdam(Strategy):
+    """Adam applied to the weighted mean change, identically at every party (a server-side optimizer)."""
+
+    name = "fedadam"
+
+    def __init__(
+        self, server_learning_rate: float = 0.01, beta1: float = 0.9, beta2: float = 0.99, tau: float = 1e-3
+    ) -> None:
+        for field, value, high in (
+            ("server_learning_rate", server_learning_rate, 100.0),
+            ("beta1", beta1, 1.0),
+            ("beta2", beta2, 1.0),
+            ("tau", tau, 10.0),
+        ):
+            closed = not field.startswith("beta")  # betas must stay below 1
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not (0.0 < value <= high if closed else 0.0 < value < high)
+            ):
+                raise InvalidParameterError(
+                    f"strategy.{field} must be in (0, {high:g}{']' if closed else ')'}, got {value!r}"
+                )
+        self.eta, self.beta1, self.beta2, self.tau = float(server_learning_rate), float(beta1), float(beta2), float(tau)
+        self._m: np.ndarray | None = None
+        self._v: np.ndarray | None = None
+
+    def apply(self, global_weights: np.ndarray, aggregate: np.ndarray) -> np.ndarray:
+        """One Adam step on the mean change."""
+        if self._m is None or self._m.shape != aggregate.shape:
+            self._m = np.zeros_like(aggregate, dtype=np.float64)
+            self._v = np.zeros_like(aggregate, dtype=np.float64)
+        m, v = self._m, self._v
+        m *= self.beta1
+        m += (1 - self.beta1) * aggregate
+        v *= self.beta2
+        v += (1 - self.beta2) * np.square(aggregate)
+        return global_weights + self.eta * m / (np.sqrt(v) + self.tau)
+
+    def state(self) -> dict[str, np.ndarray]:
+        """The moments."""
+        return {} if self._m is None else {"m": self._m.copy(), "v": self._v.copy()}
+
+    def load_state(self, state: dict[str, np.ndarray]) -> None:
+        """Restore the moments."""
+        if state:
+            self._m = np.asarray(state["m"], dtype=np.float64).copy()
+            self._v = np.asarray(state["v"], dtype=np.float64).copy()
+
+    def describe(self) -> dict:
+        """Name and hyper-parameters."""
+        return {
+            "name": self.name,
+            "server_learning_rate": self.eta,
+            "beta1": self.beta1,
+            "beta2": self.beta2,
+            "tau": self.tau,
+        }
+
+
+STRATEGIES: dict[str, type[Strategy]] = {
+    "fedavg": FedAvg,
+    "fedprox": FedProx,
+    "fedadam": FedAdam,
+}
+
+
+def make_strategy(name: str, **options: float) -> Strategy:
+    """The strategy ``name`` (one of :data:`STRATEGIES`) with its options."""
+    if name not in STRATEGIES:
+        raise InvalidParameterError(f"strategy.name must be one of {', '.join(STRATEGIES)}, got {name!r}")
+    return STRATEGIES[name](**options)

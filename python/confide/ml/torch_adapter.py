@@ -1,0 +1,178 @@
+"""A thin adapter from plain PyTorch to the model seam: your ``nn.Module`` and your training loop.
+
+PyTorch users keep writing PyTorch::
+
+    net = Net()                                   # any torch.nn.Module
+
+    def train(net, loader, epochs):               # your loop, your optimizer, your loss
+        optimizer = torch.optim.Adam(net.parameters(), lr=1e-3)
+        for _ in range(epochs):
+            for images, labels in loader:
+                optimizer.zero_grad()
+                loss = F.cross_entropy(net(images), labels)
+                loss.backward()
+                optimizer.step()
+        return {"loss": loss.item()}
+
+    def federated_model():                        # model.entry: "digits_cnn.py:federated_model"
+        return TorchModel(net, train)
+
+What the adapter does around that:
+
+* weights are the module's ``state_dict`` floating tensors, by their names (integer buffers such
+  as BatchNorm's ``num_batches_tracked`` stay local);
+* the loader is a ``DataLoader`` over the party's rows whose order is drawn from the round's
+  seed (``torch.Generator``), so a resumed job draws the same batches;
+* FedProx: a gradient hook adds ``mu (w - w_global)`` to every parameter's gradient during the
+  round, which is the proximal term's gradient whatever optimizer your loop uses;
+* ``evaluate`` defaults to cross-entropy and accuracy on the module's logits (binary: one
+  logit and BCE); pass your own ``evaluate(net, loader) -> dict`` to change that.
+
+``input_transform`` turns a numpy batch into the tensor your module expects (for example
+channels-last images to channels-first); the default is ``torch.from_numpy``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from confide.errors import InvalidParameterError
+from confide.ml.base import DTYPES, FitConfig, FitResult, Weights
+
+__all__ = ["TorchModel"]
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError as error:
+        raise InvalidParameterError(
+            f"PyTorch is not installed at this party ({error}); pip install 'confide[torch]'"
+        ) from None
+    return torch
+
+
+class TorchModel:
+    """A ``torch.nn.Module`` and the user's training function behind :class:`FederatedModel`."""
+
+    def __init__(
+        self,
+        module: Any,
+        train: Callable[..., Any],
+        *,
+        evaluate: Callable[..., dict] | None = None,
+        batch_size: int = 32,
+        epochs: int = 1,
+        input_transform: Callable[[np.ndarray], Any] | None = None,
+    ) -> None:
+        torch = _torch()
+        if not isinstance(module, torch.nn.Module):
+            raise InvalidParameterError(f"TorchModel needs a torch.nn.Module, got {type(module).__name__}")
+        if not callable(train):
+            raise InvalidParameterError("TorchModel needs train(net, loader, epochs), a callable")
+        self.torch = torch
+        self.module = module
+        self.train_function = train
+        self.evaluate_function = evaluate
+        self.batch_size = int(batch_size)
+        self.epochs = int(epochs)
+        self.input_transform = input_transform
+
+    def _names(self) -> list[str]:
+        return [k for k, v in self.module.state_dict().items() if str(v.dtype).removeprefix("torch.") in DTYPES]
+
+    def build(self, example_shape: tuple[int, ...], classes: int) -> None:
+        """Check the module takes examples of ``example_shape`` and gives one output per class."""
+        probe = np.zeros((2, *example_shape), dtype=np.float32)
+        self.module.eval()
+        try:
+            with self.torch.no_grad():
+                out = self.module(self._tensor(probe))
+        except Exception as error:  # noqa: BLE001 - the user's module: report what it said
+            raise InvalidParameterError(
+                f"the PyTorch module cannot take examples of shape {list(example_shape)}: "
+                f"{type(error).__name__}: {error}"
+            ) from None
+        outputs = out.shape[-1] if out.ndim > 1 else 1
+        if classes and outputs not in (classes, 1):
+            raise InvalidParameterError(f"the PyTorch module has {outputs} outputs, the data has {classes} classes")
+
+    def _tensor(self, X: np.ndarray):
+        return self.input_transform(X) if self.input_transform is not None else self.torch.from_numpy(np.asarray(X))
+
+    def _loader(self, X: np.ndarray, y: np.ndarray, seed: tuple[int, ...] | None):
+        torch = self.torch
+        features = self._tensor(np.asarray(X, dtype=np.float32))
+        labels = torch.from_numpy(np.asarray(y))
+        dataset = torch.utils.data.TensorDataset(features, labels)
+        if seed is None:
+            return torch.utils.data.DataLoader(dataset, batch_size=max(self.batch_size, 256), shuffle=False)
+        generator = torch.Generator().manual_seed(int(np.random.default_rng(list(seed)).integers(0, 2**62)))
+        return torch.utils.data.DataLoader(dataset, batch_size=self.batch_size, shuffle=True, generator=generator)
+
+    def get_weights(self) -> Weights:
+        """Floating ``state_dict`` entries as numpy arrays."""
+        state = self.module.state_dict()
+        return {name: state[name].detach().cpu().numpy().copy() for name in self._names()}
+
+    def set_weights(self, weights: Weights) -> None:
+        """Load them back (integer buffers untouched)."""
+        state = self.module.state_dict()
+        update = {
+            name: self.torch.from_numpy(np.ascontiguousarray(weights[name])).to(state[name].dtype)
+            for name in self._names()
+        }
+        self.module.load_state_dict(update, strict=False)
+
+    def fit(self, X: Any, y: np.ndarray, config: FitConfig) -> FitResult:
+        """The user's ``train(net, loader, epochs)``; FedProx through gradient hooks."""
+        torch = self.torch
+        torch.manual_seed(int(np.random.default_rng([*config.seed, 1]).integers(0, 2**62)))
+        hooks = []
+        if config.proximal_mu > 0 and config.global_weights is not None:
+            mu = config.proximal_mu
+            for name, parameter in self.module.named_parameters():
+                anchor = torch.from_numpy(np.asarray(config.global_weights[name])).to(parameter.dtype)
+                hooks.append(parameter.register_hook(lambda g, p=parameter, a=anchor: g + mu * (p.detach() - a)))
+        self.module.train()
+        try:
+            result = self.train_function(self.module, self._loader(X, y, config.seed), config.epochs or self.epochs)
+        finally:
+            for hook in hooks:
+                hook.remove()
+        metrics = result if isinstance(result, dict) else ({"loss": float(result)} if result is not None else {})
+        return FitResult(num_examples=len(y), metrics={k: float(v) for k, v in metrics.items()})
+
+    def evaluate(self, X: Any, y: np.ndarray, metrics: list[str]) -> dict[str, float]:
+        """The user's ``evaluate(net, loader)``, or cross-entropy, accuracy and (binary) AUC."""
+        torch = self.torch
+        loader = self._loader(X, y, None)
+        self.module.eval()
+        if self.evaluate_function is not None:
+            return {k: float(v) for k, v in self.evaluate_function(self.module, loader).items()}
+        outputs = []
+        with torch.no_grad():
+            for features, _ in loader:
+                outputs.append(self.module(features))
+        logits = torch.cat(outputs)
+        labels = torch.from_numpy(np.asarray(y))
+        if logits.ndim == 1 or logits.shape[-1] == 1:
+            logits = logits.reshape(-1)
+            loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, labels.float()).item()
+            scores = logits.numpy()
+            predicted = (scores > 0).astype(np.int64)
+        else:
+            loss = torch.nn.functional.cross_entropy(logits, labels.long()).item()
+            scores = torch.softmax(logits, dim=1).numpy()
+            predicted = scores.argmax(axis=1)
+        out = {"loss": float(loss)}
+        if "accuracy" in metrics and len(y):
+            out["accuracy"] = float(np.mean(predicted == np.asarray(y)))
+        if "auc" in metrics and len(np.unique(y)) == 2:
+            from sklearn.metrics import roc_auc_score
+
+            out["auc"] = float(roc_auc_score(y, scores if scores.ndim == 1 else scores[:, -1]))
+        return out

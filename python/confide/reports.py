@@ -1,0 +1,193 @@
+"""Typed reports: what a party writes each round, what ``confide run`` assembles, what the API serves.
+
+One set of pydantic models, read and written everywhere a report travels:
+
+* the party writes :class:`PartyReport` (``<party>.report.json``) after every round;
+* ``confide run`` reads the parties' reports into it and builds a :class:`JobReport`;
+* the party agent reduces a completed report to a :class:`PartyResult` for the controller;
+* the controller's REST API declares :class:`SessionStatus` as its response model, so
+  ``/openapi.json`` describes job status and results, and the web console reads the same.
+
+Fields that are open by nature (a protection mode's own report, per-round protocol stats) are
+``dict[str, Any]``; everything the CLI or console reads by name is a typed field.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "JobReport",
+    "JobRound",
+    "ModelSummary",
+    "ParticipantStatus",
+    "PartyReport",
+    "PartyResult",
+    "RoundReport",
+    "SessionStatus",
+]
+
+
+class _Report(BaseModel):
+    # Unknown fields are errors: a report's shape drifts only with this file.
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelSummary(_Report):
+    """Which model a party trained (sizes from its :class:`confide.ml.base.WeightLayout`)."""
+
+    algorithm: str
+    parameters: int
+    tensors: int
+    layers: int
+    backend: str | None = None
+
+
+class RoundReport(_Report):
+    """One completed round at one party."""
+
+    round: int
+    attempts: int
+    participants: list[str]
+    seconds: float
+    train_s: float = 0.0
+    agree_s: float = 0.0
+    upload_s: float = 0.0
+    wait_s: float = 0.0
+    decode_s: float = 0.0
+    encode_s: float = 0.0
+    encode_cpu_s: float = 0.0
+    crypto_s: float = 0.0
+    #: Loss of the new global model on this party's training rows.
+    train_loss: float
+    local_examples: int
+    #: What the local fit reported (before aggregation).
+    local_metrics: dict[str, float] = {}
+    bytes_sent: int
+    bytes_received: int
+    #: Protocol figures of the round (clipping thresholds, bits, ...).
+    stats: dict[str, Any] = {}
+    #: The global model on held-out rows, where the job asked for these metrics.
+    test_loss: float | None = None
+    test_auc: float | None = None
+    test_accuracy: float | None = None
+    #: The global model's flat vector (small models only).
+    weights: list[float] | None = None
+
+
+class PartyReport(_Report):
+    """A party's whole job, rewritten after every round (atomic replace)."""
+
+    job_id: str
+    party: str
+    status: Literal["starting", "running", "completed", "failed"]
+    rounds: list[RoundReport] = []
+    runtime_job_id: str | None = None
+    resumed_after_round: int = 0
+    samples: int | None = None
+    features: int | None = None
+    model: ModelSummary | None = None
+    strategy: dict[str, Any] | None = None
+    setup_seconds: float | None = None
+    protection: dict[str, Any] | None = None
+    bootstrap: dict[str, Any] | None = None
+    weights: list[float] | None = None
+    error: str | None = None
+    failed_round: int | None = None
+    bytes_setup: dict[str, int] | None = None
+    reconnects: int = 0
+
+
+class PartyResult(_Report):
+    """What a party's agent tells the controller of a completed run."""
+
+    rounds: int
+    train_loss: float | None = None
+    test_auc: float | None = None
+    test_accuracy: float | None = None
+    protection: str | None = None
+    model: str | None = None
+
+    @classmethod
+    def of(cls, report: PartyReport) -> PartyResult:
+        """The result of a completed :class:`PartyReport`."""
+        last = report.rounds[-1] if report.rounds else None
+        return cls(
+            rounds=len(report.rounds),
+            train_loss=last.train_loss if last else None,
+            test_auc=last.test_auc if last else None,
+            test_accuracy=last.test_accuracy if last else None,
+            protection=(report.protection or {}).get("mode"),
+            model=report.model.algorithm if report.model else None,
+        )
+
+
+class JobRound(_Report):
+    """One round of a job, over its parties."""
+
+    round: int
+    participants: list[str]
+    attempts: int
+    #: Sample-weighted mean of the parties' training losses.
+    loss: float
+    auc: float | None = None
+    accuracy: float | None = None
+    bytes_sent: int
+    bytes_received: int
+    seconds: float
+    crypto_s: float
+    train_s: float
+
+
+class JobReport(_Report):
+    """The report ``confide run`` writes (``report.json``) for a horizontal job."""
+
+    job_id: str
+    mode: str
+    mode_requested: str
+    aggregator_saw: str
+    protection: dict[str, Any]
+    parties: dict[str, dict[str, Any]]
+    dropped: dict[str, str] = {}
+    rounds: list[JobRound]
+    final_auc: float | None = None
+    final_accuracy: float | None = None
+    model: ModelSummary | None = None
+    strategy: dict[str, Any] | None = None
+    #: The same model trained on the pooled data (embedded data sets only).
+    centralized: dict[str, Any] = {}
+    wall_seconds: float
+    setup_seconds: float
+    reconnects: int
+    spec: dict[str, Any]
+    files: dict[str, str] = {}
+
+
+class ParticipantStatus(_Report):
+    """A session participant as the controller tracks it."""
+
+    name: str
+    role: str
+    status: str
+    run: int
+    round: int
+    applied_seq: int
+    error: str | None = None
+    result: PartyResult | dict[str, Any] | None = None
+
+
+class SessionStatus(_Report):
+    """``GET /v1/sessions/{token}``: a session's state, progress per participant, last checkpoint."""
+
+    session: str
+    job_id: str
+    owner: str
+    state: str
+    message: str | None = None
+    run: int
+    resume_round: int
+    head_seq: int
+    checkpoint: dict[str, Any] | None = Field(None, description="round, Merkle root and log entry of the latest")
+    participants: list[ParticipantStatus]
