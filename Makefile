@@ -82,6 +82,7 @@ bench: setup
 	$(PYTHON) benchmarks/controller_bench.py --stores sqlite,postgres
 	$(PYTHON) benchmarks/vertical_bench.py
 	$(PYTHON) benchmarks/psi_bench.py --write
+	$(PYTHON) benchmarks/nn_bench.py --write
 	$(PYTHON) benchmarks/dataplane_bench.py --write
 
 lint: setup

@@ -33,12 +33,13 @@ def rate(call: Callable[[], object], items: int, *, repeats: int = 3, min_second
 
 def machine() -> dict:
     """What the figures were measured on."""
-    model = "unknown"
+    model, flags = "unknown", set()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
+            if line.startswith("model name") and model == "unknown":
                 model = line.split(":", 1)[1].strip()
-                break
+            if line.startswith("flags") and not flags:
+                flags = set(line.split(":", 1)[1].split())
     except OSError:
         pass
     try:
@@ -50,6 +51,9 @@ def machine() -> dict:
         "cores": os.cpu_count(),
         "python": platform.python_version(),
         "platform": platform.platform(),
+        "kernel": platform.release(),
+        # The CPU features the kernels choose between (hosts of one machine kind differ in these).
+        "flags": sorted(flags & {"avx2", "fma", "adx", "bmi2", "avx512f", "avx512ifma", "avx512vl", "vaes"}),
         "commit": commit,
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
@@ -103,3 +107,26 @@ def write_markdown_block(bench: str, heading: str, lines: list[str]) -> Path:
         text = text.rstrip() + f"\n\n## {heading}\n\n" + block + "\n"
     docs.write_text(text)
     return docs
+
+
+def phe_per_value(sample) -> dict[str, float]:
+    """Seconds per value for python-paillier (2048-bit) encryption, addition and decryption on ``sample``.
+
+    The anchor of the per-value baselines: FATE-style HE aggregation encrypts every value alone.
+    """
+    import numpy as np
+    from phe import paillier
+
+    public, private = paillier.generate_paillier_keypair(n_length=2048)
+    start = time.perf_counter()
+    encrypted = [public.encrypt(float(v)) for v in sample]
+    t_encrypt = (time.perf_counter() - start) / sample.size
+    start = time.perf_counter()
+    summed = [a + b for a, b in zip(encrypted, encrypted, strict=True)]
+    t_add = (time.perf_counter() - start) / sample.size
+    start = time.perf_counter()
+    decrypted = np.array([private.decrypt(c) for c in summed])
+    t_decrypt = (time.perf_counter() - start) / sample.size
+    if not np.allclose(decrypted, 2 * sample, atol=1e-9):
+        raise SystemExit("python-paillier sample did not decrypt to its sum")
+    return {"encrypt": t_encrypt, "add": t_add, "decrypt": t_decrypt}

@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchutil import machine, record, results_table, write, write_markdown_block  # noqa: E402
+from benchutil import machine, phe_per_value, record, results_table, write, write_markdown_block  # noqa: E402
 
 from confide.crypto import BatchCryptCodec, DecryptionKey, encrypt_packed  # noqa: E402
 from confide.local import LocalFederation, run_local  # noqa: E402
@@ -94,24 +94,6 @@ def run_mode(shape: str, mode: str, rounds: int, workdir: Path) -> dict:
         "length": config["data"]["features"] + 1,
         "setup": report["setup_seconds"],
     }
-
-
-def phe_per_value(sample: np.ndarray) -> dict[str, float]:
-    """Seconds per value for phe encryption, addition and decryption on ``sample``."""
-    from phe import paillier
-
-    public, private = paillier.generate_paillier_keypair(n_length=2048)
-    start = time.perf_counter()
-    encrypted = [public.encrypt(float(v)) for v in sample]
-    t_encrypt = (time.perf_counter() - start) / sample.size
-    start = time.perf_counter()
-    summed = [a + b for a, b in zip(encrypted, encrypted, strict=True)]
-    t_add = (time.perf_counter() - start) / sample.size
-    start = time.perf_counter()
-    decrypted = np.array([private.decrypt(c) for c in summed])
-    t_decrypt = (time.perf_counter() - start) / sample.size
-    assert np.allclose(decrypted, 2 * sample, atol=1e-9)
-    return {"encrypt": t_encrypt, "add": t_add, "decrypt": t_decrypt}
 
 
 def over_link(slices, mbps: float | None):

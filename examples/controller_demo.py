@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from confide.controller.local import LocalDeployment
+from confide.local import LocalDeployment
 
 JOB = Path(__file__).with_name("breast_cancer_controller.yaml")
 

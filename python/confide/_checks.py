@@ -3,11 +3,25 @@
 from __future__ import annotations
 
 import numbers
-from typing import Any
+from typing import Any, TypeVar
 
-from confide.errors import InvalidParameterError
+from confide.errors import InvalidParameterError, ProtocolError
 
-__all__ = ["check_int"]
+__all__ = ["check_int", "require"]
+
+T = TypeVar("T")
+
+
+def require(value: T | None, what: str) -> T:
+    """``value``, or a :class:`ProtocolError` saying which step must come first.
+
+    Protocol state (keys after ``setup``, codecs after ``begin_round``) is checked with this, not
+    ``assert``: under ``python -O`` an assert disappears and the failure becomes an
+    ``AttributeError`` on ``None`` far from its cause.
+    """
+    if value is None:
+        raise ProtocolError(f"protocol step out of order: {what}")
+    return value
 
 
 def check_int(name: str, value: Any, low: int, high: int | None = None) -> int:

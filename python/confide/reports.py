@@ -60,6 +60,10 @@ class RoundReport(_Report):
     encode_s: float = 0.0
     encode_cpu_s: float = 0.0
     crypto_s: float = 0.0
+    #: Train, protect, aggregate and apply, without the evaluation that follows (BatchCrypt's iteration).
+    iteration_s: float = 0.0
+    #: Evaluating the new global model (training loss and test metrics).
+    eval_s: float = 0.0
     #: Loss of the new global model on this party's training rows.
     train_loss: float
     local_examples: int

@@ -95,7 +95,7 @@ class ModelSpec(_Strict):
 class DataSpec(_Strict):
     """Where each party's rows come from (embedded or generated; nothing is downloaded)."""
 
-    dataset: Literal["breast_cancer", "synthetic", "digits"] = "breast_cancer"
+    dataset: Literal["breast_cancer", "synthetic", "digits", "tensors"] = "breast_cancer"
     split: Literal["iid", "label_skew"] = "iid"
     skew: float = Field(0.8, ge=0.5, lt=1.0)
     test_fraction: float = Field(0.2, gt=0, le=0.5)
@@ -105,6 +105,10 @@ class DataSpec(_Strict):
     alpha: float = Field(1.0, ge=0, le=10)
     beta: float = Field(1.0, ge=0, le=10)
     seed: int = Field(0, ge=0, le=2**32 - 1)
+    # -- tensors: random examples of a shape (networks measured at their real sizes) --
+    example_shape: list[Annotated[int, Field(ge=1, le=1_000_000)]] = Field(default_factory=lambda: [28, 28])
+    classes: int = Field(10, ge=2, le=1_000_000)
+    sequence: bool = False
     # -- vertical algorithms: who holds the labels, who holds which columns (docs/vertical.md) --
     guest: Name | None = None
     columns: dict[str, int] | None = None

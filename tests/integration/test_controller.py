@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -19,9 +18,10 @@ import time
 import numpy as np
 import pytest
 
-from confide.controller.local import LocalDeployment
 from confide.controller.sessions import config_digest
 from confide.errors import ConflictError, TransportUnavailableError
+from confide.local import LocalDeployment
+from tests.fixtures.faults import with_faults
 
 PARTIES = ["hospital-a", "hospital-b", "hospital-c"]
 
@@ -166,7 +166,7 @@ def test_resume_after_killing_every_process_reaches_the_uninterrupted_model(depl
 
     # The same job again, slowed down so that it can be killed mid-way.
     deployment.stop()
-    deployment.extra_env["CONFIDE_FAULT_ROUND_DELAY_S"] = "0.6"
+    deployment.extra_env.update(with_faults(round_delay_s=0.6))
     deployment.start()
     with deployment.client("alice") as alice:
         token = alice.submit(job("interrupted"))["session"]
@@ -180,6 +180,7 @@ def test_resume_after_killing_every_process_reaches_the_uninterrupted_model(depl
 
     # Tamper with one file of the last recorded checkpoint: the resume must refuse it.
     deployment.extra_env.pop("CONFIDE_FAULT_ROUND_DELAY_S")
+    deployment.extra_env.pop("CONFIDE_PARTY_HOOKS")
     deployment.start()
     with deployment.client("alice") as alice:
         recorded = alice.status(token)["checkpoint"]
@@ -243,9 +244,7 @@ def test_controller_killed_mid_tuning_loses_no_acknowledged_entry(deployment):
     thread = threading.Thread(target=tune_forever)
     thread.start()
     wait_for(lambda: len(acknowledged) >= 15, 60, "15 acknowledged tunings")
-    controller = deployment.processes.pop("controller")
-    os.killpg(controller.pid, signal.SIGKILL)
-    controller.wait()
+    deployment.children.kill("controller")  # SIGKILL to its process group
     time.sleep(0.5)
     stop.set()
     thread.join()

@@ -9,9 +9,10 @@ import pytest
 
 from confide.errors import JobFailedError
 from confide.local import LocalFederation, build_report, run_local
+from tests.fixtures.faults import with_faults
 from tests.integration.conftest import make_spec
 
-FAULT = {"CONFIDE_FAULT_EXIT_ROUND": "4"}
+FAULT = with_faults(exit_round=4)
 
 
 @pytest.mark.parametrize("mode", ["secagg", "paillier"])

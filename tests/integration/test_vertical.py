@@ -12,6 +12,7 @@ from confide.errors import JobFailedError
 from confide.local import run_local
 from confide.spec import parse_job
 from confide.vertical.estimators import SecureBoostClassifier
+from tests.fixtures.faults import with_faults
 
 
 def vertical_spec(algorithm: str, **overrides) -> object:
@@ -67,7 +68,7 @@ def test_hetero_lr_job_reaches_the_centralized_auc(tmp_path):
 def test_a_host_that_crashes_mid_training_fails_the_job_with_a_clear_error(tmp_path):
     spec = vertical_spec("secureboost", transport={"message_timeout_s": 8.0})
     with pytest.raises(JobFailedError) as failure:
-        run_local(spec, tmp_path, progress=False, echo=quiet, party_env={"lab": {"CONFIDE_FAULT_EXIT_ROUND": "2"}})
+        run_local(spec, tmp_path, progress=False, echo=quiet, party_env={"lab": with_faults(exit_round=2)})
     text = str(failure.value)
     assert "hospital" in text and "lab" in text
     guest = json.loads((tmp_path / "parties" / "hospital.report.json").read_text())

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from confide import _native
+from confide._checks import require
 from confide.crypto import EncryptionKey
 from confide.errors import ProtocolError, RoundClosedError
 from confide.transport.routing import share_indices
@@ -230,7 +231,7 @@ class RoundState:
             raise RoundClosedError(f"round attempt {self.key} is {self.status}")
         position = self.position(party)
         self.restore()
-        assert self.plane is not None
+        require(self.plane, "the round's data plane is closed")
         try:
             if payload_size is not None:
                 accepted, duplicates, late, completed = self.plane.push_message(self.round_id, position, payload)
@@ -264,7 +265,7 @@ class RoundState:
         Slices of the batch folded before the refused one stay folded (and counted in
         :attr:`contributed` by the data plane); the indices they completed are returned.
         """
-        assert self.plane is not None
+        require(self.plane, "the round's data plane is closed")
         completed = self.plane.take_completed(self.round_id)
         return completed, self.record(completed) if completed else False
 
@@ -273,7 +274,7 @@ class RoundState:
         with self.lock:
             blob, self.checkpoint = self.checkpoint, None
             if blob is not None:
-                assert self.plane is not None
+                require(self.plane, "the round's data plane is closed")
                 self.plane.restore_round(self.round_id, blob)
 
     def write_checkpoint(self) -> tuple[int, int] | None:
@@ -281,7 +282,7 @@ class RoundState:
         with self.lock:
             if self.status != "open" or self.checkpoint is not None:
                 return None
-            assert self.plane is not None
+            require(self.plane, "the round's data plane is closed")
             missing = self.plane.missing(self.round_id)
             self.checkpoint = self.plane.checkpoint_round(self.round_id)
             self.checkpoints_written += 1
@@ -289,7 +290,7 @@ class RoundState:
 
     def close(self) -> None:
         """Free the round's state in the data plane."""
-        assert self.plane is not None
+        require(self.plane, "the round's data plane is closed")
         with self.lock:
             self.checkpoint = None
             if self._final_contributions is None:
@@ -301,7 +302,7 @@ class RoundState:
         """Slices each participant has had folded in (participants with none left out)."""
         counts = self._final_contributions
         if counts is None:
-            assert self.plane is not None
+            require(self.plane, "the round's data plane is closed")
             try:
                 counts = list(self.plane.contributions(self.round_id))
             except ValueError:  # closed meanwhile

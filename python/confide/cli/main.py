@@ -10,7 +10,7 @@ import threading
 from pathlib import Path
 
 from confide.cli import controller as controller_commands
-from confide.errors import ConfideError
+from confide.errors import ConfideError, InvalidParameterError
 
 __all__ = ["main"]
 
@@ -88,6 +88,13 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--rounds", type=int, default=None, help="override rounds")
     run.add_argument("--no-progress", action="store_true", help="print round lines without a progress bar")
     run.add_argument("--nodes", type=int, default=1, help="aggregator nodes (more than 1: a cluster)")
+    run.add_argument(
+        "--catalog",
+        action="append",
+        default=[],
+        metavar="PARTY=PATH",
+        help="a party's dataset catalog, for jobs with fl_data (repeat once per party)",
+    )
     controller_commands.add_commands(commands)
     return parser
 
@@ -184,7 +191,7 @@ def _aggregator(args) -> int:
 
 
 def _cluster(args) -> int:
-    from confide.aggregator.cluster import Cluster
+    from confide.local import Cluster
 
     cluster = Cluster(args.nodes, args.certs, args.workdir, host=args.host, name=args.name)
     addresses = cluster.start()
@@ -256,11 +263,18 @@ def _run(args) -> int:
     workdir = Path(args.workdir or Path("reports") / spec.job_id)
     print(
         f"confide run: job {spec.job_id!r}, {len(spec.parties)} parties ({', '.join(spec.parties)}), "
-        f"{spec.rounds} rounds, {spec.model.algorithm}, mode {spec.protection.mode}, data {spec.data.dataset}"
+        f"{spec.rounds} rounds, {spec.model.algorithm}, mode {spec.protection.mode}, "
+        f"data {'FL_Data over the parties catalogs' if spec.fl_data is not None else spec.data.dataset}"
     )
     aggregators = f"an aggregator cluster of {args.nodes} nodes" if args.nodes > 1 else "an aggregator"
     print(f"starting {aggregators} and {len(spec.parties)} party processes on loopback (gRPC + mutual TLS)")
-    report = run_local(spec, workdir, progress=not args.no_progress, nodes=args.nodes)
+    catalogs = {}
+    for item in args.catalog:
+        party, separator, path = item.partition("=")
+        if not separator or not party or not path:
+            raise InvalidParameterError(f"--catalog takes PARTY=PATH, got {item!r}")
+        catalogs[party] = path
+    report = run_local(spec, workdir, progress=not args.no_progress, nodes=args.nodes, catalogs=catalogs)
     print_summary(report)
     return 0
 

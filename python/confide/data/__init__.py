@@ -12,6 +12,7 @@ from confide.data.datasets import (
     breast_cancer_federation,
     digits_federation,
     synthetic_lr,
+    synthetic_tensors,
 )
 from confide.data.fldata import FLData, FLDataConflictError, Participant, Provisioned, Step, is_empty_diff
 
@@ -29,4 +30,5 @@ __all__ = [
     "digits_federation",
     "is_empty_diff",
     "synthetic_lr",
+    "synthetic_tensors",
 ]

@@ -24,10 +24,27 @@ Sources
 ``synthetic``
     The dense training rows of :func:`~confide.data.synthetic_lr` for party ``shard`` of
     ``of``, as float columns ``x0`` .. ``x{d-1}`` and the int column ``label``.
+``digits``
+    scikit-learn's digits images dealt as :func:`~confide.data.digits_federation` deals them to
+    party ``shard`` of ``of``: 64 pixel columns ``p0`` .. ``p63`` (row-major, in [0, 1]) and the int
+    column ``digit``. A network restores the image with a ``Reshape`` layer to ``[8, 8, 1]``.
 ``csv``
-    A comma separated file with a header row. A column whose non-empty cells all parse as
-    numbers becomes float (an empty cell is NaN); any other column is str (an empty cell is
-    missing, ``None``).
+    A comma separated file with a header row, read by pyarrow. A numeric column becomes float
+    (an empty cell is NaN); any other column is str (an empty cell is missing, ``None``).
+``parquet``
+    A Parquet file or a directory of partitioned Parquet files, read by pyarrow; numeric
+    columns become float, string columns str.
+``npz``
+    A numpy archive with arrays ``x`` (n, ...) and ``y`` (n,): ``x`` flattened into float
+    columns ``x0`` .. (C order), ``y`` as the int column ``label``.
+``images``
+    A folder with one sub-folder per class (the class is the index of its name in sorted
+    order); every image file is read with Pillow, converted to ``mode`` (``L`` or ``RGB``),
+    resized to ``size: [height, width]`` (default [32, 32]) and scaled to [0, 1], giving pixel
+    columns ``p0`` .. (row, column, channel order) and the int column ``label``.
+
+Image datasets are tables of pixel columns, so FL_Data provisions them like any table (lineage,
+grants, schema checks at submit) and a Keras network reshapes the row back into an image.
 """
 
 from __future__ import annotations
@@ -48,6 +65,8 @@ from confide.errors import InvalidParameterError
 
 __all__ = ["Catalog", "Table"]
 
+#: Where a dataset's rows may come from.
+SOURCES = ("breast_cancer", "digits", "synthetic", "csv", "parquet", "npz", "images")
 _DATASET_NAME = re.compile(r"^[a-z0-9_-]{1,64}$")
 _MAX_COLUMN_NAME = 256
 _MAX_SYNTHETIC_FEATURES = 10_000
@@ -217,10 +236,10 @@ def _parse_entry(name: str, entry: Any, base_dir: Path) -> dict[str, Any]:
     if not isinstance(entry, Mapping):
         raise InvalidParameterError(f"{where} must be a mapping, got {type(entry).__name__}")
     if "source" not in entry:
-        raise InvalidParameterError(f"{where}.source is required (breast_cancer, synthetic or csv)")
+        raise InvalidParameterError(f"{where}.source is required ({', '.join(SOURCES)})")
     source = entry["source"]
     spec: dict[str, Any] = {"source": source, "description": _str(f"{where}.description", entry.get("description", ""))}
-    if source == "breast_cancer":
+    if source in ("breast_cancer", "digits"):
         _keys(where, entry, ("shard", "of"), (*_COMMON, "split", "skew", "test_fraction", "seed"))
         spec["of"] = check_int(f"{where}.of", entry["of"], 2, 50)
         spec["shard"] = check_int(f"{where}.shard", entry["shard"], 0, spec["of"] - 1)
@@ -253,17 +272,25 @@ def _parse_entry(name: str, entry: Any, base_dir: Path) -> dict[str, Any]:
         spec["beta"] = _real(f"{where}.beta", entry.get("beta", 1.0), 0.0, 1e6)
         spec["seed"] = check_int(f"{where}.seed", entry.get("seed", 0), 0)
         spec["test_fraction"] = _real(f"{where}.test_fraction", entry.get("test_fraction", 0.1), 0.0, 0.5)
+    elif source in ("parquet", "npz", "images"):
+        optional = {"parquet": (), "npz": (), "images": ("size", "mode")}[source]
+        _keys(where, entry, ("path",), (*_COMMON, *optional))
+        spec["path"] = _path(where, entry["path"], base_dir, directory=source in ("parquet", "images"))
+        if source == "images":
+            size = entry.get("size", [32, 32])
+            if not (
+                isinstance(size, list | tuple)
+                and len(size) == 2
+                and all(isinstance(d, int) and not isinstance(d, bool) and 1 <= d <= 4096 for d in size)
+            ):
+                raise InvalidParameterError(f"{where}.size must be [height, width] in 1..4096, got {size!r}")
+            mode = entry.get("mode", "L")
+            if mode not in ("L", "RGB"):
+                raise InvalidParameterError(f"{where}.mode must be 'L' (grey) or 'RGB', got {mode!r}")
+            spec["size"], spec["mode"] = tuple(size), mode
     elif source == "csv":
         _keys(where, entry, ("path",), (*_COMMON, "delimiter"))
-        raw_path = entry["path"]
-        if not isinstance(raw_path, str) or not raw_path:
-            raise InvalidParameterError(f"{where}.path must be a non-empty str, got {raw_path!r}")
-        path = Path(raw_path)
-        if not path.is_absolute():
-            path = base_dir / path
-        if not path.is_file():
-            raise InvalidParameterError(f"{where}.path: no such file {str(path)!r}")
-        spec["path"] = path
+        spec["path"] = _path(where, entry["path"], base_dir)
         delimiter = entry.get("delimiter", ",")
         if not isinstance(delimiter, str) or len(delimiter) != 1 or delimiter in '\r\n"':
             raise InvalidParameterError(
@@ -271,8 +298,19 @@ def _parse_entry(name: str, entry: Any, base_dir: Path) -> dict[str, Any]:
             )
         spec["delimiter"] = delimiter
     else:
-        raise InvalidParameterError(f"{where}.source must be 'breast_cancer', 'synthetic' or 'csv', got {source!r}")
+        raise InvalidParameterError(f"{where}.source must be one of {', '.join(SOURCES)}, got {source!r}")
     return spec
+
+
+def _path(where: str, raw: Any, base_dir: Path, *, directory: bool = False) -> Path:
+    if not isinstance(raw, str) or not raw:
+        raise InvalidParameterError(f"{where}.path must be a non-empty str, got {raw!r}")
+    path = Path(raw)
+    if not path.is_absolute():
+        path = base_dir / path
+    if not (path.is_file() or (directory and path.is_dir())):
+        raise InvalidParameterError(f"{where}.path: no such file {str(path)!r}")
+    return path
 
 
 def _load_breast_cancer(name: str, spec: Mapping[str, Any]) -> Table:
@@ -311,25 +349,42 @@ def _load_synthetic(spec: Mapping[str, Any]) -> Table:
     return Table(columns)
 
 
-def _is_number(cell: str) -> bool:
-    try:
-        float(cell)
-    except ValueError:
-        return False
-    return True
+def _from_arrow(where: str, table: Any) -> Table:
+    """A :class:`Table` from a pyarrow table: numeric columns float64 (null -> NaN), others str."""
+    import pyarrow as pa
+
+    columns: dict[str, Any] = {}
+    for name, column in zip(table.column_names, table.columns, strict=True):
+        kind = column.type
+        numeric = (pa.types.is_integer, pa.types.is_floating, pa.types.is_null, pa.types.is_boolean)
+        if any(test(kind) for test in numeric):
+            values = column.cast(pa.float64()).to_numpy(zero_copy_only=False)
+            columns[name] = np.where(np.isnan(values), np.nan, values) if values.size else values.astype(np.float64)
+        elif pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_dictionary(kind):
+            cells = column.cast(pa.string()).to_pylist() if not pa.types.is_dictionary(kind) else column.to_pylist()
+            col = np.empty(len(cells), dtype=object)
+            col[:] = [None if c is None or not str(c).strip() else str(c).strip() for c in cells]
+            columns[name] = col
+        else:
+            raise InvalidParameterError(f"{where}: column {name!r} has type {kind}, not a number or a string")
+    return Table(columns)
 
 
 def _load_csv(name: str, spec: Mapping[str, Any]) -> Table:
+    """Read with pyarrow: a header row, then cells; numbers become float, empty cells missing."""
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
     path: Path = spec["path"]
     where = f"datasets.{name} ({path.name})"
     try:
         with path.open(newline="", encoding="utf-8") as f:
-            lines = list(csv.reader(f, delimiter=spec["delimiter"]))
+            first = next(csv.reader(f, delimiter=spec["delimiter"]), None)
     except (OSError, UnicodeDecodeError, csv.Error) as e:
         raise InvalidParameterError(f"{where}: cannot read the file: {e}") from None
-    if not lines:
+    if not first:
         raise InvalidParameterError(f"{where}: the file is empty, a header row is required")
-    header = [h.strip() for h in lines[0]]
+    header = [h.strip() for h in first]
     seen: set[str] = set()
     for h in header:
         if not 1 <= len(h) <= _MAX_COLUMN_NAME:
@@ -337,21 +392,119 @@ def _load_csv(name: str, spec: Mapping[str, Any]) -> Table:
         if h in seen:
             raise InvalidParameterError(f"{where}: duplicate column {h!r} in the header")
         seen.add(h)
-    body = [row for row in lines[1:] if row]
-    for i, row in enumerate(body):
-        if len(row) != len(header):
+    bad: list[Any] = []
+
+    def invalid(row: Any) -> str:
+        bad.append(row)
+        return "error"
+
+    try:
+        table = pacsv.read_csv(
+            path,
+            read_options=pacsv.ReadOptions(column_names=header, skip_rows=1),
+            parse_options=pacsv.ParseOptions(delimiter=spec["delimiter"], invalid_row_handler=invalid),
+            convert_options=pacsv.ConvertOptions(strings_can_be_null=True, null_values=[""]),
+        )
+    except (pa.ArrowInvalid, OSError) as e:
+        if bad:
+            row = bad[0]
             raise InvalidParameterError(
-                f"{where}: a data row has {len(row)} cells, the header has {len(header)} (data row {i + 1})"
-            )
-    columns: dict[str, Any] = {}
-    for j, h in enumerate(header):
-        cells = [row[j].strip() for row in body]
-        if all(c == "" or _is_number(c) for c in cells):
-            columns[h] = np.array([float(c) if c != "" else np.nan for c in cells], dtype=np.float64)
-        else:
-            col = np.empty(len(cells), dtype=object)
-            col[:] = [c if c != "" else None for c in cells]
-            columns[h] = col
+                f"{where}: a data row has {row.actual_columns} cells, the header has {row.expected_columns}"
+                f"{_row_number(path, spec['delimiter'], len(header))}"
+            ) from None
+        raise InvalidParameterError(f"{where}: cannot read the file: {e}") from None
+    return _from_arrow(where, table)
+
+
+def _row_number(path: Path, delimiter: str, width: int) -> str:
+    """`` (data row i)`` of the first row whose cell count differs (error path only)."""
+    with path.open(newline="", encoding="utf-8") as f:
+        rows = [row for row in csv.reader(f, delimiter=delimiter) if row][1:]
+    for i, row in enumerate(rows):
+        if len(row) != width:
+            return f" (data row {i + 1})"
+    return ""
+
+
+def _load_parquet(name: str, spec: Mapping[str, Any]) -> Table:
+    """A Parquet file (or a directory of partitioned files) through pyarrow, read where it lives."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    where = f"datasets.{name} ({spec['path'].name})"
+    try:
+        table = pq.read_table(spec["path"])
+    except (pa.ArrowException, OSError) as e:
+        raise InvalidParameterError(f"{where}: cannot read the Parquet data: {e}") from None
+    return _from_arrow(where, table)
+
+
+def _tensor_columns(X: np.ndarray, y: np.ndarray, prefix: str) -> Table:
+    flat = np.asarray(X, dtype=np.float64).reshape(len(X), -1)
+    columns: dict[str, Any] = {f"{prefix}{j}": flat[:, j] for j in range(flat.shape[1])}
+    columns["label"] = np.asarray(y, dtype=np.int64)
+    return Table(columns)
+
+
+def _load_npz(name: str, spec: Mapping[str, Any]) -> Table:
+    """Arrays ``x`` (n, ...) and ``y`` (n,) of an ``.npz``: ``x`` flattened into ``x0..``, ``y`` as ``label``."""
+    where = f"datasets.{name} ({spec['path'].name})"
+    try:
+        with np.load(spec["path"], allow_pickle=False) as npz:
+            if "x" not in npz.files or "y" not in npz.files:
+                raise InvalidParameterError(f"{where}: needs arrays 'x' and 'y', has {sorted(npz.files)}")
+            X, y = npz["x"], npz["y"]
+    except (OSError, ValueError) as e:
+        raise InvalidParameterError(f"{where}: cannot read the archive: {e}") from None
+    if X.ndim < 2 or y.shape != (len(X),) or X.dtype.kind not in "biuf" or y.dtype.kind not in "biu":
+        raise InvalidParameterError(
+            f"{where}: x must be numeric (n, ...) and y integer (n,), got x {X.shape} {X.dtype}, y {y.shape} {y.dtype}"
+        )
+    return _tensor_columns(X, y, "x")
+
+
+def _load_images(name: str, spec: Mapping[str, Any]) -> Table:
+    """A folder with one sub-folder per class of images (PNG, JPEG, ...), read with Pillow.
+
+    Classes are the sub-folder names in sorted order (``label`` is the index); every image is
+    converted to ``mode`` (L: grey, RGB) and resized to ``size`` (height, width); pixels scaled to
+    [0, 1] become columns ``p0..`` in (row, column, channel) order.
+    """
+    from PIL import Image, UnidentifiedImageError
+
+    root: Path = spec["path"]
+    where = f"datasets.{name} ({root.name})"
+    classes = sorted(p.name for p in root.iterdir() if p.is_dir())
+    if not classes:
+        raise InvalidParameterError(f"{where}: needs one sub-folder per class, found none")
+    height, width = spec["size"]
+    images, labels = [], []
+    for label, folder in enumerate(classes):
+        for file in sorted((root / folder).iterdir()):
+            if not file.is_file() or file.name.startswith("."):
+                continue
+            try:
+                with Image.open(file) as image:
+                    pixels = np.asarray(image.convert(spec["mode"]).resize((width, height)), dtype=np.float64)
+            except (UnidentifiedImageError, OSError) as e:
+                raise InvalidParameterError(f"{where}: {folder}/{file.name} is not a readable image: {e}") from None
+            images.append(pixels / 255.0)
+            labels.append(label)
+    if not images:
+        raise InvalidParameterError(f"{where}: the class folders hold no images")
+    return _tensor_columns(np.stack(images), np.array(labels), "p")
+
+
+def _load_digits(spec: Mapping[str, Any]) -> Table:
+    from confide.data.datasets import digits_federation
+
+    fed = digits_federation(
+        spec["of"], split=spec["split"], skew=spec["skew"], test_fraction=spec["test_fraction"], seed=spec["seed"]
+    )
+    X, y = fed.parts[spec["shard"]]
+    table = _tensor_columns(X, y, "p")
+    columns = table.columns
+    columns["digit"] = columns.pop("label")
     return Table(columns)
 
 
@@ -439,12 +592,16 @@ class Catalog:
         table = self._tables.get(name)
         if table is None:
             spec = self._specs[name]
-            if spec["source"] == "breast_cancer":
-                table = _load_breast_cancer(name, spec)
-            elif spec["source"] == "synthetic":
-                table = _load_synthetic(spec)
-            else:
-                table = _load_csv(name, spec)
+            loaders = {
+                "breast_cancer": lambda: _load_breast_cancer(name, spec),
+                "digits": lambda: _load_digits(spec),
+                "synthetic": lambda: _load_synthetic(spec),
+                "csv": lambda: _load_csv(name, spec),
+                "parquet": lambda: _load_parquet(name, spec),
+                "npz": lambda: _load_npz(name, spec),
+                "images": lambda: _load_images(name, spec),
+            }
+            table = loaders[spec["source"]]()
             self._tables[name] = table
         return table
 

@@ -13,6 +13,11 @@ r"""Federated data sets for tests, examples and benchmarks (no downloads).
     training images dealt IID or label-skewed (a class's images go to its "home" party
     ``c mod parties`` with probability ``skew``, else to any party). The neural-network demo.
 
+:func:`synthetic_tensors`
+    One party's shard of random tensors of a given example shape, for measuring networks at
+    their real sizes (benchmarks): images ``N(0, 1)`` with uniform labels, or token sequences
+    (integers in ``[0, classes)``) whose label at each position is the next token.
+
 :func:`synthetic_lr`
     One party's shard of a synthetic, heterogeneous binary classification task. It follows
     algorithms §7.1, the "Synthetic(alpha, beta)" generator of FedProx (Li et al., 2020), for
@@ -65,6 +70,7 @@ __all__ = [
     "breast_cancer_federation",
     "digits_federation",
     "synthetic_lr",
+    "synthetic_tensors",
 ]
 
 #: Minimum rows of each class every party gets with ``split="label_skew"``.
@@ -367,6 +373,46 @@ def digits_federation(
         description=description,
         part_rows=list(shares),
     )
+
+
+def synthetic_tensors(
+    party: int,
+    parties: int,
+    *,
+    samples: int,
+    example_shape: tuple[int, ...],
+    classes: int,
+    sequence: bool = False,
+    test_fraction: float = 0.1,
+    seed: int = 0,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Party ``party``'s ``samples`` random examples (and a test split), drawn from ``[seed, party]``.
+
+    Images (``sequence=False``): float32 ``N(0, 1)`` of ``(samples, *example_shape)``, int64 labels
+    uniform in ``[0, classes)``. Sequences (``sequence=True``, ``example_shape = (length,)``): int32
+    tokens uniform in ``[0, classes)``; the label of position ``t`` is the token at ``t + 1`` (the
+    last position's is a fresh draw), shape ``(samples, length)``. Nothing here is learnable; it
+    gives networks inputs of the right shapes and cost.
+    """
+    party = _check_int("party", party, 0, parties - 1)
+    samples = _check_int("samples", samples, 2, 10_000_000)
+    classes = _check_int("classes", classes, 2, 1_000_000)
+    if not example_shape or math.prod(example_shape) * samples > _MAX_DENSE_ENTRIES:
+        raise InvalidParameterError(
+            f"example_shape {list(example_shape)} x samples {samples} must be non-empty and at most "
+            f"{_MAX_DENSE_ENTRIES:,} values"
+        )
+    rng = np.random.default_rng([seed, party])
+    total = samples + max(1, round(samples * test_fraction))
+    if sequence:
+        if len(example_shape) != 1:
+            raise InvalidParameterError(f"sequences take example_shape [length], got {list(example_shape)}")
+        tokens = rng.integers(0, classes, size=(total, example_shape[0] + 1)).astype(np.int32)
+        X, y = tokens[:, :-1], tokens[:, 1:].astype(np.int64)
+    else:
+        X = rng.standard_normal((total, *example_shape), dtype=np.float32)
+        y = rng.integers(0, classes, size=total).astype(np.int64)
+    return X[:samples], y[:samples], X[samples:], y[samples:]
 
 
 # ---------------------------------------------------------------------- synthetic

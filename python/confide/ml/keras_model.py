@@ -206,6 +206,8 @@ class KerasModel:
         X, y = np.asarray(X), np.asarray(y)
         loss = model.evaluate(X, y, batch_size=max(self.batch_size, 256), verbose=0, return_dict=True)["loss"]
         out = {"loss": float(loss)}
+        if not {"accuracy", "auc"} & set(metrics):
+            return out
         scores = np.asarray(model.predict(X, batch_size=max(self.batch_size, 256), verbose=0))
         if "accuracy" in metrics and len(y):
             predicted = (scores[:, 0] > 0.5).astype(np.int64) if self._binary else np.argmax(scores, axis=1)

@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from confide import checkpoints as ckpt
-from confide.data import breast_cancer_federation, digits_federation, synthetic_lr
+from confide.data import breast_cancer_federation, digits_federation, synthetic_lr, synthetic_tensors
 from confide.errors import (
     ConfideError,
     InvalidParameterError,
@@ -49,6 +49,7 @@ from confide.errors import (
     TransportUnavailableError,
 )
 from confide.ml import FitConfig, WeightLayout, build_model
+from confide.party.hooks import load_hooks
 from confide.protect import RoundContext, make_protection
 from confide.reports import ModelSummary, PartyReport, RoundReport
 from confide.spec import JobSpec
@@ -61,18 +62,17 @@ __all__ = ["PartyExchange", "load_party_data", "run_party"]
 
 log = logging.getLogger("confide.party")
 MAX_WEIGHTS_IN_REPORT = 10_000
-#: Fault injection (tests only): the party process exits abruptly once it has opened this round.
-_FAULT_EXIT_ROUND = int(os.environ["CONFIDE_FAULT_EXIT_ROUND"]) if os.environ.get("CONFIDE_FAULT_EXIT_ROUND") else None
-#: Fault injection (tests only): pause after every round, so a test can kill processes mid-job.
-_FAULT_ROUND_DELAY_S = float(os.environ.get("CONFIDE_FAULT_ROUND_DELAY_S") or 0)
+#: Observers of this process (CONFIDE_PARTY_HOOKS; confide.party.hooks).
+HOOKS = load_hooks()
 
 
 @dataclass
 class PartyData:
     """One party's rows (and a test split when the data set gives one).
 
-    ``classes``: labels of the *job* (2 for binary, 0 for regression), which every party's model
-    is built for even where its own rows lack a class.
+    ``classes``: labels of the *job* (2 for binary, 10 for digits), which every party's model is
+    built for even where its own rows lack a class; 0 where the data cannot say (FL_Data with
+    more than two label values: the model's own output decides).
     """
 
     X: object
@@ -94,7 +94,13 @@ def load_party_data(spec: JobSpec, party_id: str, catalog=None) -> PartyData:
             raise JobFailedError(f"the job provisions data as FL_Data but party {party_id!r} has no dataset catalog")
         fl_data = spec.fl_data_object()
         provisioned = fl_data.provision(party_id, catalog.table(fl_data.datasets()[party_id]))
-        return PartyData(provisioned.X, provisioned.y, provisioned.X_test, provisioned.y_test)
+        labels = np.concatenate(
+            [np.ravel(provisioned.y), np.ravel(provisioned.y_test if provisioned.y_test is not None else [])]
+        )
+        # Binary labels are binary everywhere; more classes are the network's to declare (a party
+        # may lack the highest class), so 0: "as the model says".
+        classes = 2 if np.isin(labels, (0, 1)).all() else 0
+        return PartyData(provisioned.X, provisioned.y, provisioned.X_test, provisioned.y_test, classes=classes)
     index = spec.parties.index(party_id)
     data = spec.data
     if data.dataset in ("breast_cancer", "digits"):
@@ -106,6 +112,18 @@ def load_party_data(spec: JobSpec, party_id: str, catalog=None) -> PartyData:
         # Every party evaluates the global model on the federation's held-out rows (no party trains on them).
         X_test, y_test = federation.test
         return PartyData(X, y, X_test, y_test, classes=10 if data.dataset == "digits" else 2)
+    if data.dataset == "tensors":
+        X, y, X_test, y_test = synthetic_tensors(
+            index,
+            len(spec.parties),
+            samples=data.samples,
+            example_shape=tuple(data.example_shape),
+            classes=data.classes,
+            sequence=data.sequence,
+            test_fraction=data.test_fraction,
+            seed=data.seed,
+        )
+        return PartyData(X, y, X_test, y_test, classes=data.classes)
     X, y, X_test, y_test = synthetic_lr(
         index,
         len(spec.parties),
@@ -165,10 +183,7 @@ class RoundUpload:
             self._thread.join()
 
     def _requests(self):
-        if _FAULT_EXIT_ROUND is not None and self._header.round == _FAULT_EXIT_ROUND:
-            # Fault injection for tests: die mid-round, after the header went out.
-            time.sleep(0.5)
-            os._exit(17)
+        HOOKS.round_opened(self._header.round)
         self._ready.wait()
         if self._cancelled.is_set():
             return
@@ -432,8 +447,7 @@ def run_party(
             _write_report(report_path, report)
             if on_round is not None:
                 on_round(entry.model_dump(mode="json", exclude_none=True))
-            if _FAULT_ROUND_DELAY_S:
-                time.sleep(_FAULT_ROUND_DELAY_S)
+            HOOKS.round_done(round_number)
         report.status = "completed"
         report.protection = protection.report()
         final = layout.flatten(model.get_weights())
@@ -532,13 +546,17 @@ def _train_and_aggregate(training: _Training, participants: list[str], round_num
     if not np.isfinite(new_global).all():
         raise JobFailedError(f"round {round_number}: the aggregated model is not finite (a participant diverged)")
     model.set_weights(layout.unflatten(new_global))
+    iteration_seconds = time.perf_counter() - round_started
+    started = time.perf_counter()
+    train_loss = model.evaluate(data.X, data.y, ["loss"])["loss"]
     entry: dict = {
         "round": round_number,
         "attempts": attempt + 1,
         "participants": list(participants),
         "seconds": time.perf_counter() - round_started,
         **{k: round(v, 6) for k, v in timings.items()},
-        "train_loss": model.evaluate(data.X, data.y, ["loss"])["loss"],
+        "iteration_s": round(iteration_seconds, 6),
+        "train_loss": train_loss,
         "local_examples": fitted.num_examples,
         "local_metrics": fitted.metrics,
         "bytes_sent": client.bytes_sent.get(round_number, 0),
@@ -553,6 +571,7 @@ def _train_and_aggregate(training: _Training, participants: list[str], round_num
                 entry[f"test_{name}"] = float(value)
     if new_global.size <= MAX_WEIGHTS_IN_REPORT:
         entry["weights"] = new_global.tolist()
+    entry["eval_s"] = round(time.perf_counter() - started, 6)
     return RoundReport(**entry)
 
 

@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from confide._checks import require
 from confide.errors import EncodingError, ProtocolError
 from confide.protect.base import SETUP_ROUND, Protection, RoundContext
 from confide.protect.keys import GroupCipher, PeerKeys, decode_fields, encode_fields, prg_words, round_key
@@ -89,11 +90,11 @@ class _Masking(Protection):
         context.stats["clipped"] = int(np.count_nonzero(np.abs(vector) > self._fixed.bound))
 
     def _encode_words(self, values: np.ndarray) -> np.ndarray:
-        assert self._fixed is not None, "begin_round first"
+        require(self._fixed, "begin_round first")
         return self._fixed.encode(values)
 
     def _decode_words(self, words: np.ndarray) -> np.ndarray:
-        assert self._fixed is not None, "begin_round first"
+        require(self._fixed, "begin_round first")
         return self._fixed.decode(words)
 
 
@@ -160,12 +161,12 @@ class GroupShared:
 
     def share(self, round_number, tag, payload, peers) -> None:
         """One upload under the group key."""
-        assert self._group is not None, "setup first"
+        require(self._group, "setup first")
         self.exchange.send(round_number, tag, self._group.seal(tag, self.exchange.party_id, payload), list(peers))
 
     def collect(self, round_number, tag, peer, timeout=None) -> bytes:
         """Open a group message from ``peer``."""
-        assert self._group is not None, "setup first"
+        require(self._group, "setup first")
         return self._group.open(tag, peer, self.exchange.recv(round_number, tag, peer, timeout=timeout))
 
 
@@ -201,7 +202,7 @@ class GroupMask(GroupShared, _Masking):
 
     def encode(self, context: RoundContext, index: int, values: np.ndarray) -> bytes:
         """x~ + a_i - a_{i+1} (+ R for the first participant), mod 2^32."""
-        assert self._pads is not None, "begin_round first"
+        require(self._pads, "begin_round first")
         mine, nxt, total, first = self._pads
         words = self._encode_words(values)
         np.add(words, prg_words(mine, index, words.size), out=words)
@@ -212,7 +213,7 @@ class GroupMask(GroupShared, _Masking):
 
     def finish_round(self, context: RoundContext, result: Callable[[int], pb.Slice]) -> np.ndarray:
         """Remove R from each combined slice and decode."""
-        assert self._pads is not None, "begin_round first"
+        require(self._pads, "begin_round first")
         total = self._pads[2]
         out = np.empty(context.vector_length, dtype=np.float64)
         for index in range(context.num_slices):

@@ -27,6 +27,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from confide._checks import require
 from confide.crypto import BatchCryptCodec, DecryptionKey, EncryptedVector, daciq_threshold, decrypt_packed
 from confide.crypto import encrypt_packed as _encrypt_packed
 from confide.errors import MessageTimeoutError, ProtocolError
@@ -77,7 +78,7 @@ class PaillierProtection(GroupShared, Protection):
     @property
     def encryption_key(self):
         """The shared public key."""
-        assert self._key is not None, "setup first"
+        require(self._key, "setup first")
         return self._key.encryption_key
 
     def header_key(self) -> bytes:
@@ -118,7 +119,8 @@ class PaillierProtection(GroupShared, Protection):
 
     def encode(self, context: RoundContext, index: int, values: np.ndarray) -> bytes:
         """Clip, quantize, pack and encrypt one slice (CRT encryption, all cores)."""
-        assert self._codec is not None and self._key is not None, "begin_round first"
+        require(self._codec, "begin_round first")
+        require(self._key, "begin_round first")
         start = time.perf_counter()
         if self._scale is not None:
             first, stop = context.bounds(index)
@@ -128,7 +130,7 @@ class PaillierProtection(GroupShared, Protection):
         return data
 
     def _decrypt(self, payload: bytes) -> np.ndarray:
-        assert self._key is not None
+        require(self._key, "setup first")
         start = time.perf_counter()
         vector = EncryptedVector.from_bytes(payload, self._key.encryption_key)
         values = decrypt_packed(vector, self._key).astype(np.float32)

@@ -31,6 +31,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
+from confide._checks import require
 from confide.errors import ProtocolError
 from confide.protect.base import Protection, RoundContext
 from confide.protect.keys import GroupCipher, PeerKeys
@@ -132,13 +133,13 @@ class TeeProtection(GroupShared, Protection):
 
     def encode(self, context: RoundContext, index: int, values: np.ndarray) -> bytes:
         """Seal the float32 words of slice ``index`` for the enclave."""
-        assert self._aead is not None, "setup first"
+        require(self._aead, "setup first")
         aad = slice_aad(self.exchange.job_id, context.round, context.attempt, context.position, index)
         return seal_slice(self._aead, aad, values)
 
     def finish_round(self, context: RoundContext, result: Callable[[int], pb.Slice]) -> np.ndarray:
         """Open every combined slice."""
-        assert self._aead is not None, "setup first"
+        require(self._aead, "setup first")
         out = np.empty(context.vector_length, dtype=np.float64)
         for index in range(context.num_slices):
             start, stop = context.bounds(index)

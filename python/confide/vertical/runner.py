@@ -26,6 +26,7 @@ import numpy as np
 
 from confide.data.vertical import vertical_party_data
 from confide.errors import ConfideError, JobFailedError
+from confide.party.hooks import load_hooks
 from confide.spec import JobSpec
 from confide.transport.certs import Identity
 from confide.transport.client import AggregatorClient
@@ -34,15 +35,18 @@ from confide.vertical.channel import RelayChannel
 
 __all__ = ["evaluate", "run_vertical_party", "secureboost_params"]
 
+
 #: Fault injection (tests only): the party process exits abruptly when its protocol reaches this
 #: relay round (1 = the first tree or epoch), as a crash mid-training would.
-_FAULT_EXIT_ROUND = int(os.environ["CONFIDE_FAULT_EXIT_ROUND"]) if os.environ.get("CONFIDE_FAULT_EXIT_ROUND") else None
+class _ObservedChannel(RelayChannel):
+    """The relay channel, telling the party's hooks before each wait (confide.party.hooks)."""
 
+    def __init__(self, client, *, hooks, **kwargs) -> None:
+        super().__init__(client, **kwargs)
+        self.hooks = hooks
 
-class _FaultyChannel(RelayChannel):
     def _recv_raw(self, sender: str, key: str, timeout: float) -> bytes:
-        if _FAULT_EXIT_ROUND is not None and self.round >= _FAULT_EXIT_ROUND:
-            os._exit(3)
+        self.hooks.message_waited(self.round)
         return super()._recv_raw(sender, key, timeout)
 
 
@@ -136,8 +140,7 @@ def run_vertical_party(
         reconnect_timeout_s=spec.transport.reconnect_timeout_s,
         message_timeout_s=spec.transport.message_timeout_s,
     )
-    channel_type = _FaultyChannel if _FAULT_EXIT_ROUND is not None else RelayChannel
-    channel = channel_type(client, timeout_s=spec.transport.message_timeout_s)
+    channel = _ObservedChannel(client, hooks=load_hooks(), timeout_s=spec.transport.message_timeout_s)
     started = time.perf_counter()
     try:
         data = vertical_party_data(

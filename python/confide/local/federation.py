@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -22,8 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
-from confide.aggregator.cluster import Cluster
-from confide.errors import JobFailedError
+from confide.errors import ConfideError, JobFailedError
+from confide.local.cluster import Cluster
+from confide.local.processes import Processes
 from confide.reports import JobReport, JobRound
 from confide.spec import JobSpec
 from confide.transport.certs import init_federation
@@ -44,6 +44,12 @@ class LocalFederation:
     parties: dict[str, subprocess.Popen] = field(default_factory=dict)
     aggregator_args: list[str] = field(default_factory=list)
     cluster: Cluster | None = None
+    #: Party -> its dataset catalog (YAML/JSON), for jobs that provision data as FL_Data.
+    catalogs: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.workdir = Path(self.workdir)
+        self.children = Processes(self.workdir / "logs")
 
     @property
     def target(self) -> str:
@@ -93,46 +99,34 @@ class LocalFederation:
         port_file = self.workdir / "aggregator.port"
         port_file.unlink(missing_ok=True)
         transport = self.spec.transport
-        command = [
-            sys.executable,
-            "-m",
-            "confide",
+        self.aggregator = self.children.spawn(
             "aggregator",
-            "--listen",
-            f"127.0.0.1:{port}",
-            "--certs",
-            str(self.certs),
-            "--state",
-            str(self.workdir / "aggregator-state"),
-            "--port-file",
-            str(port_file),
-            "--round-timeout",
-            str(transport.round_timeout_s),
-            "--dropout-grace",
-            str(transport.dropout_grace_s),
-            *self.aggregator_args,
-        ]
-        log = open(self.workdir / "logs" / "aggregator.log", "ab")
-        self.aggregator = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=_child_env())
-        log.close()
-        deadline = time.monotonic() + 60
-        while not port_file.exists() or not port_file.read_text().strip():
-            if self.aggregator.poll() is not None:
-                raise JobFailedError(
-                    f"the aggregator exited with {self.aggregator.returncode}: {self._tail('aggregator')}"
-                )
-            if time.monotonic() > deadline:
-                raise JobFailedError("the aggregator did not start within 60 s")
-            time.sleep(0.05)
-        self.port = int(port_file.read_text())
+            [
+                "aggregator",
+                "--listen",
+                f"127.0.0.1:{port}",
+                "--certs",
+                str(self.certs),
+                "--state",
+                str(self.workdir / "aggregator-state"),
+                "--port-file",
+                str(port_file),
+                "--round-timeout",
+                str(transport.round_timeout_s),
+                "--dropout-grace",
+                str(transport.dropout_grace_s),
+                *self.aggregator_args,
+            ],
+        )
+        try:
+            self.port = self.children.wait_port("aggregator", port_file, 60)
+        except ConfideError as error:
+            raise JobFailedError(f"the aggregator did not start: {error}") from None
         return self.port
 
     def start_party(self, party: str, env: dict[str, str] | None = None) -> subprocess.Popen:
         """Start one party process (``env`` adds environment variables, e.g. fault injection)."""
         command = [
-            sys.executable,
-            "-m",
-            "confide",
             "party",
             "--job",
             str(self.workdir / "job.json"),
@@ -145,11 +139,10 @@ class LocalFederation:
             "--workdir",
             str(self.workdir / "parties"),
         ]
-        log = open(self.workdir / "logs" / f"{party}.log", "ab")
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env={**_child_env(), **(env or {})})
-        log.close()
-        self.parties[party] = process
-        return process
+        if party in self.catalogs:
+            command += ["--datasets", str(Path(self.catalogs[party]).resolve())]
+        self.parties[party] = self.children.spawn(party, command, env)
+        return self.parties[party]
 
     def report_of(self, party: str) -> dict | None:
         """A party's latest report, if it has written one."""
@@ -161,30 +154,12 @@ class LocalFederation:
 
     def stop(self) -> None:
         """Terminate whatever still runs."""
-        for process in [*self.parties.values(), self.aggregator]:
-            if process is not None and process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-        for process in [*self.parties.values(), self.aggregator]:
-            if process is not None:
-                try:
-                    process.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
+        self.children.stop()
         if self.cluster is not None:
             self.cluster.stop()
 
     def _tail(self, name: str, lines: int = 15) -> str:
-        path = self.workdir / "logs" / f"{name}.log"
-        if not path.exists():
-            return "(no log)"
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-
-
-def _child_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    return env
+        return self.children.tail(name, lines)
 
 
 def run_local(
@@ -195,13 +170,22 @@ def run_local(
     echo=print,
     party_env: dict[str, dict[str, str]] | None = None,
     nodes: int = 1,
+    catalogs: dict[str, str] | None = None,
 ) -> dict:
     """Run ``spec`` on a local federation in ``workdir``; returns the job report.
 
     ``party_env`` adds environment variables per party (fault injection in tests); ``nodes`` > 1
-    runs an aggregator cluster of that many processes instead of one aggregator.
+    runs an aggregator cluster of that many processes instead of one aggregator. ``catalogs``
+    gives each party its dataset catalog for jobs whose ``fl_data`` names catalog datasets.
     """
-    federation = LocalFederation(spec, Path(workdir))
+    federation = LocalFederation(spec, Path(workdir), catalogs=dict(catalogs or {}))
+    if spec.fl_data is not None:
+        missing = [p for p in spec.parties if p not in federation.catalogs]
+        if missing:
+            raise JobFailedError(
+                f"the job provisions data as FL_Data; give each party its catalog (--catalog PARTY=PATH): "
+                f"missing for {missing}"
+            )
     federation.prepare()
     started = time.perf_counter()
     try:
@@ -374,14 +358,38 @@ def centralized_baseline(spec: JobSpec) -> dict:
 
     Embedded data sets only (nobody can pool a real federation's rows). The model is built by
     the same registry as the parties', trained for ``rounds x local_epochs`` epochs; for
-    ``homo_lr`` scikit-learn's LR is reported beside it.
+    ``homo_lr`` scikit-learn's LR is reported beside it. A network trains in a child process,
+    like the parties: the launcher never loads a model framework (JAX, for one, forbids forking
+    the process that loaded it).
     """
-    from confide.ml import FitConfig, build_model
-
     if spec.data.dataset not in ("breast_cancer", "digits") or spec.fl_data is not None or spec.vertical:
         return {}
     if spec.model.algorithm == "custom":
         return {}
+    if spec.model.algorithm != "homo_lr":
+        done = subprocess.run(
+            [sys.executable, "-c", "from confide.local.federation import _baseline_child; _baseline_child()"],
+            input=spec.model_dump_json(),
+            capture_output=True,
+            text=True,
+        )
+        if done.returncode != 0:
+            tail = "\n".join(done.stderr.splitlines()[-5:])
+            return {"error": f"the centralized baseline failed: {tail}"}
+        return json.loads(done.stdout.splitlines()[-1])
+    return _baseline(spec)
+
+
+def _baseline_child() -> None:
+    """Entry of the child process: the job spec on stdin, the baseline as the last line of stdout."""
+    from confide.spec import parse_job
+
+    print(json.dumps(_baseline(parse_job(json.loads(sys.stdin.read())))))
+
+
+def _baseline(spec: JobSpec) -> dict:
+    from confide.ml import FitConfig, build_model
+
     federation = _embedded(spec)
     X_test, y_test = federation.test
     X = np.concatenate([p[0] for p in federation.parts])

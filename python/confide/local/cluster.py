@@ -13,12 +13,11 @@ with a clear error (the relay lives there).
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 from confide.errors import ConfideError
+from confide.local.processes import Processes
 
 __all__ = ["Cluster"]
 
@@ -58,7 +57,7 @@ class Cluster:
         self.host = host
         self.name = name
         self.extra_args = list(extra_args or [])
-        self.processes: list[subprocess.Popen | None] = [None] * nodes
+        self.children = Processes(self.workdir / "logs")
         self.ports: list[int] = [0] * nodes
 
     @property
@@ -73,7 +72,6 @@ class Cluster:
 
     def start(self, timeout: float = 60.0) -> list[str]:
         """Start every node; returns their addresses once all listen."""
-        (self.workdir / "logs").mkdir(parents=True, exist_ok=True)
         port_files = []
         for k in range(self.nodes):
             state = self.workdir / f"node-{k}"
@@ -81,63 +79,44 @@ class Cluster:
             port_file = self.workdir / f"node-{k}.port"
             port_file.unlink(missing_ok=True)
             port_files.append(port_file)
-            command = [
-                sys.executable,
-                "-m",
-                "confide",
-                "aggregator",
-                "--listen",
-                f"{self.host}:{self.ports[k]}",
-                "--certs",
-                str(self.certs),
-                "--name",
-                self.name,
-                "--state",
-                str(state),
-                "--port-file",
-                str(port_file),
-                *self.extra_args,
-            ]
-            with open(self.workdir / "logs" / f"node-{k}.log", "ab") as log:
-                self.processes[k] = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+            self.children.spawn(
+                f"node-{k}",
+                [
+                    "aggregator",
+                    "--listen",
+                    f"{self.host}:{self.ports[k]}",
+                    "--certs",
+                    str(self.certs),
+                    "--name",
+                    self.name,
+                    "--state",
+                    str(state),
+                    "--port-file",
+                    str(port_file),
+                    *self.extra_args,
+                ],
+            )
         deadline = time.monotonic() + timeout
-        for k, port_file in enumerate(port_files):
-            while not port_file.exists() or not port_file.read_text().strip():
-                process = self.processes[k]
-                if process is not None and process.poll() is not None:
-                    self.stop()
-                    raise ConfideError(f"aggregator node {k} exited with {process.returncode} (see its log)")
-                if time.monotonic() > deadline:
-                    self.stop()
-                    raise ConfideError(f"aggregator node {k} did not start within {timeout:g} s")
-                time.sleep(0.05)
-            self.ports[k] = int(port_file.read_text())
+        try:
+            for k, port_file in enumerate(port_files):
+                self.ports[k] = self.children.wait_port(f"node-{k}", port_file, max(0.1, deadline - time.monotonic()))
+        except ConfideError as error:
+            self.stop()
+            raise ConfideError(f"aggregator {error}") from None
         return self.addresses
 
     def kill(self, node: int) -> None:
         """Kill one node at once (fault injection: no goodbye, like a crashed machine)."""
-        process = self.processes[node]
-        if process is not None:
-            process.kill()
-            process.wait()
+        self.children.kill(f"node-{node}")
 
     def alive(self) -> list[int]:
         """Nodes whose process still runs."""
-        return [k for k, p in enumerate(self.processes) if p is not None and p.poll() is None]
+        gone = self.children.exited()
+        return [k for k in range(self.nodes) if f"node-{k}" in self.children.children and f"node-{k}" not in gone]
 
     def stop(self) -> None:
         """Stop every node (SIGTERM, then SIGKILL after 5 s)."""
-        for process in self.processes:
-            if process is not None and process.poll() is None:
-                process.terminate()
-        for process in self.processes:
-            if process is None:
-                continue
-            try:
-                process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        self.children.stop(grace_s=5.0)
 
     def __enter__(self) -> Cluster:
         self.start()

@@ -8,10 +8,7 @@ the embedded breast cancer data) and starts party processes when the controller 
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +17,7 @@ import yaml
 
 from confide.controller.client import ControllerClient
 from confide.errors import ConfideError, TransportUnavailableError
+from confide.local.processes import Processes
 from confide.transport.certs import init_federation
 
 __all__ = ["LocalDeployment"]
@@ -34,13 +32,16 @@ class LocalDeployment:
     developers: list[str] = field(default_factory=lambda: ["alice", "bob"])
     database: str | None = None
     catalog: dict | None = None
+    #: Per-party catalogs (wins over ``catalog`` for the parties it names).
+    catalogs: dict[str, dict] = field(default_factory=dict)
     controller_port: int = 0
     aggregator_port: int = 0
-    processes: dict[str, subprocess.Popen] = field(default_factory=dict)
     extra_env: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.workdir = Path(self.workdir)
+        # Each child leads its own process group: killing an agent also kills its party processes.
+        self.children = Processes(self.workdir / "logs", env=self.extra_env, new_session=True)
 
     @property
     def certs(self) -> Path:
@@ -67,17 +68,21 @@ class LocalDeployment:
         for index, party in enumerate(self.parties):
             path = self.catalog_path(party)
             path.parent.mkdir(parents=True, exist_ok=True)
-            catalog = self.catalog or {
-                "datasets": {
-                    "breast-cancer": {
-                        "source": "breast_cancer",
-                        "shard": index,
-                        "of": len(self.parties),
-                        "split": "iid",
-                        "description": f"{party}'s share of the Wisconsin diagnostic breast cancer records",
+            catalog = (
+                self.catalogs.get(party)
+                or self.catalog
+                or {
+                    "datasets": {
+                        "breast-cancer": {
+                            "source": "breast_cancer",
+                            "shard": index,
+                            "of": len(self.parties),
+                            "split": "iid",
+                            "description": f"{party}'s share of the Wisconsin diagnostic breast cancer records",
+                        }
                     }
                 }
-            }
+            )
             path.write_text(yaml.safe_dump(catalog))
 
     def catalog_path(self, party: str) -> Path:
@@ -85,17 +90,8 @@ class LocalDeployment:
         return self.workdir / "parties" / party / "catalog.yaml"
 
     def _spawn(self, name: str, command: list[str]) -> subprocess.Popen:
-        log = open(self.workdir / "logs" / f"{name}.log", "ab")  # noqa: SIM115 - owned by the child
-        process = subprocess.Popen(
-            [sys.executable, "-m", "confide", *command],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, **self.extra_env},
-            start_new_session=True,
-        )
-        log.close()
-        self.processes[name] = process
-        return process
+        # A fresh process table after kill_all: names are reused by restarts.
+        return self.children.spawn(name, command)
 
     def start_controller(self) -> None:
         """Start (or restart, on the same port) the controller; waits until it answers."""
@@ -116,7 +112,7 @@ class LocalDeployment:
                 str(port_file),
             ],
         )
-        self.controller_port = int(self._wait_file(port_file, "controller", 60).strip())
+        self.controller_port = self.children.wait_port("controller", port_file, 60)
         self.wait_healthy()
 
     def wait_healthy(self, timeout_s: float = 30.0) -> None:
@@ -152,7 +148,7 @@ class LocalDeployment:
                 self.url,
             ],
         )
-        self.aggregator_port = int(self._wait_file(port_file, "aggregator", 60).strip())
+        self.aggregator_port = self.children.wait_port("aggregator", port_file, 60)
 
     def start_agent(self, party: str) -> None:
         """Start one party's agent."""
@@ -228,43 +224,14 @@ class LocalDeployment:
 
     def kill_all(self) -> None:
         """SIGKILL every process group (children of agents included)."""
-        for process in self.processes.values():
-            if process.poll() is None:
-                try:
-                    os.killpg(process.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-        for process in self.processes.values():
-            process.wait()
-        self.processes.clear()
+        self.children.kill_all()
+        self.children.children.clear()
 
     def stop(self) -> None:
         """SIGTERM everything, then SIGKILL what is left."""
-        for process in self.processes.values():
-            if process.poll() is None:
-                try:
-                    os.killpg(process.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
-        deadline = time.monotonic() + 10
-        for process in self.processes.values():
-            try:
-                process.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
+        self.children.stop(grace_s=10.0)
         self.kill_all()
 
     def _check_alive(self) -> None:
-        for name, process in self.processes.items():
-            if process.poll() is not None:
-                log = (self.workdir / "logs" / f"{name}.log").read_text(errors="replace")[-3000:]
-                raise ConfideError(f"{name} exited with code {process.returncode}:\n{log}")
-
-    def _wait_file(self, path: Path, name: str, timeout_s: float) -> str:
-        deadline = time.monotonic() + timeout_s
-        while not path.exists():
-            self._check_alive()
-            if time.monotonic() > deadline:
-                raise ConfideError(f"{name} did not start within {timeout_s:g} s")
-            time.sleep(0.05)
-        return path.read_text()
+        for name, code in self.children.exited().items():
+            raise ConfideError(f"{name} exited with code {code}:\n{self.children.tail(name, 40)}")

@@ -1,0 +1,55 @@
+"""Observers of a party's run: called at fixed points, never able to change what is computed.
+
+A deployment can point ``CONFIDE_PARTY_HOOKS`` at an object with any of the methods of
+:class:`PartyHooks` (``package.module:attribute`` or ``path/file.py:attribute``, as
+``model.entry``) to watch a party from inside its process: monitoring, tracing, or, in the test
+suite, fault injection (``tests/fixtures/faults.py`` makes a party die mid-round or pause after
+each round). Production modules hold no fault-injection code of their own.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+__all__ = ["PartyHooks", "load_hooks"]
+
+VARIABLE = "CONFIDE_PARTY_HOOKS"
+
+
+class PartyHooks:
+    """No-op observers; a hooks object may define any subset of these methods."""
+
+    def round_opened(self, round_number: int) -> None:
+        """The round's upload stream is open (its header went out)."""
+
+    def round_done(self, round_number: int) -> None:
+        """The round completed and the party's report was written."""
+
+    def message_waited(self, round_number: int) -> None:
+        """A vertical party is about to wait for a peer's message of ``round_number``."""
+
+
+class _Bound(PartyHooks):
+    def __init__(self, target: Any) -> None:
+        self.target = target
+
+    def round_opened(self, round_number: int) -> None:
+        getattr(self.target, "round_opened", lambda _: None)(round_number)
+
+    def round_done(self, round_number: int) -> None:
+        getattr(self.target, "round_done", lambda _: None)(round_number)
+
+    def message_waited(self, round_number: int) -> None:
+        getattr(self.target, "message_waited", lambda _: None)(round_number)
+
+
+def load_hooks() -> PartyHooks:
+    """The hooks ``CONFIDE_PARTY_HOOKS`` names, or no-ops."""
+    entry = os.environ.get(VARIABLE)
+    if not entry:
+        return PartyHooks()
+    from confide.ml.custom import load_entry
+
+    target = load_entry(entry, who=VARIABLE)
+    return _Bound(target() if isinstance(target, type) else target)
