@@ -231,7 +231,12 @@ def _follow(federation: LocalFederation, progress: bool, echo) -> None:
             reports = [r for r in (federation.report_of(p) for p in spec.parties) if r]
             running = [r for r in reports if r.get("status") != "failed"]
             done = [len(r["rounds"]) for r in running]
-            finished = min(done) if done else 0
+            # A live party that has not written its report yet has finished no round: wait for it,
+            # or the line would count only the parties that happened to write first.
+            silent = [
+                p for p in spec.parties if federation.report_of(p) is None and federation.parties[p].poll() is None
+            ]
+            finished = min(done) if done and not silent else 0
             _fail_fast(federation)
             while shown < finished:
                 shown += 1
@@ -443,7 +448,7 @@ def build_report(spec: JobSpec, reports: dict[str, dict], wall_seconds: float, d
         rounds=[JobRound(**r) for r in rounds],
         final_auc=rounds[-1]["auc"],
         final_accuracy=rounds[-1]["accuracy"],
-        model=first.get("model"),
+        model=_model_summary(reports),
         strategy=first.get("strategy"),
         centralized=centralized_baseline(spec),
         wall_seconds=wall_seconds,
@@ -452,6 +457,18 @@ def build_report(spec: JobSpec, reports: dict[str, dict], wall_seconds: float, d
         spec=json.loads(spec.model_dump_json()),
     )
     return report.model_dump(mode="json")
+
+
+def _model_summary(reports: dict[str, dict]) -> dict | None:
+    """The parties' model summary; with Keras backends that differ, each party's is named."""
+    models = {p: r.get("model") for p, r in reports.items() if r.get("model")}
+    if not models:
+        return None
+    summary = dict(next(iter(models.values())))
+    backends = {p: m.get("backend") for p, m in models.items()}
+    if len(set(backends.values())) > 1:
+        summary["backend"] = ", ".join(f"{p} {b}" for p, b in sorted(backends.items()))
+    return summary
 
 
 def write_report(report: dict, workdir: Path) -> dict[str, Path]:
