@@ -27,6 +27,7 @@ __all__ = [
     "PartyResult",
     "RoundReport",
     "SessionStatus",
+    "SessionSummary",
 ]
 
 
@@ -180,6 +181,16 @@ class ParticipantStatus(_Report):
     applied_seq: int
     error: str | None = None
     result: PartyResult | dict[str, Any] | None = None
+
+
+class SessionSummary(_Report):
+    """One row of ``GET /v1/sessions``."""
+
+    session: str
+    job_id: str
+    owner: str
+    state: str
+    run: int
 
 
 class SessionStatus(_Report):

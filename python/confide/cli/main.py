@@ -300,28 +300,29 @@ def print_summary(report: dict) -> None:
     if "algorithm" in report:
         _print_vertical_summary(report)
         return
-    rounds = report["rounds"]
-    print(f"\nprotection that ran: {report['mode']}  (aggregator saw: {report['aggregator_saw']})")
-    protection = report["protection"]
-    if report["mode"] == "paillier":
+    from confide.reports import JobReport
+
+    job = JobReport.model_validate(report)
+    print(f"\nprotection that ran: {job.mode}  (aggregator saw: {job.aggregator_saw})")
+    protection = job.protection
+    if job.mode == "paillier":
         print(
             f"  Paillier {protection['key_bits']}-bit, BatchCrypt {protection['quantization_bits']}-bit quantization, "
             f"{protection['clipping']} clipping (last alpha {protection['last_alpha']:.4g}); {protection['decryption']}"
         )
-    if report["mode"] == "tee":
+    if job.mode == "tee":
         enclave = protection.get("enclave", {})
         print(f"  {protection['note']}  (enclave report: mode {enclave.get('mode')!r}, {enclave.get('note', '')})")
-    model = report.get("model") or {}
-    if model:
-        backend = f", backend {model['backend']}" if model.get("backend") else ""
-        strategy = (report.get("strategy") or {}).get("name", "fedavg")
+    if job.model is not None:
+        model = job.model
+        backend = f", backend {model.backend}" if model.backend else ""
+        strategy = (job.strategy or {}).get("name", "fedavg")
         print(
-            f"model: {model['algorithm']} ({model['parameters']:,} weights in {model['tensors']} tensors, "
-            f"{model['layers']} layer{'s' if model['layers'] != 1 else ''}{backend}); strategy {strategy}"
+            f"model: {model.algorithm} ({model.parameters:,} weights in {model.tensors} tensors, "
+            f"{model.layers} layer{'s' if model.layers != 1 else ''}{backend}); strategy {strategy}"
         )
-    central = report["centralized"]
-    for metric, label in (("auc", "AUC"), ("accuracy", "accuracy")):
-        final = report.get(f"final_{metric}")
+    central = job.centralized
+    for metric, label, final in (("auc", "AUC", job.final_auc), ("accuracy", "accuracy", job.final_accuracy)):
         if final is None:
             continue
         line = f"final test {label} {final:.4f}"
@@ -333,9 +334,9 @@ def print_summary(report: dict) -> None:
         if metric == "auc" and central.get("sklearn_lr_pooled_auc") is not None:
             line += f", scikit-learn LR {central['sklearn_lr_pooled_auc']:.4f}"
         print(line)
-    mean_bytes = sum(r["bytes_sent"] for r in rounds) / len(rounds)
+    mean_bytes = sum(r.bytes_sent for r in job.rounds) / len(job.rounds)
     print(
         f"bytes sent per round (all parties): {mean_bytes / 1e3:.1f} KB mean; "
-        f"key set-up {report['setup_seconds']:.2f} s; job wall time {report['wall_seconds']:.1f} s"
+        f"key set-up {job.setup_seconds:.2f} s; job wall time {job.wall_seconds:.1f} s"
     )
-    print(f"report: {report['files']['json']}\nplot:   {report['files']['plot']}")
+    print(f"report: {job.files['json']}\nplot:   {job.files['plot']}")

@@ -35,7 +35,7 @@ from confide.errors import (
     PermissionDeniedError,
     ResourceLimitError,
 )
-from confide.reports import SessionStatus
+from confide.reports import SessionStatus, SessionSummary
 from confide.transport.certs import peer_identity
 
 __all__ = ["MAX_REQUEST_BYTES", "create_app"]
@@ -239,7 +239,7 @@ def create_app(controller: Controller, *, ca_pem: bytes, max_request_bytes: int 
         """Validate a job, check its data access, start it as a session."""
         return await call(controller.submit, who, body.spec)
 
-    @app.get("/v1/sessions", tags=["sessions"])
+    @app.get("/v1/sessions", tags=["sessions"], response_model=list[SessionSummary])
     async def sessions(who: Who) -> list[dict]:
         """The caller's sessions."""
         return await call(controller.sessions, who)

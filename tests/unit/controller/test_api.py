@@ -188,6 +188,8 @@ def test_openapi_describes_session_status_with_the_typed_report_models(clients):
     document = clients["dev"].request("GET", "/openapi.json")
     answer = document["paths"]["/v1/sessions/{token}"]["get"]["responses"]["200"]["content"]["application/json"]
     assert answer["schema"] == {"$ref": "#/components/schemas/SessionStatus"}
+    listing = document["paths"]["/v1/sessions"]["get"]["responses"]["200"]["content"]["application/json"]
+    assert listing["schema"]["items"] == {"$ref": "#/components/schemas/SessionSummary"}
     schemas = document["components"]["schemas"]
     assert {"SessionStatus", "ParticipantStatus", "PartyResult"} <= set(schemas)
     assert {"rounds", "train_loss", "test_auc", "test_accuracy", "protection", "model"} <= set(
@@ -196,6 +198,7 @@ def test_openapi_describes_session_status_with_the_typed_report_models(clients):
     token = clients["dev"].submit(job())["session"]
     status = clients["dev"].status(token)
     assert status["session"] == token and set(PARTY_NAMES) <= {p["name"] for p in status["participants"]}
+    assert any(row["session"] == token and row["state"] == status["state"] for row in clients["dev"].sessions())
 
 
 def _status_of(client, method, path, body=None):
