@@ -86,6 +86,70 @@ class TuneRequest(_Body):
     base_seq: int | None = Field(None, ge=0)
 
 
+class _Record(BaseModel):
+    # Response rows: a field the service adds without adding it here is a 500, not silent drift.
+    model_config = ConfigDict(extra="forbid")
+
+
+class PartyRecord(_Record):
+    """``GET /v1/parties``: a registered identity and its liveness."""
+
+    name: str
+    role: str
+    address: str | None = None
+    last_seen_s: float
+    online: bool
+
+
+class DatasetRecord(_Record):
+    """``GET /v1/datasets``: published metadata (never rows) and whether the caller may use it."""
+
+    owner: str
+    name: str
+    schema_: list[dict[str, Any]] = Field(alias="schema", serialization_alias="schema")
+    rows: int
+    description: str
+    source: str
+    granted: bool
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class GrantRecord(_Record):
+    """``GET /v1/grants``: who may use which dataset, and whether the grant is still active."""
+
+    dataset: str
+    developer: str
+    granted_by: str
+    granted_at: str
+    active: bool
+
+
+class AuditRecord(_Record):
+    """``GET /v1/audit``: one access decision or change."""
+
+    id: int
+    at: str
+    actor: str
+    action: str
+    target: str
+    decision: str
+    detail: dict[str, Any] | None = None
+
+
+class LogEntryRecord(_Record):
+    """``GET /v1/sessions/{token}/log``: one committed entry of a session's log."""
+
+    seq: int
+    kind: str
+    actor: str
+    at: str
+    note: str | None = None
+    deltas: dict[str, Any] | None = None
+    checkpoint: dict[str, Any] | None = None
+    config_digests: dict[str, str]
+
+
 class SyncRequest(_Body):
     """An agent's heartbeat with its per-session reports."""
 
@@ -204,12 +268,12 @@ def create_app(controller: Controller, *, ca_pem: bytes, max_request_bytes: int 
             cert_sha256=request.state.cert_sha256,
         )
 
-    @app.get("/v1/parties", tags=["parties"])
+    @app.get("/v1/parties", tags=["parties"], response_model=list[PartyRecord], response_model_by_alias=True)
     async def parties(who: Who) -> list[dict]:
         """Registered parties, aggregators and developers, with liveness."""
         return await call(controller.parties, who)
 
-    @app.get("/v1/datasets", tags=["data"])
+    @app.get("/v1/datasets", tags=["data"], response_model=list[DatasetRecord], response_model_by_alias=True)
     async def datasets(who: Who) -> list[dict]:
         """Published dataset metadata and whether the caller may use each."""
         return await call(controller.datasets, who)
@@ -224,12 +288,12 @@ def create_app(controller: Controller, *, ca_pem: bytes, max_request_bytes: int 
         """The owner revokes a grant."""
         return await call(controller.revoke, who, dataset=dataset, developer=developer)
 
-    @app.get("/v1/grants", tags=["data"])
+    @app.get("/v1/grants", tags=["data"], response_model=list[GrantRecord])
     async def grants(who: Who) -> list[dict]:
         """Grants given (party), received (developer) or all (admin)."""
         return await call(controller.grants, who)
 
-    @app.get("/v1/audit", tags=["data"])
+    @app.get("/v1/audit", tags=["data"], response_model=list[AuditRecord])
     async def audit(who: Who, after: int = 0, limit: int = 200) -> list[dict]:
         """Access decisions and changes, oldest first."""
         return await call(controller.audit, who, after=after, limit=limit)
@@ -249,7 +313,7 @@ def create_app(controller: Controller, *, ca_pem: bytes, max_request_bytes: int 
         """A session's state, run, progress and last checkpoint."""
         return await call(controller.status, who, token)
 
-    @app.get("/v1/sessions/{token}/log", tags=["sessions"])
+    @app.get("/v1/sessions/{token}/log", tags=["sessions"], response_model=list[LogEntryRecord])
     async def session_log(token: str, who: Who) -> list[dict]:
         """The committed log with deltas and checkpoint roots."""
         return await call(controller.log, who, token)

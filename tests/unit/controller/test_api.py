@@ -188,8 +188,17 @@ def test_openapi_describes_session_status_with_the_typed_report_models(clients):
     document = clients["dev"].request("GET", "/openapi.json")
     answer = document["paths"]["/v1/sessions/{token}"]["get"]["responses"]["200"]["content"]["application/json"]
     assert answer["schema"] == {"$ref": "#/components/schemas/SessionStatus"}
-    listing = document["paths"]["/v1/sessions"]["get"]["responses"]["200"]["content"]["application/json"]
-    assert listing["schema"]["items"] == {"$ref": "#/components/schemas/SessionSummary"}
+    for path, record in (
+        ("/v1/sessions", "SessionSummary"),
+        ("/v1/parties", "PartyRecord"),
+        ("/v1/datasets", "DatasetRecord"),
+        ("/v1/grants", "GrantRecord"),
+        ("/v1/audit", "AuditRecord"),
+        ("/v1/sessions/{token}/log", "LogEntryRecord"),
+    ):
+        listing = document["paths"][path]["get"]["responses"]["200"]["content"]["application/json"]
+        assert listing["schema"]["items"] == {"$ref": f"#/components/schemas/{record}"}, path
+    assert "schema" in document["components"]["schemas"]["DatasetRecord"]["properties"]
     schemas = document["components"]["schemas"]
     assert {"SessionStatus", "ParticipantStatus", "PartyResult"} <= set(schemas)
     assert {"rounds", "train_loss", "test_auc", "test_accuracy", "protection", "model"} <= set(
@@ -199,6 +208,8 @@ def test_openapi_describes_session_status_with_the_typed_report_models(clients):
     status = clients["dev"].status(token)
     assert status["session"] == token and set(PARTY_NAMES) <= {p["name"] for p in status["participants"]}
     assert any(row["session"] == token and row["state"] == status["state"] for row in clients["dev"].sessions())
+    assert all({"owner", "name", "schema", "rows", "granted"} <= set(d) for d in clients["dev"].datasets())
+    assert [e["kind"] for e in clients["dev"].log(token)] == ["submit"]
 
 
 def _status_of(client, method, path, body=None):
