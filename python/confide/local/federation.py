@@ -228,16 +228,14 @@ def _follow(federation: LocalFederation, progress: bool, echo) -> None:
     try:
         while True:
             alive = [p for p in federation.parties.values() if p.poll() is None]
-            reports = [r for r in (federation.report_of(p) for p in spec.parties) if r]
-            running = [r for r in reports if r.get("status") != "failed"]
+            by_party = {p: federation.report_of(p) for p in spec.parties}  # read once per tick
+            running = [r for r in by_party.values() if r and r.get("status") != "failed"]
             done = [len(r["rounds"]) for r in running]
             # A live party that has not written its report yet has finished no round: wait for it,
             # or the line would count only the parties that happened to write first.
-            silent = [
-                p for p in spec.parties if federation.report_of(p) is None and federation.parties[p].poll() is None
-            ]
+            silent = [p for p, r in by_party.items() if r is None and federation.parties[p].poll() is None]
             finished = min(done) if done and not silent else 0
-            _fail_fast(federation)
+            _fail_fast(federation, by_party)
             while shown < finished:
                 shown += 1
                 line = _round_line(spec, shown, running)
@@ -250,7 +248,7 @@ def _follow(federation: LocalFederation, progress: bool, echo) -> None:
         bar.close()
 
 
-def _fail_fast(federation: LocalFederation) -> None:
+def _fail_fast(federation: LocalFederation, reports: dict[str, dict | None]) -> None:
     """A party that failed before its first round (bad model, missing framework) fails the job now.
 
     Its peers would otherwise wait out the set-up timeout for it; a party that fails later is a
@@ -259,7 +257,7 @@ def _fail_fast(federation: LocalFederation) -> None:
     for name, process in federation.parties.items():
         if process.poll() in (None, 0):
             continue
-        report = federation.report_of(name) or {}
+        report = reports.get(name) or {}
         if not report.get("rounds"):
             reason = report.get("error") or federation._tail(name)
             raise JobFailedError(f"job failed before round 1:\n  {name}: {reason}")

@@ -50,6 +50,7 @@ import numpy as np
 
 from confide._checks import check_int as _check_int
 from confide.errors import InvalidParameterError
+from confide.ml.base import FitResult, classification_metrics
 
 __all__ = ["HomoLR", "HomoLRModel", "build"]
 
@@ -549,8 +550,6 @@ class HomoLRModel:
 
     def fit(self, X: Any, y: np.ndarray, config: Any) -> Any:
         """``local_epochs`` of SGD from the current weights, batch order drawn from ``config.seed``."""
-        from confide.ml.base import FitResult
-
         self.estimator.reseed(list(config.seed))
         proximal = None
         if config.proximal_mu > 0 and config.global_weights is not None:
@@ -561,8 +560,6 @@ class HomoLRModel:
 
     def evaluate(self, X: Any, y: np.ndarray, metrics: list[str]) -> dict[str, float]:
         """Log loss, accuracy at 0.5 and AUC."""
-        from confide.ml.base import classification_metrics
-
         return classification_metrics(
             self.estimator.decision_function(X), np.asarray(y), metrics, self.estimator.loss(X, y)
         )
