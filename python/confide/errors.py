@@ -11,7 +11,10 @@ __all__ = [
     "ConflictError",
     "CryptoError",
     "DataAccessDeniedError",
+    "DataProblemError",
+    "DataAccessRevokedError",
     "EncodingError",
+    "MissingFileError",
     "InvalidCiphertextError",
     "InvalidKeyError",
     "InvalidParameterError",
@@ -40,6 +43,24 @@ class CryptoError(ConfideError):
 
 class InvalidParameterError(ConfideError, ValueError):
     """A parameter is outside its allowed range; the message names it and the limit."""
+
+
+class DataProblemError(InvalidParameterError):
+    """A party's rows do not fit the job's FL_Data pipeline or model.
+
+    Carries what a failure report may say across sites: the step, the columns and the next step
+    to take (``hint``). The message names columns and counts, never a cell's value.
+    """
+
+    def __init__(self, message: str, *, step: str | None = None, columns=(), hint: str | None = None) -> None:
+        super().__init__(message)
+        self.step = step
+        self.columns = list(columns)
+        self.hint = hint
+
+
+class MissingFileError(ConfideError, FileNotFoundError):
+    """A file Confide needs (a certificate, a key, a catalog) is not there; the message names it."""
 
 
 class EncodingError(ConfideError, ValueError):
@@ -117,3 +138,7 @@ class ConflictError(ConfideError):
 
 class DataAccessDeniedError(PermissionDeniedError):
     """A job uses a dataset that its developer has no grant for; the message names both."""
+
+
+class DataAccessRevokedError(DataAccessDeniedError):
+    """The data owner revoked (or let expire) the grant a running session used; the party stopped."""

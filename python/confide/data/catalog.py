@@ -49,6 +49,7 @@ grants, schema checks at submit) and a Keras network reshapes the row back into 
 
 from __future__ import annotations
 
+import codecs
 import csv
 import json
 import math
@@ -63,8 +64,17 @@ import numpy as np
 from confide._checks import check_int
 from confide.errors import InvalidParameterError
 
-__all__ = ["Catalog", "Table"]
+__all__ = ["Catalog", "Table", "column_profiles"]
 
+#: Cells read as missing in a CSV unless the catalog entry lists its own ``missing`` markers.
+MISSING_MARKERS = ("", "NA", "N/A", "n/a", "NaN", "nan", "NULL", "null", "None")
+#: Delimiters a CSV's dialect is detected among (``delimiter: auto``, the default).
+DELIMITERS = (",", ";", "\t", "|")
+#: A str column's categories are published only when it has at most this many distinct values,
+#: each in at least MIN_CATEGORY_ROWS rows (rarer values stay at the party: an encoding treats
+#: them as unknown).
+MAX_PUBLISHED_CATEGORIES = 64
+MIN_CATEGORY_ROWS = 5
 #: Where a dataset's rows may come from.
 SOURCES = ("breast_cancer", "digits", "synthetic", "csv", "parquet", "npz", "images")
 _DATASET_NAME = re.compile(r"^[a-z0-9_-]{1,64}$")
@@ -289,14 +299,26 @@ def _parse_entry(name: str, entry: Any, base_dir: Path) -> dict[str, Any]:
                 raise InvalidParameterError(f"{where}.mode must be 'L' (grey) or 'RGB', got {mode!r}")
             spec["size"], spec["mode"] = tuple(size), mode
     elif source == "csv":
-        _keys(where, entry, ("path",), (*_COMMON, "delimiter"))
+        _keys(where, entry, ("path",), (*_COMMON, "delimiter", "missing", "encoding"))
         spec["path"] = _path(where, entry["path"], base_dir)
-        delimiter = entry.get("delimiter", ",")
-        if not isinstance(delimiter, str) or len(delimiter) != 1 or delimiter in '\r\n"':
+        delimiter = entry.get("delimiter", "auto")
+        if delimiter != "auto" and (not isinstance(delimiter, str) or len(delimiter) != 1 or delimiter in '\r\n"'):
             raise InvalidParameterError(
-                f"{where}.delimiter must be one character (not a quote or newline), got {delimiter!r}"
+                f"{where}.delimiter must be 'auto' or one character (not a quote or newline), got {delimiter!r}"
             )
         spec["delimiter"] = delimiter
+        missing = entry.get("missing", list(MISSING_MARKERS))
+        if isinstance(missing, str) or not isinstance(missing, list | tuple) or len(missing) > 64:
+            raise InvalidParameterError(f"{where}.missing must be a list of at most 64 strings, got {missing!r}")
+        if not all(isinstance(m, str) and len(m) <= 64 for m in missing):
+            raise InvalidParameterError(f"{where}.missing: every marker must be a string of at most 64 characters")
+        spec["missing"] = list(missing)
+        encoding = entry.get("encoding", "utf-8")
+        try:
+            codecs.lookup(encoding)
+        except (LookupError, TypeError):
+            raise InvalidParameterError(f"{where}.encoding: unknown text encoding {encoding!r}") from None
+        spec["encoding"] = encoding
     else:
         raise InvalidParameterError(f"{where}.source must be one of {', '.join(SOURCES)}, got {source!r}")
     return spec
@@ -370,25 +392,66 @@ def _from_arrow(where: str, table: Any) -> Table:
     return Table(columns)
 
 
+def _sniff_delimiter(where: str, path: Path, encoding: str) -> str:
+    """The delimiter of the header line among DELIMITERS, or an error naming the catalog key."""
+    try:
+        with path.open(newline="", encoding=encoding) as f:
+            sample = f.read(65536)
+    except (OSError, UnicodeDecodeError) as e:
+        raise InvalidParameterError(f"{where}: cannot read the file ({type(e).__name__}); check encoding") from None
+    header = sample.splitlines()[0] if sample.splitlines() else ""
+    try:
+        return csv.Sniffer().sniff(sample, delimiters="".join(DELIMITERS)).delimiter
+    except csv.Error:
+        pass
+    counts = {d: header.count(d) for d in DELIMITERS}
+    best = max(counts, key=counts.get)
+    if counts[best] == 0:
+        return ","  # one column
+    if sorted(counts.values())[-2] == counts[best]:
+        raise InvalidParameterError(
+            f"{where}: cannot tell the delimiter (the header has as many of {sorted(d for d in counts if counts[d])}); "
+            "set 'delimiter' in the catalog entry"
+        )
+    return best
+
+
 def _load_csv(name: str, spec: Mapping[str, Any]) -> Table:
-    """Read with pyarrow: a header row, then cells; numbers become float, empty cells missing."""
+    """Read with pyarrow: a header row, then cells; numbers become float, missing markers missing.
+
+    Error messages name the file, the row number and the column, never a cell's value (they may
+    travel to the developer in a failure report).
+    """
     import pyarrow as pa
     import pyarrow.csv as pacsv
 
     path: Path = spec["path"]
     where = f"datasets.{name} ({path.name})"
+    encoding = spec.get("encoding", "utf-8")
+    delimiter = spec["delimiter"]
+    if delimiter == "auto":
+        delimiter = _sniff_delimiter(where, path, encoding)
     try:
-        with path.open(newline="", encoding="utf-8") as f:
-            first = next(csv.reader(f, delimiter=spec["delimiter"]), None)
+        with path.open(newline="", encoding=encoding) as f:
+            first = next(csv.reader(f, delimiter=delimiter), None)
     except (OSError, UnicodeDecodeError, csv.Error) as e:
-        raise InvalidParameterError(f"{where}: cannot read the file: {e}") from None
+        raise InvalidParameterError(f"{where}: cannot read the file ({type(e).__name__}); check encoding") from None
     if not first:
         raise InvalidParameterError(f"{where}: the file is empty, a header row is required")
-    header = [h.strip() for h in first]
+    header = [h.strip().lstrip("\ufeff") for h in first]
+    if len(header) == 1:
+        other = [d for d in DELIMITERS if d != delimiter and d in header[0]]
+        if other:
+            raise InvalidParameterError(
+                f"{where}: the header is one column containing {other[0]!r}; the file looks {other[0]!r}-separated, "
+                f"not {delimiter!r}: set 'delimiter: \"{other[0]}\"' (or 'auto') in the catalog entry"
+            )
     seen: set[str] = set()
-    for h in header:
+    for number, h in enumerate(header):
         if not 1 <= len(h) <= _MAX_COLUMN_NAME:
-            raise InvalidParameterError(f"{where}: header names must be 1..{_MAX_COLUMN_NAME} characters, got {h!r}")
+            raise InvalidParameterError(
+                f"{where}: header names must be 1..{_MAX_COLUMN_NAME} characters (column {number + 1} is not)"
+            )
         if h in seen:
             raise InvalidParameterError(f"{where}: duplicate column {h!r} in the header")
         seen.add(h)
@@ -398,27 +461,29 @@ def _load_csv(name: str, spec: Mapping[str, Any]) -> Table:
         bad.append(row)
         return "error"
 
+    markers = list(spec.get("missing", MISSING_MARKERS))
     try:
         table = pacsv.read_csv(
             path,
-            read_options=pacsv.ReadOptions(column_names=header, skip_rows=1),
-            parse_options=pacsv.ParseOptions(delimiter=spec["delimiter"], invalid_row_handler=invalid),
-            convert_options=pacsv.ConvertOptions(strings_can_be_null=True, null_values=[""]),
+            read_options=pacsv.ReadOptions(column_names=header, skip_rows=1, encoding=encoding),
+            parse_options=pacsv.ParseOptions(delimiter=delimiter, invalid_row_handler=invalid),
+            convert_options=pacsv.ConvertOptions(strings_can_be_null=True, null_values=markers),
         )
-    except (pa.ArrowInvalid, OSError) as e:
+    except (pa.ArrowInvalid, OSError, UnicodeDecodeError) as e:
         if bad:
             row = bad[0]
             raise InvalidParameterError(
                 f"{where}: a data row has {row.actual_columns} cells, the header has {row.expected_columns}"
-                f"{_row_number(path, spec['delimiter'], len(header))}"
+                f"{_row_number(path, delimiter, len(header), encoding)}"
             ) from None
-        raise InvalidParameterError(f"{where}: cannot read the file: {e}") from None
+        # pyarrow's message may quote a row: say only what kind of problem it is.
+        raise InvalidParameterError(f"{where}: cannot read the file ({type(e).__name__})") from None
     return _from_arrow(where, table)
 
 
-def _row_number(path: Path, delimiter: str, width: int) -> str:
+def _row_number(path: Path, delimiter: str, width: int, encoding: str = "utf-8") -> str:
     """`` (data row i)`` of the first row whose cell count differs (error path only)."""
-    with path.open(newline="", encoding="utf-8") as f:
+    with path.open(newline="", encoding=encoding) as f:
         rows = [row for row in csv.reader(f, delimiter=delimiter) if row][1:]
     for i, row in enumerate(rows):
         if len(row) != width:
@@ -608,7 +673,8 @@ class Catalog:
     def metadata(self) -> list[dict[str, Any]]:
         """What may leave the party: ``[{"name", "schema", "rows", "description", "source"}, ...]``.
 
-        Sorted by name. Contains no cell values and no file paths.
+        Sorted by name. ``schema`` is :func:`column_profiles`: names, dtypes, whether a column has
+        missing cells, and the categories of low-cardinality text columns. No row, no file path.
         """
         out = []
         for name in self.names:
@@ -617,10 +683,38 @@ class Catalog:
             out.append(
                 {
                     "name": name,
-                    "schema": table.schema(),
+                    "schema": column_profiles(table),
                     "rows": table.rows,
                     "description": spec["description"],
                     "source": spec["source"],
                 }
             )
         return out
+
+
+def column_profiles(table: Table) -> list[dict[str, Any]]:
+    """What a party publishes about each column of ``table``.
+
+    Per column: ``name``, ``dtype``, ``missing`` (has missing cells) and, for a str column with at
+    most MAX_PUBLISHED_CATEGORIES distinct values, ``categories``: the values found in at least
+    MIN_CATEGORY_ROWS rows, sorted (what lets parties agree on an encoding without exchanging rows).
+    """
+    out = []
+    for column in table.schema():
+        values = table.column(column["name"])
+        if column["dtype"] == "float":
+            missing = bool(np.isnan(values).any())
+        else:
+            missing = column["dtype"] == "str" and any(v is None for v in values)
+        profile: dict[str, Any] = {**column, "missing": missing}
+        if column["dtype"] == "str":
+            present = [v for v in values if v is not None]
+            names, counts = (
+                np.unique(np.array(present, dtype=object).astype(str), return_counts=True) if present else ([], [])
+            )
+            if len(names) <= MAX_PUBLISHED_CATEGORIES:
+                profile["categories"] = sorted(
+                    str(n) for n, k in zip(names, counts, strict=True) if k >= MIN_CATEGORY_ROWS and len(str(n)) <= 128
+                )
+        out.append(profile)
+    return out

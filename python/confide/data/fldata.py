@@ -29,7 +29,7 @@ import numpy as np
 
 from confide._checks import check_int
 from confide.data.catalog import Table, check_dataset_name
-from confide.errors import InvalidParameterError
+from confide.errors import DataProblemError, InvalidParameterError
 
 __all__ = [
     "FLData",
@@ -38,11 +38,15 @@ __all__ = [
     "Provisioned",
     "Step",
     "is_empty_diff",
+    "transform",
 ]
 
 FORMAT = "confide.fldata"
 FORMAT_VERSION = 1
-OPS = ("filter", "select", "drop", "impute", "scale", "clip", "log1p")
+OPS = ("filter", "select", "drop", "impute", "scale", "clip", "log1p", "encode")
+ENCODINGS = ("onehot", "ordinal")
+#: At most this many categories per encoded column.
+MAX_CATEGORIES = 1_000
 COMPARISONS = ("<", "<=", ">", ">=", "==", "!=")
 
 _PARTY_NAME = re.compile(r"^[a-z0-9-]{1,64}$")
@@ -52,6 +56,8 @@ _MAX_COLUMNS = 10_000
 _MAX_PARTIES = 10_000
 _MAX_STEPS = 1_000
 _MAX_TEST_FRACTION = 0.9
+#: A hidden column carrying each row's number in the table through the steps.
+ROW = "__row__"
 
 
 class FLDataConflictError(InvalidParameterError):
@@ -278,6 +284,34 @@ def _step_params(where: str, op: str, params: Any) -> dict[str, Any]:
         if high is not None:
             out["high"] = high
         return out
+    if op == "encode":
+        p = _keys(where, params, ("columns",), ("method", "categories"))
+        out = {"columns": _columns(f"{where}.columns", p["columns"]), "method": p.get("method", "onehot")}
+        if out["method"] not in ENCODINGS:
+            raise InvalidParameterError(f"{where}.method must be onehot or ordinal, got {out['method']!r}")
+        categories = p.get("categories")
+        if categories is not None:
+            if not isinstance(categories, Mapping):
+                raise InvalidParameterError(f"{where}.categories must map each column to its list of categories")
+            checked = {}
+            for col, values in categories.items():
+                col = _column(f"{where}.categories key", col)
+                if col not in out["columns"]:
+                    raise InvalidParameterError(f"{where}.categories names column {col!r}, not in {where}.columns")
+                cw = f"{where}.categories[{col!r}]"
+                if (
+                    isinstance(values, str)
+                    or not isinstance(values, Sequence)
+                    or not 1 <= len(values) <= MAX_CATEGORIES
+                ):
+                    raise InvalidParameterError(f"{cw} must list 1..{MAX_CATEGORIES} categories")
+                if not all(isinstance(v, str) and 1 <= len(v) <= 128 for v in values):
+                    raise InvalidParameterError(f"{cw}: every category must be a string of 1..128 characters")
+                if len(set(values)) != len(values):
+                    raise InvalidParameterError(f"{cw} lists a category more than once")
+                checked[col] = list(values)
+            out["categories"] = checked
+        return out
     raise InvalidParameterError(f"{where}.op must be one of {', '.join(OPS)}, got {op!r}")
 
 
@@ -289,7 +323,7 @@ class Step:
     name : str
         Unique within the pipeline, 1..64 characters of ``[A-Za-z0-9_.-]``.
     op : str
-        One of ``filter``, ``select``, ``drop``, ``impute``, ``scale``, ``clip``, ``log1p``.
+        One of ``filter``, ``select``, ``drop``, ``impute``, ``scale``, ``clip``, ``log1p``, ``encode``.
     params : mapping
         The op's parameters (see ``docs/fldata.md``); validated and stored canonically
         (numbers as float). :attr:`params` returns a fresh copy.
@@ -697,6 +731,10 @@ class Provisioned:
         The local held-out rows; None when the participant's ``test_fraction`` is 0.
     feature_names : list of str
         Column names of ``X``, in order.
+    fitted : list of dict
+        Per pipeline step, the statistics this party fitted on its rows (imputation values,
+        scaling parameters, encodings): with them :func:`transform` prepares new records exactly
+        as training did. They stay at the party (they describe its rows).
     """
 
     X: np.ndarray
@@ -704,6 +742,8 @@ class Provisioned:
     X_test: np.ndarray | None
     y_test: np.ndarray | None
     feature_names: list[str]
+    fitted: list[dict] | None = None
+    test_rows: np.ndarray | None = None
 
 
 def _kind(arr: np.ndarray) -> str:
@@ -721,23 +761,47 @@ def _missing(arr: np.ndarray) -> np.ndarray:
 class _StepError:
     def __init__(self, party: str, step: Step) -> None:
         self.where = f"party {party!r}, step {step.name!r} ({step.op})"
+        self.step = step.name
 
-    def __call__(self, msg: str) -> InvalidParameterError:
-        return InvalidParameterError(f"{self.where}: {msg}")
+    def __call__(self, msg: str, column: str | None = None, hint: str | None = None) -> DataProblemError:
+        return DataProblemError(f"{self.where}: {msg}", step=self.step, columns=[column] if column else [], hint=hint)
 
 
 def _need(err: _StepError, cols: dict[str, np.ndarray], names: Sequence[str], numeric: bool) -> None:
     for c in names:
         if c not in cols:
-            raise err(f"column {c!r} is not in the table; columns: {list(cols)}")
+            shown = [n for n in cols if n != ROW]
+            raise err(
+                f"column {c!r} is not in the table; columns: {shown[:50]}",
+                c,
+                "check the column name in the job's FL_Data against the dataset's published schema",
+            )
         if numeric and _kind(cols[c]) == "str":
-            raise err(f"column {c!r} is str, a numeric column is required")
+            raise err(
+                f"column {c!r} is text, a numeric column is required",
+                c,
+                "add an encode step before this one, or drop it",
+            )
 
 
-def _run_step(party: str, step: Step, cols: dict[str, np.ndarray], label: str) -> dict[str, np.ndarray]:
+def _run_step(
+    party: str,
+    step: Step,
+    cols: dict[str, np.ndarray],
+    label: str,
+    fitted: dict | None = None,
+    record: dict | None = None,
+) -> dict[str, np.ndarray]:
+    """Run one step on the columns.
+
+    Statistics come from ``fitted`` when given (new records), else from these rows, and are
+    written to ``record`` (training). Error messages name columns, never values.
+    """
     err = _StepError(party, step)
     p = step._params
     op = step.op
+    if op == "encode":
+        return _encode(err, p, cols, label, fitted, record)
     if op == "filter":
         c = p["column"]
         _need(err, cols, [c], numeric=False)
@@ -773,13 +837,14 @@ def _run_step(party: str, step: Step, cols: dict[str, np.ndarray], label: str) -
         _need(err, cols, p["columns"], numeric=False)
         keep = [c for c in p["columns"] if c != label]
         out = {c: cols[c] for c in keep}
-        if label in cols:
-            out[label] = cols[label]
+        for kept in (label, ROW):  # the label, and the row numbers
+            if kept in cols:
+                out[kept] = cols[kept]
         return out
     if op == "drop":
         _need(err, cols, p["columns"], numeric=False)
         return {k: v for k, v in cols.items() if k not in p["columns"]}
-    features = [c for c in cols if c != label]
+    features = [c for c in cols if c != label and c != ROW]
     if op in ("impute", "scale"):
         names = p.get("columns") or [c for c in features if _kind(cols[c]) != "str"]
     else:
@@ -791,18 +856,25 @@ def _run_step(party: str, step: Step, cols: dict[str, np.ndarray], label: str) -
             if c not in names:  # the default columns: the label, or a str column
                 raise err(f"bounds column {c!r} is not a numeric feature")
     out = dict(cols)
+    if fitted is not None and op in ("impute", "scale"):
+        names = [c for c in fitted.get("columns", {}) if c in cols] if "columns" not in p else names
+    stats = {}
     for c in names:
         x = cols[c].astype(np.float64)
         nan = np.isnan(x)
+        known = (fitted or {}).get("columns", {}).get(c)
         if op == "impute":
-            if not nan.any():
-                continue
             if p["strategy"] == "constant":
                 fill = p["value"]
-            elif nan.all():
+            elif known is not None:
+                fill = known["fill"]
+            elif fitted is not None or (nan.all() and nan.any()):
                 raise err(f"column {c!r} has no values to compute the {p['strategy']} from")
+            elif not nan.any():
+                fill = float(np.mean(x) if p["strategy"] == "mean" else np.median(x))
             else:
                 fill = float(np.mean(x[~nan]) if p["strategy"] == "mean" else np.median(x[~nan]))
+            stats[c] = {"fill": fill}
             x = np.where(nan, fill, x)
         elif op == "scale":
             bounds = p.get("bounds", {})
@@ -810,14 +882,18 @@ def _run_step(party: str, step: Step, cols: dict[str, np.ndarray], label: str) -
                 lo, hi = bounds[c]
                 x = (x - lo) / (hi - lo)
             else:
-                if nan.all():
+                if known is None and (fitted is not None or nan.all()):
                     raise err(f"column {c!r} has no values to compute scaling statistics from")
                 present = x[~nan]
                 if p["method"] == "minmax":
-                    lo, hi = float(present.min()), float(present.max())
+                    lo, hi = (known["low"], known["high"]) if known else (float(present.min()), float(present.max()))
+                    stats[c] = {"low": lo, "high": hi}
                     x = (x - lo) / (hi - lo) if hi > lo else x - lo
                 else:
-                    mean, std = float(present.mean()), float(present.std())
+                    mean, std = (
+                        (known["mean"], known["std"]) if known else (float(present.mean()), float(present.std()))
+                    )
+                    stats[c] = {"mean": mean, "std": std}
                     x = (x - mean) / std if std > 0 else x - mean
         elif op == "clip":
             x = np.clip(x, p.get("low", -np.inf), p.get("high", np.inf))
@@ -826,7 +902,75 @@ def _run_step(party: str, step: Step, cols: dict[str, np.ndarray], label: str) -
                 raise err(f"column {c!r} has values <= -1, log1p is undefined there")
             x = np.log1p(x)
         out[c] = x
+    if record is not None:
+        record["columns"] = stats
     return out
+
+
+def _encode(err: _StepError, p: dict, cols: dict, label: str, fitted: dict | None, record: dict | None) -> dict:
+    """One-hot (``c=category`` columns, in category order, in place of ``c``) or ordinal (index)."""
+    categories = dict(p.get("categories") or {})
+    if fitted is not None:
+        categories.update(fitted.get("categories", {}))
+    out: dict[str, np.ndarray] = {}
+    for c in p["columns"]:
+        if c not in cols:
+            raise err(f"column {c!r} is not in the table; columns: {list(cols)}")
+        if c == label:
+            raise err(f"column {c!r} is the label; encode features only")
+        if c not in categories:
+            raise err(
+                f"the categories of column {c!r} are not agreed: list them in params.categories, or submit "
+                "through the controller, which agrees them from the parties' published schemas"
+            )
+    for name, arr in cols.items():
+        if name not in p["columns"]:
+            out[name] = arr
+            continue
+        cats = categories[name]
+        text = np.array([None if v is None else str(v) for v in arr], dtype=object) if _kind(arr) == "str" else None
+        if text is None:
+            # A numeric code column (e.g. a stage 1..4): compare its canonical text.
+            x = arr.astype(np.float64)
+            text = np.array(
+                [None if np.isnan(v) else (str(int(v)) if v == int(v) else repr(v)) for v in x], dtype=object
+            )
+        if p["method"] == "onehot":
+            for cat in cats:
+                out[f"{name}={cat}"] = np.array([v == cat for v in text], dtype=np.float64)
+        else:
+            index = {cat: float(i) for i, cat in enumerate(cats)}
+            out[name] = np.array([index.get(v, np.nan) if v is not None else np.nan for v in text], dtype=np.float64)
+    if record is not None:
+        record["categories"] = {c: list(categories[c]) for c in p["columns"]}
+    return out
+
+
+def transform(pipeline: Sequence[Step], label: str, fitted: Sequence[dict], table: Table, features: Sequence[str]):
+    """New records prepared exactly as training prepared the party's rows: ``(X, kept_rows)``.
+
+    ``fitted``: :attr:`Provisioned.fitted` of the training run (imputation values, scaling,
+    encodings). Filters still drop rows (``kept_rows`` gives the original row numbers that
+    remain); the label column may be absent. Raises InvalidParameterError naming the step and
+    the column when the records do not fit.
+    """
+    if len(fitted) != len(pipeline):
+        raise InvalidParameterError(f"fitted statistics for {len(fitted)} steps, the pipeline has {len(pipeline)}")
+    cols = dict(table.columns)
+    cols[ROW] = np.arange(table.rows, dtype=np.int64)
+    for step, stats in zip(pipeline, fitted, strict=True):
+        cols = _run_step("(new records)", step, cols, label, fitted=stats)
+    missing = [c for c in features if c not in cols]
+    if missing:
+        raise InvalidParameterError(f"the records lack the model's feature columns {missing[:10]}")
+    for c in features:
+        if _kind(cols[c]) == "str":
+            raise InvalidParameterError(f"feature column {c!r} is str after the pipeline; the model needs numbers")
+        gaps = int(_missing(cols[c]).sum())
+        if gaps:
+            raise InvalidParameterError(f"feature column {c!r} has {gaps} missing values after the pipeline")
+    X = np.column_stack([cols[c].astype(np.float64) for c in features]) if features else np.empty((0, 0))
+    return X, cols[ROW].astype(np.int64)
 
 
 # ---------------------------------------------------------------------- FLData
@@ -1145,37 +1289,49 @@ class FLData:
         if n == 0:
             raise InvalidParameterError(f"{where}: dataset {p.dataset!r} has no rows")
         cols = table.columns
+        cols[ROW] = np.arange(n, dtype=np.int64)
         if p.fraction < 1.0:
             k = max(1, round(p.fraction * n))
             rows = np.sort(rng.choice(n, size=k, replace=False))
             cols = {c: v[rows] for c, v in cols.items()}
+        fitted: list[dict] = []
         for step in self._state.pipeline:
-            cols = _run_step(party, step, cols, self.label)
+            fitted.append({})
+            cols = _run_step(party, step, cols, self.label, record=fitted[-1])
         last = f"after the pipeline (last step {self.pipeline[-1].name!r})" if self.pipeline else "(empty pipeline)"
         label = self.label
+        row_numbers = cols.pop(ROW)
         if label not in cols:
-            raise InvalidParameterError(
-                f"{where}, {last}: label column {label!r} is not in the table; columns: {list(cols)}"
+            raise DataProblemError(
+                f"{where}, {last}: label column {label!r} is not in the table; columns: {list(cols)[:50]}",
+                columns=[label],
+                hint="check fl_data.label against the dataset's published schema",
             )
         features = [c for c in cols if c != label]
         if not features:
-            raise InvalidParameterError(f"{where}, {last}: no feature columns are left")
+            raise DataProblemError(f"{where}, {last}: no feature columns are left", hint="select fewer columns away")
         for c in [*features, label]:
             what = "label" if c == label else "feature"
             if _kind(cols[c]) == "str":
-                raise InvalidParameterError(
-                    f"{where}, {last}: {what} column {c!r} is str; drop it or select numeric columns"
+                raise DataProblemError(
+                    f"{where}, {last}: {what} column {c!r} is text",
+                    columns=[c],
+                    hint="the label must be a number" if c == label else "add an encode step for it, or drop it",
                 )
             nan = int(_missing(cols[c]).sum())
             if nan:
-                raise InvalidParameterError(
-                    f"{where}, {last}: {what} column {c!r} has {nan} missing values; add an impute or filter step"
+                raise DataProblemError(
+                    f"{where}, {last}: {what} column {c!r} has {nan} missing values",
+                    columns=[c],
+                    hint="add a filter step {op: notnull} on it"
+                    if c == label
+                    else "add an impute step (or a notnull filter)",
                 )
         X = np.column_stack([cols[c].astype(np.float64) for c in features])
         y = cols[label].astype(np.float64)
         n = X.shape[0]
         if p.test_fraction == 0.0:
-            return Provisioned(X, y, None, None, features)
+            return Provisioned(X, y, None, None, features, fitted, row_numbers[:0])
         n_test = max(1, round(p.test_fraction * n))
         if n_test >= n:
             raise InvalidParameterError(
@@ -1183,7 +1339,7 @@ class FLData:
             )
         is_test = np.zeros(n, dtype=bool)
         is_test[rng.permutation(n)[:n_test]] = True
-        return Provisioned(X[~is_test], y[~is_test], X[is_test], y[is_test], features)
+        return Provisioned(X[~is_test], y[~is_test], X[is_test], y[is_test], features, fitted, row_numbers[is_test])
 
     # -------------------------------------------------- dunder
 

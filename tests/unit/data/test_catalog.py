@@ -161,7 +161,10 @@ def test_load_json_and_all_sources(tmp_path):
     assert meta[0]["description"] == "bc shard" and meta[0]["rows"] == cat.table("breast-cancer").rows
     assert meta[2] == {
         "name": "visits",
-        "schema": [{"name": "x", "dtype": "float"}, {"name": "label", "dtype": "float"}],
+        "schema": [
+            {"name": "x", "dtype": "float", "missing": False},
+            {"name": "label", "dtype": "float", "missing": False},
+        ],
         "rows": 2,
         "description": "",
         "source": "csv",

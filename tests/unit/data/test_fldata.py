@@ -775,7 +775,7 @@ def test_provision_no_test_split_when_zero():
         ),
         ([step("s", "select", columns=["zz"])], r"step 's' \(select\): column 'zz' is not in the table"),
         ([step("d", "drop", columns=["zz"])], r"step 'd' \(drop\): column 'zz'"),
-        ([step("i", "impute", columns=["city"], strategy="mean")], r"step 'i' \(impute\): column 'city' is str"),
+        ([step("i", "impute", columns=["city"], strategy="mean")], r"step 'i' \(impute\): column 'city' is text"),
         (
             [step("s", "scale", method="standard", columns=["zz"])],
             r"step 's' \(scale\): column 'zz' is not in the table",
@@ -784,7 +784,7 @@ def test_provision_no_test_split_when_zero():
             [step("s", "scale", method="minmax", bounds={"y": [0, 1]})],
             r"step 's' \(scale\): bounds column 'y' is not a numeric feature",
         ),
-        ([step("c", "clip", columns=["city"], low=0)], r"step 'c' \(clip\): column 'city' is str"),
+        ([step("c", "clip", columns=["city"], low=0)], r"step 'c' \(clip\): column 'city' is text"),
         (
             [
                 step("l", "log1p", columns=["bmi"]),
@@ -797,7 +797,10 @@ def test_provision_no_test_split_when_zero():
             [step("d", "drop", columns=["city"])],
             r"party 'hospital-a', after the pipeline \(last step 'd'\): feature column 'age' has 1 missing values",
         ),
-        ([step("i", "impute", strategy="mean")], r"after the pipeline \(last step 'i'\): feature column 'city' is str"),
+        (
+            [step("i", "impute", strategy="mean")],
+            r"after the pipeline \(last step 'i'\): feature column 'city' is text",
+        ),
         ([], r"\(empty pipeline\): feature column 'age' has 1 missing"),
         ([step("s", "select", columns=["y"])], "no feature columns are left"),
     ],
@@ -817,7 +820,7 @@ def test_provision_other_errors():
         fl.provision("hospital-a", {"age": [1]})
     with pytest.raises(InvalidParameterError, match="label column 'y' is not in the table"):
         base().provision("hospital-a", Table({"a": [1.0]}))
-    with pytest.raises(InvalidParameterError, match="label column 'y' is str"):
+    with pytest.raises(InvalidParameterError, match="label column 'y' is text"):
         run([], table=Table({"a": [1.0], "y": ["x"]}))
     with pytest.raises(InvalidParameterError, match="label column 'y' has 1 missing"):
         run([], table=Table({"a": [1.0], "y": [np.nan]}))
