@@ -19,6 +19,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
+    "Evaluation",
+    "Failure",
     "JobReport",
     "JobRound",
     "ModelSummary",
@@ -82,16 +84,40 @@ class RoundReport(_Report):
     weights: list[float] | None = None
 
 
+class Failure(_Report):
+    """Why a party stopped, in a form that may cross sites: names and counts, never values.
+
+    ``stage``: ``data`` (the party's rows do not fit the pipeline), ``model`` (the model cannot be
+    built for them), ``access`` (the owner revoked the grant), ``round`` (a round failed),
+    ``internal`` (an unexpected error; its details stay in the party's own log).
+    """
+
+    stage: Literal["data", "model", "access", "round", "internal"]
+    error: str
+    message: str
+    dataset: str | None = None
+    step: str | None = None
+    columns: list[str] = []
+    round: int | None = None
+    hint: str | None = None
+
+    def line(self, party: str) -> str:
+        """``hospital-c: column 'sex' is text; add an encode step for it, or drop it``."""
+        text = f"{party}: {self.message}"
+        return f"{text}; {self.hint}" if self.hint else text
+
+
 class PartyReport(_Report):
     """A party's whole job, rewritten after every round (atomic replace)."""
 
     job_id: str
     party: str
-    status: Literal["starting", "running", "completed", "failed"]
+    status: Literal["starting", "running", "completed", "failed", "stopped"]
     rounds: list[RoundReport] = []
     runtime_job_id: str | None = None
     resumed_after_round: int = 0
     samples: int | None = None
+    test_samples: int | None = None
     features: int | None = None
     model: ModelSummary | None = None
     strategy: dict[str, Any] | None = None
@@ -101,6 +127,7 @@ class PartyReport(_Report):
     weights: list[float] | None = None
     error: str | None = None
     failed_round: int | None = None
+    failure: Failure | None = None
     bytes_setup: dict[str, int] | None = None
     reconnects: int = 0
 
@@ -112,6 +139,7 @@ class PartyResult(_Report):
     train_loss: float | None = None
     test_auc: float | None = None
     test_accuracy: float | None = None
+    test_samples: int | None = None
     protection: str | None = None
     model: str | None = None
 
@@ -124,6 +152,7 @@ class PartyResult(_Report):
             train_loss=last.train_loss if last else None,
             test_auc=last.test_auc if last else None,
             test_accuracy=last.test_accuracy if last else None,
+            test_samples=report.test_samples,
             protection=(report.protection or {}).get("mode"),
             model=report.model.algorithm if report.model else None,
         )
@@ -180,6 +209,7 @@ class ParticipantStatus(_Report):
     round: int
     applied_seq: int
     error: str | None = None
+    failure: Failure | None = None
     result: PartyResult | dict[str, Any] | None = None
 
 
@@ -191,6 +221,17 @@ class SessionSummary(_Report):
     owner: str
     state: str
     run: int
+
+
+class Evaluation(_Report):
+    """The final model on every party's held-out rows (federated evaluation), and aggregated.
+
+    ``aggregate`` weights each party's metric by its held-out rows. For AUC this is the weighted
+    mean of the parties' AUCs, not the AUC of the pooled scores (no party's scores leave it).
+    """
+
+    parties: dict[str, dict[str, float]]
+    aggregate: dict[str, float]
 
 
 class SessionStatus(_Report):
@@ -206,3 +247,4 @@ class SessionStatus(_Report):
     head_seq: int
     checkpoint: dict[str, Any] | None = Field(None, description="round, Merkle root and log entry of the latest")
     participants: list[ParticipantStatus]
+    evaluation: Evaluation | None = None

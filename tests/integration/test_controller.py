@@ -9,9 +9,6 @@ committed log entry.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import threading
 import time
 
@@ -21,6 +18,8 @@ import pytest
 from confide.controller.sessions import config_digest
 from confide.errors import ConflictError, TransportUnavailableError
 from confide.local import LocalDeployment
+from tests.fixtures.cli import confide_cli as cli
+from tests.fixtures.cli import wait_for
 from tests.fixtures.faults import with_faults
 
 PARTIES = ["hospital-a", "hospital-b", "hospital-c"]
@@ -45,18 +44,6 @@ def job(job_id: str, **overrides) -> dict:
     return spec
 
 
-def cli(deployment: LocalDeployment, identity: str, *args: str) -> subprocess.CompletedProcess:
-    env = {
-        **os.environ,
-        "CONFIDE_CONTROLLER": deployment.url,
-        "CONFIDE_CERTS": str(deployment.certs),
-        "CONFIDE_IDENTITY": identity,
-    }
-    return subprocess.run(
-        [sys.executable, "-m", "confide", *args], capture_output=True, text=True, env=env, timeout=300
-    )
-
-
 def final_weights(deployment: LocalDeployment, token: str, run: int) -> dict[str, np.ndarray]:
     out = {}
     for party in deployment.parties:
@@ -65,16 +52,6 @@ def final_weights(deployment: LocalDeployment, token: str, run: int) -> dict[str
         assert report["status"] == "completed", report.get("error")
         out[party] = np.asarray(report["weights"])
     return out
-
-
-def wait_for(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
 @pytest.fixture

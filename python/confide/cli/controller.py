@@ -50,7 +50,11 @@ def add_commands(commands) -> None:
 
     data = commands.add_parser("data", help="datasets published to the controller (metadata only)")
     data_commands = data.add_subparsers(dest="data_command", required=True)
-    for name, text in (("list", "published datasets"), ("parties", "registered parties and services")):
+    for name, text in (
+        ("list", "published datasets"),
+        ("parties", "registered parties and services"),
+        ("uses", "sessions using your datasets: who, when, which pipeline, approval (run as the owner)"),
+    ):
         _client_options(data_commands.add_parser(name, help=text))
     show = data_commands.add_parser("catalog", help="the metadata a catalog file would publish (offline)")
     show.add_argument("catalog", help="catalog YAML")
@@ -58,9 +62,20 @@ def add_commands(commands) -> None:
     grant = commands.add_parser("grant", help="data-access grants (run as the dataset's owner)")
     grant_commands = grant.add_subparsers(dest="grant_command", required=True)
     for name in ("add", "revoke"):
-        sub = grant_commands.add_parser(name, help=f"{name} a developer's use of one of your datasets")
+        help_text = (
+            f"{name} a developer's use of one of your datasets"
+            if name == "add"
+            else "revoke a developer's use of one of your datasets; its running sessions stop at the next round"
+        )
+        sub = grant_commands.add_parser(name, help=help_text)
         sub.add_argument("--dataset", required=True)
         sub.add_argument("--developer", required=True)
+        if name == "add":
+            sub.add_argument("--expires", default=None, help="the grant lapses then: ISO 8601 with a zone")
+            sub.add_argument("--job", default=None, help="only jobs with this job id may use the dataset")
+            sub.add_argument(
+                "--approval", action="store_true", help="every session waits for your 'confide job approve'"
+            )
         _client_options(sub)
     _client_options(grant_commands.add_parser("list", help="grants you gave or received"))
 
@@ -82,13 +97,18 @@ def add_commands(commands) -> None:
     tune.add_argument("--add-party", action="append", default=[], metavar="PARTY=DATASET")
     tune.add_argument("--base-seq", type=int, default=None, help="the log entry you tuned from (race guard)")
     _client_options(tune)
-    for name, text in (("resume", "continue from the last checkpoint"), ("cancel", "stop"), ("status", "show")):
+    for name, text in (
+        ("resume", "continue from the last checkpoint"),
+        ("cancel", "stop"),
+        ("status", "show"),
+        ("approve", "approve (as a dataset's owner) the use of your datasets by"),
+    ):
         sub = job_commands.add_parser(name, help=f"{text} a session")
         sub.add_argument("session")
         if name == "resume":
             sub.add_argument("--wait", action="store_true", help="wait until the session completes or fails")
         _client_options(sub)
-    _client_options(job_commands.add_parser("list", help="your sessions"))
+    _client_options(job_commands.add_parser("list", help="your sessions (a party: the sessions using its data)"))
 
     session = commands.add_parser("session", help="session history")
     session_commands = session.add_subparsers(dest="session_command", required=True)
@@ -188,6 +208,15 @@ def _data(args, client) -> int:
         for row in rows:
             row["columns"] = len(row["schema"])
         _print(args, rows, _table(rows, ["owner", "name", "rows", "columns", "granted", "description"]))
+    elif args.data_command == "uses":
+        rows = client.uses()
+        for row in rows:
+            row["steps"] = ", ".join(f"{s['name']}({s['op']})" for s in row["pipeline"]) or "-"
+        _print(
+            args,
+            rows,
+            _table(rows, ["session", "job_id", "dataset", "developer", "since", "state", "approval", "steps"]),
+        )
     else:
         rows = client.parties()
         _print(args, rows, _table(rows, ["name", "role", "address", "online", "last_seen_s"]))
@@ -196,14 +225,42 @@ def _data(args, client) -> int:
 
 def _grant(args, client) -> int:
     if args.grant_command == "add":
-        answer = client.grant(args.dataset, args.developer)
-        _print(args, answer, f"granted {answer['developer']} the use of {answer['dataset']}")
+        answer = client.grant(
+            args.dataset, args.developer, expires_at=args.expires, job_id=args.job, approval=args.approval
+        )
+        scope = [f"until {answer['expires_at']}" if answer["expires_at"] else ""]
+        scope += [
+            f"for job {answer['job_id']}" if answer["job_id"] else "",
+            "with approval per job" * answer["approval"],
+        ]
+        scope_text = " ".join(part for part in scope if part)
+        _print(
+            args,
+            answer,
+            f"granted {answer['developer']} the use of {answer['dataset']}" + (f" {scope_text}" if scope_text else ""),
+        )
     elif args.grant_command == "revoke":
         answer = client.revoke(args.dataset, args.developer)
-        _print(args, answer, f"revoked {answer['developer']}'s use of {answer['dataset']}")
+        stopped = answer.get("stopped") or []
+        _print(
+            args,
+            answer,
+            f"revoked {answer['developer']}'s use of {answer['dataset']}"
+            + (f"; stopped session{'s' * (len(stopped) > 1)} {', '.join(stopped)}" if stopped else ""),
+        )
     else:
         rows = client.grants()
-        _print(args, rows, _table(rows, ["dataset", "developer", "granted_by", "granted_at", "active"]))
+        for row in rows:
+            row["scope"] = " ".join(
+                part
+                for part in (
+                    f"until {row['expires_at']}" if row.get("expires_at") else "",
+                    f"job {row['job_id']}" if row.get("job_id") else "",
+                    "approval" if row.get("approval") else "",
+                )
+                if part
+            )
+        _print(args, rows, _table(rows, ["dataset", "developer", "granted_by", "granted_at", "active", "scope"]))
     return 0
 
 
@@ -243,7 +300,7 @@ def _wait_session(client, token: str, timeout_s: float = 3600.0) -> dict:
         if line != last:
             print(line, flush=True)
             last = line
-        if status["state"] not in ("running", "verifying"):
+        if status["state"] not in ("running", "verifying", "awaiting"):
             return status
         time.sleep(0.5)
     raise InvalidParameterError(f"session {token} still running after {timeout_s:g} s")
@@ -292,6 +349,15 @@ def _job(args, client) -> int:
     elif command == "cancel":
         answer = client.cancel(args.session)
         _print(args, answer, f"session {answer['session']} cancelled")
+    elif command == "approve":
+        answer = client.approve(args.session)
+        waiting = ", ".join(answer["pending"])
+        _print(
+            args,
+            answer,
+            f"session {answer['session']}: approved; {answer['state']}"
+            + (f" (still waiting for {waiting})" if waiting else ""),
+        )
     elif command == "status":
         status = client.status(args.session)
         text = [
@@ -302,15 +368,35 @@ def _job(args, client) -> int:
             if status["checkpoint"]
             else "  no checkpoint yet",
             _table(
-                [{**p, "auc": _auc(p)} for p in status["participants"]],
+                [{**p, "auc": _auc(p), "error": _short_error(p)} for p in status["participants"]],
                 ["name", "role", "status", "run", "round", "applied_seq", "auc", "error"],
             ),
         ]
+        evaluation = status.get("evaluation")
+        if evaluation:
+            aggregate = evaluation["aggregate"]
+            shown = ", ".join(
+                f"{label} {aggregate[key]:.4f}"
+                for key, label in (("test_auc", "AUC"), ("test_accuracy", "accuracy"))
+                if key in aggregate
+            )
+            text.append(
+                f"  final model on every party's held-out rows: {shown} (mean over {aggregate['parties']} parties "
+                f"weighted by their {aggregate['test_samples']} held-out rows)"
+            )
         _print(args, status, "\n".join(line for line in text if line))
     else:
         rows = client.sessions()
         _print(args, rows, _table(rows, ["session", "job_id", "owner", "state", "run"]))
     return 0
+
+
+def _short_error(participant: dict) -> str:
+    failure = participant.get("failure") or {}
+    if failure:
+        columns = f" [{', '.join(failure['columns'])}]" if failure.get("columns") else ""
+        return f"{failure['stage']}{columns}: {failure['error']}"
+    return (participant.get("error") or "")[:80]
 
 
 def _auc(participant: dict) -> str:

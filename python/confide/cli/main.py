@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
 from pathlib import Path
 
 from confide.cli import controller as controller_commands
+from confide.cli import model as model_commands
 from confide.errors import ConfideError, InvalidParameterError
 
 __all__ = ["main"]
@@ -20,16 +22,43 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress at INFO level")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    certs = commands.add_parser("certs", help="certificates of a local federation")
+    certs = commands.add_parser(
+        "certs", help="the federation's PKI: a local federation, or per-site enrollment by signing request"
+    )
     certs_commands = certs.add_subparsers(dest="certs_command", required=True)
-    init = certs_commands.add_parser("init", help="create a CA and one identity per party and service")
+    init = certs_commands.add_parser(
+        "init", help="one directory with a CA and every identity (a local federation, tests, demos)"
+    )
     init.add_argument("--dir", required=True, help="directory for ca.crt and <name>.crt/.key")
-    init.add_argument("--parties", required=True, help="comma-separated party names")
-    init.add_argument("--services", default="aggregator", help="comma-separated service names")
+    init.add_argument("--parties", default="", help="comma-separated party names")
+    init.add_argument("--services", default="controller,aggregator", help="comma-separated service names")
     init.add_argument("--admins", default="runner", help="comma-separated admin names")
     init.add_argument("--developers", default="", help="comma-separated developer names")
     init.add_argument("--hosts", default="localhost,127.0.0.1", help="names/IPs services answer on")
-    init.add_argument("--force", action="store_true", help="replace an existing federation")
+    init.add_argument("--days", type=int, default=365, help="validity of the CA and every certificate")
+    init.add_argument("--force", action="store_true", help="replace an existing federation (every identity)")
+    add = certs_commands.add_parser("add", help="issue one more identity from the CA directory (key made there)")
+    add.add_argument("--dir", required=True, help="the federation's CA directory")
+    add.add_argument("--name", required=True)
+    add.add_argument("--role", required=True, choices=["party", "service", "admin", "developer"])
+    add.add_argument("--hosts", default="localhost,127.0.0.1", help="names/IPs a service answers on")
+    add.add_argument("--days", type=int, default=365)
+    request = certs_commands.add_parser(
+        "request", help="at a site: make its own key and a signing request (the key never leaves the site)"
+    )
+    request.add_argument("--dir", required=True, help="the site's certificate directory")
+    request.add_argument("--name", required=True, help="the site's identity, e.g. hospital-d")
+    request.add_argument("--role", default="party", choices=["party", "service", "admin", "developer"])
+    request.add_argument("--hosts", default="localhost,127.0.0.1", help="names/IPs a service answers on")
+    sign = certs_commands.add_parser(
+        "sign", help="at the federation operator: check a site's signing request and sign it with the CA"
+    )
+    sign.add_argument("csr", help="the <name>.csr a site sent")
+    sign.add_argument("--ca-dir", required=True, help="the federation's CA directory (ca.crt, ca.key)")
+    sign.add_argument("--role", required=True, choices=["party", "service", "admin", "developer"])
+    sign.add_argument("--out", required=True, help="directory for <name>.crt and a copy of ca.crt, sent back")
+    sign.add_argument("--days", type=int, default=365)
+    sign.add_argument("--replace", action="store_true", help="re-enroll a site that lost its key")
 
     aggregator = commands.add_parser("aggregator", help="run the aggregator service")
     aggregator.add_argument("--listen", default="127.0.0.1:50051", help="host:port (port 0 picks a free one)")
@@ -74,6 +103,9 @@ def _parser() -> argparse.ArgumentParser:
     party.add_argument("--datasets", default=None, help="this party's dataset catalog (FL_Data jobs)")
     party.add_argument("--joining", default="", help="parties without the resume checkpoint (comma-separated)")
     party.add_argument(
+        "--stop-file", default=None, help="stop at the next round boundary once this file exists (agents use it)"
+    )
+    party.add_argument(
         "--keras-backend",
         choices=["jax", "torch", "tensorflow"],
         default=None,
@@ -96,6 +128,7 @@ def _parser() -> argparse.ArgumentParser:
         help="a party's dataset catalog, for jobs with fl_data (repeat once per party)",
     )
     controller_commands.add_commands(commands)
+    model_commands.add_commands(commands)
     return parser
 
 
@@ -120,9 +153,20 @@ def main(argv: list[str] | None = None) -> int:
             return _party(args)
         if args.command in controller_commands.COMMANDS:
             return controller_commands.dispatch(args)
+        if args.command == "model":
+            return model_commands.dispatch(args)
         return _run(args)
     except ConfideError as error:
         print(f"confide: error: {error}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        # The reader went away (`confide model predict ... | head`): not an error of ours.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+    except OSError as error:
+        # A path the user gave: missing, a directory, too long, not permitted. The message names it.
+        where = f": {error.filename}" if error.filename else ""
+        print(f"confide: error: {error.strerror or error}{where}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
@@ -133,18 +177,41 @@ def _names(text: str) -> list[str]:
 
 
 def _certs(args) -> int:
-    from confide.transport.certs import init_federation
+    from confide.transport import certs
 
-    paths = init_federation(
-        args.dir,
-        parties=_names(args.parties),
-        services=_names(args.services),
-        admins=_names(args.admins),
-        developers=_names(args.developers),
-        hosts=_names(args.hosts),
-        overwrite=args.force,
-    )
-    print(f"federation CA and {len(paths)} identities in {args.dir}: {', '.join(paths)}")
+    if args.certs_command == "init":
+        paths = certs.init_federation(
+            args.dir,
+            parties=_names(args.parties),
+            services=_names(args.services),
+            admins=_names(args.admins),
+            developers=_names(args.developers),
+            hosts=_names(args.hosts),
+            days=args.days,
+            overwrite=args.force,
+        )
+        print(f"federation CA and {len(paths)} identities in {args.dir}: {', '.join(paths)}")
+    elif args.certs_command == "add":
+        path = certs.issue_identity(args.dir, args.name, args.role, hosts=_names(args.hosts), days=args.days)
+        print(f"issued {args.role} {args.name}: {path} (and its key next to it)")
+    elif args.certs_command == "request":
+        path = certs.make_request(args.dir, args.name, args.role, hosts=_names(args.hosts))
+        print(
+            f"key {Path(args.dir) / (args.name + '.key')} (stays here) and signing request {path}: send the .csr "
+            "to the federation operator, and put the .crt and ca.crt they send back into this directory"
+        )
+    else:
+        csr = Path(args.csr)
+        if not csr.is_file():
+            raise InvalidParameterError(f"{csr}: no such signing request file")
+        name, pem = certs.sign_request(
+            args.ca_dir, csr.read_bytes(), role=args.role, days=args.days, replace=args.replace
+        )
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"{name}.crt").write_bytes(pem)
+        (out / certs.CA_CERT_FILE).write_bytes((Path(args.ca_dir) / certs.CA_CERT_FILE).read_bytes())
+        print(f"signed {args.role} {name}: {out / (name + '.crt')} and {out / certs.CA_CERT_FILE} go back to the site")
     return 0
 
 
@@ -219,15 +286,24 @@ def _party(args) -> int:
     from confide.party import run_party
     from confide.spec import load_job, parse_job
 
-    if args.config:
-        spec = parse_job(json.loads(Path(args.config).read_text())["spec"])
+    session = None
+    if args.config is not None:
+        config = json.loads(Path(args.config).read_text())
+        spec, session = parse_job(config["spec"]), config.get("session")
     else:
         spec = load_job(args.job)
     catalog = None
     if args.datasets:
         from confide.data.catalog import Catalog
+        from confide.party.runner import report_failure
 
-        catalog = Catalog.load(args.datasets)
+        try:
+            catalog = Catalog.load(args.datasets)
+        except Exception as error:
+            # The developer learns why through the report the agent forwards (never a value).
+            dataset = spec.datasets().get(args.party)
+            report_failure(args.workdir, spec.job_id, args.party, error, stage="data", dataset=dataset)
+            raise
     report = run_party(
         spec,
         args.party,
@@ -240,6 +316,8 @@ def _party(args) -> int:
         catalog=catalog,
         joining=_names(args.joining),
         keras_backend=args.keras_backend,
+        stop_file=args.stop_file,
+        session=session,
     )
     logging.getLogger("confide.party").info(
         "%s: %s after %d rounds", args.party, report["status"], len(report["rounds"])

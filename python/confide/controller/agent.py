@@ -52,8 +52,8 @@ class Worker(Protocol):
         ``joining``: parties of this run that hold no checkpoint (added by tuning).
         """
 
-    def stop(self, session: str) -> None:
-        """Stop whatever runs for ``session``."""
+    def stop(self, session: str, reason: str | None = None) -> None:
+        """Stop whatever runs for ``session`` (``reason``: the controller's, for a graceful stop)."""
 
     def state(self, session: str) -> RunState | None:
         """The current run's state (None if nothing was started)."""
@@ -218,7 +218,7 @@ class Agent:
         command = instruction.get("command")
         run = instruction.get("run", 0)
         if command == "stop":
-            self.worker.stop(session)
+            self.worker.stop(session, instruction.get("reason") or "stopped by the controller")
             return
         if config is None or config_digest(config) != instruction.get("config_sha256"):
             return  # the configuration arrives with the next sync

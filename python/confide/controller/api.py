@@ -65,10 +65,17 @@ class RegisterRequest(_Body):
 
 
 class GrantRequest(_Body):
-    """Grant ``developer`` the use of the caller's dataset ``dataset``."""
+    """Grant ``developer`` the use of the caller's dataset ``dataset``, optionally scoped.
+
+    ``expires_at``: ISO 8601 with a zone; ``job_id``: only this job; ``approval``: every session
+    waits for the owner's approval.
+    """
 
     dataset: str = Field(max_length=64)
     developer: str = Field(max_length=64)
+    expires_at: str | None = Field(None, max_length=64)
+    job_id: str | None = Field(None, max_length=128)
+    approval: bool = False
 
 
 class SubmitRequest(_Body):
@@ -123,6 +130,23 @@ class GrantRecord(_Record):
     granted_by: str
     granted_at: str
     active: bool
+    expires_at: str | None = None
+    job_id: str | None = None
+    approval: bool = False
+
+
+class UseRecord(_Record):
+    """``GET /v1/uses``: one session's use of one dataset (what its owner sees)."""
+
+    session: str
+    job_id: str
+    dataset: str
+    developer: str
+    since: str
+    pipeline: list[dict[str, Any]]
+    state: str
+    run: int
+    approval: str
 
 
 class AuditRecord(_Record):
@@ -280,13 +304,31 @@ def create_app(controller: Controller, *, ca_pem: bytes, max_request_bytes: int 
 
     @app.post("/v1/grants", tags=["data"])
     async def grant(body: GrantRequest, who: Who) -> dict:
-        """The owner grants a developer the use of one of its datasets."""
-        return await call(controller.grant, who, dataset=body.dataset, developer=body.developer)
+        """The owner grants a developer the use of one of its datasets (optionally scoped, expiring)."""
+        return await call(
+            controller.grant,
+            who,
+            dataset=body.dataset,
+            developer=body.developer,
+            expires_at=body.expires_at,
+            job_id=body.job_id,
+            approval=body.approval,
+        )
 
     @app.delete("/v1/grants/{dataset}/{developer}", tags=["data"])
     async def revoke(dataset: str, developer: str, who: Who) -> dict:
-        """The owner revokes a grant."""
+        """The owner revokes a grant; sessions using it stop at the next round boundary."""
         return await call(controller.revoke, who, dataset=dataset, developer=developer)
+
+    @app.get("/v1/uses", tags=["data"], response_model=list[UseRecord])
+    async def uses(who: Who) -> list[dict]:
+        """Sessions using the caller's datasets (party), the caller's own (developer), or all (admin)."""
+        return await call(controller.uses, who)
+
+    @app.post("/v1/sessions/{token}/approve", tags=["data"])
+    async def approve(token: str, who: Who) -> dict:
+        """The owner approves a session's use of its datasets (grants given with approval)."""
+        return await call(controller.approve, who, token)
 
     @app.get("/v1/grants", tags=["data"], response_model=list[GrantRecord])
     async def grants(who: Who) -> list[dict]:

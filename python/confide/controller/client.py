@@ -34,11 +34,27 @@ class ControllerClient:
 
     def __init__(self, url: str, *, certs_dir: str | os.PathLike, name: str, timeout_s: float = 30.0) -> None:
         root = Path(certs_dir)
+        if not isinstance(url, str) or not url.startswith("https://") or len(url) <= len("https://"):
+            raise errors.InvalidParameterError(
+                f"controller URL must be https://HOST:PORT (the controller speaks HTTPS only), got {url!r}"
+            )
+        if not root.is_dir():
+            raise errors.MissingFileError(f"certificate directory {root} does not exist (--certs / CONFIDE_CERTS)")
         for path in (root / f"{name}.crt", root / f"{name}.key", root / CA_CERT_FILE):
             if not path.exists():
-                raise FileNotFoundError(f"{path} does not exist (identity {name!r} in {root})")
-        context = ssl.create_default_context(cafile=str(root / CA_CERT_FILE))
-        context.load_cert_chain(str(root / f"{name}.crt"), str(root / f"{name}.key"))
+                known = sorted(p.stem for p in root.glob("*.crt") if p.stem != "ca")
+                raise errors.MissingFileError(
+                    f"{path} does not exist: no identity {name!r} in {root} (--as / CONFIDE_IDENTITY); "
+                    f"identities there: {', '.join(known) or 'none'}"
+                )
+        try:
+            context = ssl.create_default_context(cafile=str(root / CA_CERT_FILE))
+            context.load_cert_chain(str(root / f"{name}.crt"), str(root / f"{name}.key"))
+        except ssl.SSLError as error:
+            raise errors.CertificateError(
+                f"cannot use identity {name!r} from {root}: {error.reason or error} "
+                "(does the key match the certificate?)"
+            ) from None
         self.url = url.rstrip("/")
         self.name = name
         self._http = httpx.Client(base_url=self.url, verify=context, timeout=timeout_s)
@@ -57,8 +73,15 @@ class ControllerClient:
         """One call; returns the decoded JSON or raises the matching ``ConfideError``."""
         try:
             response = self._http.request(method, path, json=body, params=params or None)
+        except ssl.SSLError as error:
+            raise errors.CertificateError(
+                f"controller {self.url} refused {self.name!r} or is not the federation's controller "
+                f"(TLS: {error.reason or error}); the certificates must come from the federation's CA"
+            ) from None
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.ReadError, httpx.RemoteProtocolError) as error:
             raise errors.TransportUnavailableError(f"controller {self.url} unreachable: {error}") from None
+        except httpx.InvalidURL as error:
+            raise errors.InvalidParameterError(f"controller URL {self.url!r} is not usable: {error}") from None
         except httpx.TimeoutException as error:
             raise errors.TransportUnavailableError(f"controller {self.url} timed out: {error}") from None
         if response.status_code >= 400:
@@ -90,9 +113,30 @@ class ControllerClient:
         """Published dataset metadata."""
         return self.request("GET", "/v1/datasets")
 
-    def grant(self, dataset: str, developer: str) -> dict:
-        """Grant a developer the use of one of this party's datasets."""
-        return self.request("POST", "/v1/grants", {"dataset": dataset, "developer": developer})
+    def grant(
+        self,
+        dataset: str,
+        developer: str,
+        *,
+        expires_at: str | None = None,
+        job_id: str | None = None,
+        approval: bool = False,
+    ) -> dict:
+        """Grant ``developer`` the use of one of this party's datasets (optionally scoped)."""
+        body = {"dataset": dataset, "developer": developer, "approval": approval}
+        if expires_at is not None:
+            body["expires_at"] = expires_at
+        if job_id is not None:
+            body["job_id"] = job_id
+        return self.request("POST", "/v1/grants", body)
+
+    def uses(self) -> list[dict]:
+        """Sessions using this party's datasets (a developer: its own; an admin: all)."""
+        return self.request("GET", "/v1/uses")
+
+    def approve(self, token: str) -> dict:
+        """Approve a session's use of this party's datasets."""
+        return self.request("POST", f"/v1/sessions/{token}/approve")
 
     def revoke(self, dataset: str, developer: str) -> dict:
         """Revoke a grant."""

@@ -20,7 +20,7 @@ import logging
 import re
 import secrets
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from sqlalchemy import delete, select, update
@@ -31,6 +31,7 @@ from confide.controller import sessions as cfg
 from confide.controller.store import (
     AuditEvent,
     Dataset,
+    DatasetUse,
     Grant,
     JobSession,
     Participant,
@@ -39,6 +40,7 @@ from confide.controller.store import (
     Store,
     utcnow,
 )
+from confide.data.schemas import agree_categories, check_schemas
 from confide.errors import (
     ConflictError,
     DataAccessDeniedError,
@@ -46,6 +48,7 @@ from confide.errors import (
     NotFoundError,
     PermissionDeniedError,
 )
+from confide.reports import Failure
 from confide.spec import JobSpec, parse_job
 
 __all__ = ["Caller", "Controller", "certificate_digest"]
@@ -55,9 +58,15 @@ log = logging.getLogger("confide.controller")
 _NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
 MAX_COLUMNS = 10_000
 MAX_DATASETS = 1_000
-#: Session states. "verifying": a resume waits for every recipient's checkpoint hashes.
-STATES = ("running", "verifying", "completed", "failed", "cancelled", "refused")
+MAX_CATEGORIES = 64
+#: Session states. "verifying": a resume waits for every recipient's checkpoint hashes;
+#: "awaiting": a dataset's owner has not yet approved the session; "revoked": an owner revoked
+#: (or let expire) a grant the session used, so it stopped.
+STATES = ("running", "verifying", "awaiting", "completed", "failed", "cancelled", "refused", "revoked")
 ACTIVE = ("running", "verifying")
+#: Seconds between two sweeps for grants that expired under running sessions.
+EXPIRY_SWEEP_S = 2.0
+MAX_GRANT_DAYS = 3650
 CHECKPOINTS_KEPT = 3
 
 
@@ -162,12 +171,28 @@ class Controller:
                 or not isinstance(column.get("name"), str)
                 or not 1 <= len(column["name"]) <= 128
                 or column.get("dtype") not in ("float", "int", "str")
-                or set(column) - {"name", "dtype"}
+                or set(column) - {"name", "dtype", "missing", "categories"}
+                or not isinstance(column.get("missing", False), bool)
             ):
                 raise InvalidParameterError(
-                    f"{where}.schema[{number}] must be {{name: 1..128 chars, dtype: float|int|str}}, got {column!r}"
+                    f"{where}.schema[{number}] must be {{name: 1..128 chars, dtype: float|int|str, missing: bool, "
+                    f"categories: [str]}}, got {str(column)[:300]}"
                 )
-            columns.append({"name": column["name"], "dtype": column["dtype"]})
+            checked = {"name": column["name"], "dtype": column["dtype"], "missing": column.get("missing", False)}
+            if "categories" in column:
+                categories = column["categories"]
+                if (
+                    column["dtype"] != "str"
+                    or not isinstance(categories, list)
+                    or len(categories) > MAX_CATEGORIES
+                    or not all(isinstance(c, str) and 1 <= len(c) <= 128 for c in categories)
+                ):
+                    raise InvalidParameterError(
+                        f"{where}.schema[{number}].categories must be a list of at most {MAX_CATEGORIES} strings "
+                        "of 1..128 characters, on a str column"
+                    )
+                checked["categories"] = sorted(set(categories))
+            columns.append(checked)
         rows = item.get("rows")
         if isinstance(rows, bool) or not isinstance(rows, int) or not 0 <= rows <= 10**12:
             raise InvalidParameterError(f"{where}.rows must be an int in [0, 10^12], got {rows!r}")
@@ -216,10 +241,29 @@ class Controller:
 
     # ------------------------------------------------------------------ grants and audit
 
-    def grant(self, caller: Caller, *, dataset: str, developer: str) -> dict:
-        """The dataset's owner (the caller) lets ``developer`` use ``dataset`` in jobs."""
+    def grant(
+        self,
+        caller: Caller,
+        *,
+        dataset: str,
+        developer: str,
+        expires_at: str | None = None,
+        job_id: str | None = None,
+        approval: bool = False,
+    ) -> dict:
+        """The dataset's owner (the caller) lets ``developer`` use ``dataset`` in jobs.
+
+        ``expires_at`` (ISO 8601 with a time zone): the grant lapses then, and sessions still using
+        the dataset stop as on a revocation. ``job_id``: only jobs with this id may use it.
+        ``approval``: every session that would use it waits for the owner's ``approve``.
+        """
         _require(caller, "party")
         dataset, developer = _check_name(dataset, "dataset"), _check_name(developer, "developer")
+        expires = _expiry(expires_at)
+        if job_id is not None and (not isinstance(job_id, str) or not 1 <= len(job_id) <= 128):
+            raise InvalidParameterError(f"job_id must be a string of 1..128 characters, got {job_id!r}")
+        if not isinstance(approval, bool):
+            raise InvalidParameterError(f"approval must be true or false, got {approval!r}")
         with self.store.transaction() as db:
             row = self._own_dataset(db, caller, dataset)
             existing = db.scalar(select(Grant).where(Grant.dataset_id == row.id, Grant.developer == developer))
@@ -229,11 +273,17 @@ class Controller:
             else:
                 existing.granted_by, existing.granted_at = caller.name, utcnow()
                 existing.revoked_at = existing.revoked_by = None
-            self._audit(db, caller, "grant", f"{caller.name}/{dataset}", "allow", {"developer": developer})
-        return {"dataset": f"{caller.name}/{dataset}", "developer": developer, "active": True}
+            existing.expires_at, existing.job_id, existing.approval = expires, job_id, approval
+            scope = {"expires_at": expires.isoformat() if expires else None, "job_id": job_id, "approval": approval}
+            self._audit(db, caller, "grant", f"{caller.name}/{dataset}", "allow", {"developer": developer, **scope})
+        return {"dataset": f"{caller.name}/{dataset}", "developer": developer, "active": True, **scope}
 
     def revoke(self, caller: Caller, *, dataset: str, developer: str) -> dict:
-        """The owner withdraws a grant; jobs submitted or tuned afterwards are refused."""
+        """The owner withdraws a grant: every session of ``developer`` using the dataset stops.
+
+        Stopped sessions go to state ``revoked`` (their parties stop at the next round boundary
+        and never start the session again), and ``resume``/``tune`` are refused until a new grant.
+        """
         _require(caller, "party")
         dataset, developer = _check_name(dataset, "dataset"), _check_name(developer, "developer")
         with self.store.transaction() as db:
@@ -243,23 +293,172 @@ class Controller:
                 raise NotFoundError(f"no active grant of {caller.name}/{dataset} to {developer!r}")
             existing.revoked_at, existing.revoked_by = utcnow(), caller.name
             self._audit(db, caller, "revoke", f"{caller.name}/{dataset}", "info", {"developer": developer})
-        return {"dataset": f"{caller.name}/{dataset}", "developer": developer, "active": False}
+            stopped = self._stop_uses(
+                db, caller, caller.name, dataset, developer, f"{caller.name} revoked {developer}'s grant"
+            )
+        return {"dataset": f"{caller.name}/{dataset}", "developer": developer, "active": False, "stopped": stopped}
+
+    def _stop_uses(self, db: Session, caller: Caller, owner: str, dataset: str, developer: str, why: str) -> list:
+        """Stop every live session of ``developer`` using ``owner/dataset``; returns their tokens."""
+        rows = db.execute(
+            select(DatasetUse, JobSession)
+            .join(JobSession, DatasetUse.session_id == JobSession.id)
+            .where(
+                DatasetUse.owner == owner,
+                DatasetUse.dataset == dataset,
+                DatasetUse.developer == developer,
+                JobSession.state.in_((*ACTIVE, "awaiting")),
+            )
+            .order_by(JobSession.id)
+        ).all()
+        stopped = []
+        for _use, session in rows:
+            head = self._head(db, session)
+            session.state = "revoked"
+            session.message = (
+                f"stopped: {why} for dataset {owner}/{dataset}; its parties stop at the next round boundary. "
+                f"Resume needs a new grant ('confide grant add --dataset {dataset} --developer {developer}', "
+                f"run by {owner})"
+            )
+            self._append(
+                db,
+                session,
+                caller,
+                "revoked",
+                spec=head.spec,
+                configs=head.configs,
+                previous=head.configs,
+                note=session.message,
+            )
+            detail = {"session": session.token, "job_id": session.job_id, "developer": developer, "why": why}
+            self._audit(db, caller, "stop-session", f"{owner}/{dataset}", "deny", detail)
+            stopped.append(session.token)
+        return stopped
+
+    def approve(self, caller: Caller, token: str) -> dict:
+        """The owner approves a session's use of its datasets (grants given with ``approval``)."""
+        _require(caller, "party")
+        with self.store.transaction() as db:
+            session = db.scalar(select(JobSession).where(JobSession.token == token))
+            uses = (
+                db.scalars(
+                    select(DatasetUse).where(DatasetUse.session_id == session.id, DatasetUse.owner == caller.name)
+                ).all()
+                if session is not None
+                else []
+            )
+            if not uses:
+                raise NotFoundError(f"session {token!r} uses none of {caller.name}'s datasets")
+            now = utcnow()
+            for use in uses:
+                if use.approval_needed and use.approved_at is None:
+                    use.approved_at = now
+                    self._audit(db, caller, "approve", f"{caller.name}/{use.dataset}", "allow", {"session": token})
+            pending = self._pending_approvals(db, session)
+            if session.state == "awaiting" and not pending:
+                session.state = "verifying" if session.resume_round else "running"
+                session.message = f"approved by every owner; run {session.run} starts"
+            return {"session": token, "state": session.state, "pending": pending}
+
+    def _await_approvals(self, db: Session, session: JobSession) -> None:
+        pending = self._pending_approvals(db, session)
+        if pending and session.state in ACTIVE:
+            session.state = "awaiting"
+            session.message = "waiting for the owners' approval of " + ", ".join(pending)
+
+    @staticmethod
+    def _pending_approvals(db: Session, session: JobSession) -> list[str]:
+        return [
+            f"{u.owner}/{u.dataset}"
+            for u in db.scalars(select(DatasetUse).where(DatasetUse.session_id == session.id).order_by(DatasetUse.id))
+            if u.approval_needed and u.approved_at is None
+        ]
+
+    def _record_uses(self, db: Session, session: JobSession, spec: JobSpec, approvals: dict) -> None:
+        """One row per dataset the session's specification uses (kept across tunings)."""
+        fl_data = spec.fl_data_object()
+        pipeline = [{"name": step.name, "op": step.op} for step in fl_data.pipeline]
+        existing = {
+            (u.owner, u.dataset): u for u in db.scalars(select(DatasetUse).where(DatasetUse.session_id == session.id))
+        }
+        for party, dataset in sorted(fl_data.datasets().items()):
+            use = existing.get((party, dataset))
+            if use is None:
+                use = DatasetUse(
+                    session_id=session.id,
+                    owner=party,
+                    dataset=dataset,
+                    developer=session.owner,
+                    since=utcnow(),
+                    approval_needed=approvals.get((party, dataset), False),
+                )
+                db.add(use)
+            use.pipeline = pipeline
+
+    def uses(self, caller: Caller) -> list[dict]:
+        """Every session that uses (or used) the caller's datasets: who, when, which steps, its state.
+
+        A party sees the uses of its own datasets, an admin every use, a developer its own.
+        """
+        with self.store.transaction() as db:
+            query = select(DatasetUse, JobSession).join(JobSession, DatasetUse.session_id == JobSession.id)
+            query = _visible(query, caller, owner=DatasetUse.owner, developer=DatasetUse.developer)
+            return [
+                {
+                    "session": s.token,
+                    "job_id": s.job_id,
+                    "dataset": f"{u.owner}/{u.dataset}",
+                    "developer": u.developer,
+                    "since": _aware(u.since).isoformat(),
+                    "pipeline": u.pipeline,
+                    "state": s.state,
+                    "run": s.run,
+                    "approval": (
+                        ("approved" if u.approved_at is not None else "pending") if u.approval_needed else "not needed"
+                    ),
+                }
+                for u, s in db.execute(query.order_by(DatasetUse.id))
+            ]
+
+    def _sweep_expired(self, db: Session) -> None:
+        """Stop live sessions whose grant lapsed (checked at most every EXPIRY_SWEEP_S)."""
+        now = utcnow()
+        if now.timestamp() - getattr(self, "_last_sweep", 0.0) < EXPIRY_SWEEP_S:
+            return
+        self._last_sweep = now.timestamp()
+        lapsed = db.execute(
+            select(Grant, Dataset)
+            .join(Dataset, Grant.dataset_id == Dataset.id)
+            .where(Grant.revoked_at.is_(None), Grant.expires_at.is_not(None))
+        ).all()
+        for grant, dataset in lapsed:
+            if _aware(grant.expires_at) <= now:
+                self._stop_uses(
+                    db,
+                    Caller("controller", "admin"),
+                    dataset.owner,
+                    dataset.name,
+                    grant.developer,
+                    f"the grant of {dataset.owner} to {grant.developer} expired at "
+                    f"{_aware(grant.expires_at).isoformat()}",
+                )
 
     def grants(self, caller: Caller) -> list[dict]:
         """Grants the caller gave (party), received (developer), or all of them (admin)."""
+        now = utcnow()
         with self.store.transaction() as db:
             query = select(Grant, Dataset).join(Dataset, Grant.dataset_id == Dataset.id)
-            if caller.role == "party":
-                query = query.where(Dataset.owner == caller.name)
-            elif caller.role != "admin":
-                query = query.where(Grant.developer == caller.name)
+            query = _visible(query, caller, owner=Dataset.owner, developer=Grant.developer)
             return [
                 {
                     "dataset": f"{d.owner}/{d.name}",
                     "developer": g.developer,
                     "granted_by": g.granted_by,
                     "granted_at": _aware(g.granted_at).isoformat(),
-                    "active": g.revoked_at is None,
+                    "active": _grant_active(g, now),
+                    "expires_at": _aware(g.expires_at).isoformat() if g.expires_at else None,
+                    "job_id": g.job_id,
+                    "approval": g.approval,
                 }
                 for g, d in db.execute(query.order_by(Grant.id))
             ]
@@ -305,8 +504,16 @@ class Controller:
 
     # ------------------------------------------------------------------ access checks
 
-    def _check_access(self, caller: Caller, spec: JobSpec, action: str, target: str) -> None:
-        """Every party registered, every dataset published and granted; every decision audited."""
+    def _check_access(self, caller: Caller, spec: JobSpec, action: str, target: str) -> tuple[dict, JobSpec]:
+        """Every party registered, every dataset published and granted; every decision audited.
+
+        The decision goes to the audit log once for the request and once per dataset (target
+        ``owner/dataset``, so each owner sees every attempt to use its data). The pipeline is
+        checked against the published schemas (``confide.data.schemas``), after agreeing the
+        categories of encode steps that do not list them. Returns which datasets wait for their
+        owner's approval (``{(party, dataset): bool}``) and the specification with the agreed
+        categories.
+        """
         if spec.fl_data is None:
             raise InvalidParameterError(
                 "fl_data: a job submitted to the controller must provision data as FL_Data "
@@ -315,6 +522,9 @@ class Controller:
         fl_data = spec.fl_data_object()
         decisions: list[dict] = []
         problem: Exception | None = None
+        approvals: dict[tuple[str, str], bool] = {}
+        schemas: dict[str, list[dict]] = {}
+        now = utcnow()
         with self.store.transaction() as db:
             for party, dataset in sorted(fl_data.datasets().items()):
                 registered = db.scalar(select(Party).where(Party.name == party))
@@ -327,33 +537,43 @@ class Controller:
                     problem = problem or NotFoundError(f"dataset {party}/{dataset} is not published by {party!r}")
                     decisions.append({"dataset": f"{party}/{dataset}", "decision": "deny", "reason": "unknown dataset"})
                     continue
-                active = db.scalar(
-                    select(Grant).where(
-                        Grant.dataset_id == row.id, Grant.developer == caller.name, Grant.revoked_at.is_(None)
-                    )
-                )
-                if active is None and caller.name != party:
+                grant = db.scalar(select(Grant).where(Grant.dataset_id == row.id, Grant.developer == caller.name))
+                if caller.name != party and not _grant_active(grant, now, spec.job_id):
+                    reason = _why_no_grant(grant, now, spec.job_id)
                     problem = problem or DataAccessDeniedError(
-                        f"{caller.name!r} has no grant for dataset {party}/{dataset}; its owner grants it with "
-                        f"'confide grant add --dataset {dataset} --developer {caller.name}'"
+                        f"{caller.name!r} has no grant for dataset {party}/{dataset} ({reason}); its owner grants it "
+                        f"with 'confide grant add --dataset {dataset} --developer {caller.name}'"
                     )
-                    decisions.append({"dataset": f"{party}/{dataset}", "decision": "deny", "reason": "no grant"})
+                    decisions.append({"dataset": f"{party}/{dataset}", "decision": "deny", "reason": reason})
                     continue
-                columns = {c["name"] for c in row.columns}
-                if fl_data.label not in columns:
-                    problem = problem or InvalidParameterError(
-                        f"fl_data.label: dataset {party}/{dataset} has no column {fl_data.label!r}"
-                    )
-                    decisions.append({"dataset": f"{party}/{dataset}", "decision": "deny", "reason": "no label"})
-                    continue
+                approvals[(party, dataset)] = bool(grant is not None and grant.approval and caller.name != party)
+                schemas[party] = row.columns
                 decisions.append({"dataset": f"{party}/{dataset}", "decision": "allow"})
+            if problem is None:
+                fl_data = agree_categories(fl_data, schemas)
+                problems = check_schemas(fl_data, schemas)
+                if problems:
+                    problem = InvalidParameterError(
+                        "fl_data does not fit the published schemas:\n  " + "\n  ".join(p.text() for p in problems[:20])
+                    )
+                    decisions.append({"decision": "deny", "reason": "schema", "problems": [p.text() for p in problems]})
         denied = [d for d in decisions if d["decision"] == "deny"]
-        self._audit_now(
-            caller, action, target, "deny" if problem else "allow", {"job_id": spec.job_id, "checks": decisions}
-        )
+        with self.store.transaction() as db:
+            self._audit(
+                db, caller, action, target, "deny" if problem else "allow", {"job_id": spec.job_id, "checks": decisions}
+            )
+            for decision in decisions:
+                if "dataset" in decision:
+                    # The owner's view: every attempt to use its dataset, allowed or not.
+                    detail = {"job_id": spec.job_id, "request": target, **decision}
+                    self._audit(db, caller, f"use:{action}", decision["dataset"], decision["decision"], detail)
         if problem is not None:
             log.info("%s %s denied: %s", caller.name, action, denied)
             raise problem
+        if fl_data.version != spec.fl_data_object().version:
+            # Encodings agreed from the published schemas: every party gets the same categories.
+            spec = parse_job({**spec.model_dump(mode="json"), "fl_data": fl_data.to_dict()})
+        return approvals, spec
 
     def _aggregators(self, db: Session) -> list[dict]:
         cutoff = utcnow() - timedelta(seconds=self.alive_s)
@@ -370,15 +590,22 @@ class Controller:
 
     # ------------------------------------------------------------------ sessions
 
-    def _session(self, db: Session, caller: Caller, token: str) -> JobSession:
+    def _session(self, db: Session, caller: Caller, token: str, *, read: bool = False) -> JobSession:
+        """The session, if ``caller`` may act on it (``read``: an owner of a dataset it uses may read)."""
         if not isinstance(token, str) or not 1 <= len(token) <= 64:
             raise InvalidParameterError("session token must be a string of 1..64 characters")
         row = db.scalar(select(JobSession).where(JobSession.token == token))
         if row is None:
             raise NotFoundError(f"no session {token!r}")
-        if caller.role != "admin" and row.owner != caller.name:
-            raise PermissionDeniedError(f"session {token!r} belongs to {row.owner!r}, not {caller.name!r}")
-        return row
+        if caller.role == "admin" or row.owner == caller.name:
+            return row
+        if read and caller.role == "party":
+            used = db.scalar(
+                select(DatasetUse.id).where(DatasetUse.session_id == row.id, DatasetUse.owner == caller.name).limit(1)
+            )
+            if used is not None:
+                return row
+        raise PermissionDeniedError(f"session {token!r} belongs to {row.owner!r}, not {caller.name!r}")
 
     def _head(self, db: Session, session: JobSession) -> SessionEntry:
         return db.scalar(
@@ -440,7 +667,7 @@ class Controller:
         _require(caller, "developer", "admin")
         spec = parse_job(spec_data)
         token = secrets.token_hex(16)  # 128 bits; hex, so a token never looks like a command-line flag
-        self._check_access(caller, spec, "submit", f"job/{spec.job_id}")
+        approvals, spec = self._check_access(caller, spec, "submit", f"job/{spec.job_id}")
         with self.store.transaction() as db:
             routing = cfg.routing_policy(self._aggregators(db))
             configs = cfg.build_configs(spec, session=token, routing=routing)
@@ -473,7 +700,12 @@ class Controller:
                 member = _participant(session.id, name, config["role"])
                 member.run = 1  # a member of the first run
                 db.add(member)
-        return {"session": token, "job_id": spec.job_id, "seq": 1, "state": "running"}
+            self._record_uses(db, session, spec, approvals)
+            pending = self._pending_approvals(db, session)
+            if pending:
+                session.state = "awaiting"
+                session.message = "waiting for the owners' approval of " + ", ".join(pending)
+        return {"session": token, "job_id": spec.job_id, "seq": 1, "state": session.state}
 
     def tune(
         self,
@@ -524,10 +756,12 @@ class Controller:
                 spec_data["fl_data"].pop("lineage", None)
         spec_data.pop("parties", None)
         spec = parse_job(spec_data)
-        self._check_access(caller, spec, "tune-access", f"session/{token}")
+        approvals, spec = self._check_access(caller, spec, "tune-access", f"session/{token}")
         for _attempt in range(5):
             try:
-                return self._append_tuning(caller, token, spec, base_seq, _describe(settings, fl_data, add_parties))
+                return self._append_tuning(
+                    caller, token, spec, base_seq, _describe(settings, fl_data, add_parties), approvals
+                )
             except _HeadMoved:
                 continue  # a checkpoint or state entry landed meanwhile: it changes no configuration
         raise ConflictError(f"session {token} is too busy to tune; try again")
@@ -552,7 +786,9 @@ class Controller:
                 "nothing was stored (read 'confide session log' and tune again)"
             )
 
-    def _append_tuning(self, caller: Caller, token: str, spec: JobSpec, base_seq: int, note: str) -> dict:
+    def _append_tuning(
+        self, caller: Caller, token: str, spec: JobSpec, base_seq: int, note: str, approvals: dict
+    ) -> dict:
         with self.store.transaction() as db:
             session = self._session(db, caller, token)
             self._check_unchanged_since(db, session, base_seq)
@@ -579,8 +815,10 @@ class Controller:
             for name, config in configs.items():
                 if name not in known:
                     db.add(_participant(session.id, name, config["role"]))
+            self._record_uses(db, session, spec, approvals)
             if restart:
                 self._restart(db, session, caller, "tuned")
+                self._await_approvals(db, session)
             self._audit(db, caller, "tune", f"session/{token}", "allow", {"seq": entry.seq, "deltas": entry.deltas})
             return {"session": token, "seq": entry.seq, "deltas": entry.deltas, "restarted": restart}
 
@@ -611,11 +849,21 @@ class Controller:
             if participant.name in members:
                 participant.run = session.run
             participant.verification, participant.checkpoints, participant.result = {}, {}, {}
-            participant.status, participant.error = "pending", ""
+            participant.status, participant.error, participant.failure = "pending", "", {}
 
     def resume(self, caller: Caller, token: str) -> dict:
-        """Continue a stopped (or orphaned) session from its last checkpoint, after verifying its root."""
+        """Continue a stopped (or orphaned) session from its last checkpoint, after verifying its root.
+
+        Every grant the session uses is checked again first (as at submission): a session whose
+        grant was revoked, expired or narrowed does not resume.
+        """
         _require(caller, "developer", "admin")
+        with self.store.transaction() as db:
+            session = self._session(db, caller, token)
+            spec = parse_job(self._head(db, session).spec)
+            owner = Caller(session.owner, "developer")
+        # Access is the session owner's, whoever resumes (an admin resumes on the owner's grants).
+        self._check_access(owner, spec, "resume-access", f"session/{token}")  # refuses; changes nothing
         with self.store.transaction() as db:
             session = self._session(db, caller, token)
             head = self._head(db, session)
@@ -634,6 +882,7 @@ class Controller:
                         f"{recomputed[:16]}..., the entry records {recorded['root'][:16]}..."
                     )
             self._restart(db, session, caller, "resumed")
+            self._await_approvals(db, session)
             entry = self._append(
                 db,
                 session,
@@ -659,7 +908,7 @@ class Controller:
         _require(caller, "developer", "admin")
         with self.store.transaction() as db:
             session = self._session(db, caller, token)
-            if session.state not in ACTIVE:
+            if session.state not in (*ACTIVE, "awaiting"):
                 raise InvalidParameterError(f"session {token} is {session.state}, not running")
             head = self._head(db, session)
             session.state, session.message = "cancelled", f"cancelled by {caller.name}"
@@ -679,11 +928,11 @@ class Controller:
     def status(self, caller: Caller, token: str) -> dict:
         """State, run, progress per recipient, the last checkpoint."""
         with self.store.transaction() as db:
-            session = self._session(db, caller, token)
+            session = self._session(db, caller, token, read=True)
             checkpoint = self._latest_checkpoint(db, session)
             participants = db.scalars(
                 select(Participant).where(Participant.session_id == session.id).order_by(Participant.name)
-            )
+            ).all()
             return {
                 "session": token,
                 "job_id": session.job_id,
@@ -711,17 +960,22 @@ class Controller:
                         "round": p.round,
                         "applied_seq": p.applied_seq,
                         "error": p.error,
+                        "failure": p.failure or None,
                         "result": p.result,
                     }
                     for p in participants
                 ],
+                "evaluation": _evaluation(participants),
             }
 
     def sessions(self, caller: Caller) -> list[dict]:
         """The caller's sessions (an admin's: all)."""
         with self.store.transaction() as db:
             query = select(JobSession).order_by(JobSession.id)
-            if caller.role != "admin":
+            if caller.role == "party":
+                used = select(DatasetUse.session_id).where(DatasetUse.owner == caller.name)
+                query = query.where(JobSession.id.in_(used))
+            elif caller.role != "admin":
                 query = query.where(JobSession.owner == caller.name)
             return [
                 {"session": s.token, "job_id": s.job_id, "owner": s.owner, "state": s.state, "run": s.run}
@@ -731,7 +985,7 @@ class Controller:
     def log(self, caller: Caller, token: str) -> list[dict]:
         """The committed log: each entry with its deltas per recipient and any checkpoint root."""
         with self.store.transaction() as db:
-            session = self._session(db, caller, token)
+            session = self._session(db, caller, token, read=True)
             return [
                 {
                     "seq": e.seq,
@@ -784,6 +1038,7 @@ class Controller:
             if party is None:
                 raise NotFoundError(f"{caller.name!r} is not registered; register before syncing")
             party.last_seen_at = utcnow()
+            self._sweep_expired(db)
             for index, report in enumerate(reports):
                 self._apply_report(db, caller, index, report)
             instructions = []
@@ -825,6 +1080,7 @@ class Controller:
         if isinstance(report.get("round"), int):
             participant.round = report["round"]
         participant.error = str(report.get("error") or "")[:4000]
+        participant.failure = _checked_failure(report.get("failure"))
         if isinstance(report.get("result"), dict):
             participant.result = report["result"]
         participant.updated_at = utcnow()
@@ -928,7 +1184,7 @@ class Controller:
         failed = [p for p in parties if p.run == session.run and p.status == "failed"]
         if failed:
             session.state = "failed"
-            session.message = "; ".join(f"{p.name}: {p.error}" for p in failed)[:4000]
+            session.message = "; ".join(_failure_line(p) for p in failed)[:4000]
         elif parties and all(p.run == session.run and p.status == "completed" for p in parties):
             spec = self._head(db, session).spec
             latest = self._latest_checkpoint(db, session)
@@ -959,13 +1215,16 @@ class Controller:
             # Settled: nothing to push, nothing to start. Cheap, so an agent with many finished
             # sessions (the aggregator) does not pay for their logs on every heartbeat.
             command = "none" if session.state == "completed" else "stop"
-            return {
+            settled = {
                 "session": session.token,
                 "job_id": session.job_id,
                 "seq": session.head_seq,
                 "run": session.run,
                 "command": command,
             }
+            if command == "stop":
+                settled["reason"] = session.message
+            return settled
         if (
             session.state == "running"
             and participant.applied_seq == session.head_seq
@@ -992,6 +1251,7 @@ class Controller:
         if config is None:
             instruction["command"] = "stop"
             instruction["run"] = session.run
+            instruction["reason"] = "no longer a recipient of this session"
             return instruction
         digest = cfg.config_digest(config)
         if participant.applied_seq != head.seq:
@@ -1040,8 +1300,9 @@ class Controller:
             instruction["command"] = "verify"
             instruction["resume_round"] = session.resume_round
             instruction["resume_files"] = checkpoint.checkpoint["leaves"].get(participant.name) if checkpoint else None
-        elif session.state in ("cancelled", "refused", "failed"):
+        elif session.state in ("cancelled", "refused", "failed", "revoked", "awaiting"):
             instruction["command"] = "stop"
+            instruction["reason"] = session.message
         else:
             instruction["command"] = "none"
         return instruction
@@ -1057,6 +1318,7 @@ def _participant(session_id: int, name: str, role: str) -> Participant:
         status="pending",
         round=0,
         error="",
+        failure={},
         checkpoints={},
         verification={},
         result={},
@@ -1080,10 +1342,102 @@ def _describe(settings: dict, fl_data: dict | None, add_parties: dict | None) ->
     return "; ".join(parts)
 
 
+def _evaluation(participants: list[Participant]) -> dict | None:
+    """Each completed party's final held-out metrics, and their mean weighted by held-out rows."""
+    parties: dict[str, dict[str, float]] = {}
+    for p in participants:
+        result = p.result or {}
+        if p.role != cfg.ROLE_PARTY or p.status != "completed" or not result.get("test_samples"):
+            continue
+        metrics = {k: result[k] for k in ("test_auc", "test_accuracy") if isinstance(result.get(k), float)}
+        if metrics:
+            parties[p.name] = {**metrics, "test_samples": result["test_samples"]}
+    if not parties:
+        return None
+    total = sum(m["test_samples"] for m in parties.values())
+    aggregate: dict[str, float] = {"test_samples": total, "parties": len(parties)}
+    for key in ("test_auc", "test_accuracy"):
+        having = [m for m in parties.values() if key in m]
+        if having:
+            weight = sum(m["test_samples"] for m in having)
+            aggregate[key] = sum(m[key] * m["test_samples"] for m in having) / weight
+    return {"parties": parties, "aggregate": aggregate}
+
+
+def _visible(query, caller: Caller, *, owner, developer):
+    """Rows a caller may list: a party those of its datasets, a developer its own, an admin all."""
+    if caller.role == "party":
+        return query.where(owner == caller.name)
+    if caller.role != "admin":
+        return query.where(developer == caller.name)
+    return query
+
+
+def _checked_failure(value: Any) -> dict:
+    """A party's failure report as the controller keeps it (typed; anything else is dropped)."""
+    if not value:
+        return {}
+    try:
+        return Failure.model_validate(value).model_dump(mode="json", exclude_none=True)
+    except ValueError:
+        return {}
+
+
+def _failure_line(participant: Participant) -> str:
+    """``hospital-c failed before round 1 (data, step 'scaled'): ...; next step``."""
+    failure = participant.failure or {}
+    if not failure:
+        return f"{participant.name}: {participant.error}"
+    when = f"in round {failure['round']}" if failure.get("round") else "before its first round"
+    where = failure["stage"] + (f", step {failure['step']!r}" if failure.get("step") else "")
+    where += f", dataset {failure['dataset']}" if failure.get("dataset") else ""
+    hint = f"; {failure['hint']}" if failure.get("hint") else ""
+    return f"{participant.name} failed {when} ({where}): {failure['message']}{hint}"
+
+
+def _grant_active(grant: Grant | None, now: datetime, job_id: str | None = None) -> bool:
+    """A grant is active unless revoked, expired, or scoped to another job."""
+    return (
+        grant is not None
+        and grant.revoked_at is None
+        and (grant.expires_at is None or _aware(grant.expires_at) > now)
+        and (job_id is None or grant.job_id is None or grant.job_id == job_id)
+    )
+
+
+def _why_no_grant(grant: Grant | None, now: datetime, job_id: str | None) -> str:
+    if grant is None:
+        return "never granted"
+    if grant.revoked_at is not None:
+        return f"revoked by {grant.revoked_by} at {_aware(grant.revoked_at).isoformat()}"
+    if grant.expires_at is not None and _aware(grant.expires_at) <= now:
+        return f"expired at {_aware(grant.expires_at).isoformat()}"
+    return f"granted for job {grant.job_id!r} only, not {job_id!r}"
+
+
+def _expiry(value: Any) -> datetime | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise InvalidParameterError(f"expires_at must be an ISO 8601 date-time string, got {value!r}")
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        raise InvalidParameterError(
+            f"expires_at must be an ISO 8601 date-time such as 2027-01-31T00:00:00+00:00, got {value!r}"
+        ) from None
+    if parsed.tzinfo is None:
+        raise InvalidParameterError(f"expires_at must name its time zone (e.g. +00:00 or Z), got {value!r}")
+    now = utcnow()
+    if parsed <= now:
+        raise InvalidParameterError(f"expires_at must be in the future, got {value!r} (now {now.isoformat()})")
+    if parsed > now + timedelta(days=MAX_GRANT_DAYS):
+        raise InvalidParameterError(f"expires_at must be within {MAX_GRANT_DAYS} days, got {value!r}")
+    return parsed
+
+
 def _aware(value):
     # SQLite returns naive datetimes for timezone-aware columns; they were stored as UTC.
-    from datetime import timezone
-
     return value if value.tzinfo is not None else value.replace(tzinfo=timezone.utc)
 
 

@@ -24,6 +24,7 @@ from typing import Any
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     DateTime,
     ForeignKey,
     Integer,
@@ -42,6 +43,7 @@ __all__ = [
     "AuditEvent",
     "Base",
     "Dataset",
+    "DatasetUse",
     "Grant",
     "JobSession",
     "Participant",
@@ -106,6 +108,12 @@ class Grant(Base):
     granted_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     revoked_by: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    #: The grant lapses at this time (None: until revoked).
+    expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    #: Only jobs with this job id may use the dataset (None: any job of the developer).
+    job_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    #: Every session that would use the dataset waits for the owner's approval.
+    approval: Mapped[bool] = mapped_column(Boolean, default=False)
 
 
 class AuditEvent(Base):
@@ -179,7 +187,31 @@ class Participant(Base):
     #: Hashes reported for a resume verification: {"run": N, "files": [...]}.
     verification: Mapped[dict[str, Any]] = mapped_column(JSON)
     result: Mapped[dict[str, Any]] = mapped_column(JSON)
+    #: A party's structured failure report (step, dataset, columns, error class, message, hint;
+    #: never values), or empty.
+    failure: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class DatasetUse(Base):
+    """One session's use of one dataset: what its owner sees, what a revocation stops.
+
+    Written when a session is submitted or tuned; ``approved_at`` is set by the owner where its
+    grant asks for approval per job (``approval_needed``), and the session waits until then.
+    """
+
+    __tablename__ = "dataset_uses"
+    __table_args__ = (UniqueConstraint("session_id", "owner", "dataset", name="uq_dataset_uses_session_dataset"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    session_id: Mapped[int] = mapped_column(Integer, ForeignKey("sessions.id"))
+    owner: Mapped[str] = mapped_column(String(64))
+    dataset: Mapped[str] = mapped_column(String(64))
+    developer: Mapped[str] = mapped_column(String(64))
+    #: The FL_Data steps run on the dataset, by name and operation (what the owner is shown).
+    pipeline: Mapped[list[Any]] = mapped_column(JSON)
+    since: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    approval_needed: Mapped[bool] = mapped_column(Boolean, default=False)
+    approved_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
 
 
 def _sqlite_pragmas(dbapi_connection, _record) -> None:

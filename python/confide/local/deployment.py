@@ -209,7 +209,12 @@ class LocalDeployment:
                 client.grant(dataset, developer)
 
     def wait_session(
-        self, token: str, owner: str, *, states=("completed", "failed", "refused", "cancelled"), timeout_s=300.0
+        self,
+        token: str,
+        owner: str,
+        *,
+        states=("completed", "failed", "refused", "cancelled", "revoked"),
+        timeout_s=300.0,
     ) -> dict:
         """Poll a session until it reaches one of ``states``."""
         deadline = time.monotonic() + timeout_s

@@ -162,6 +162,34 @@ class LocalFederation:
         return self.children.tail(name, lines)
 
 
+def _checked_against_catalogs(spec: JobSpec, catalogs: dict[str, str]) -> JobSpec:
+    """What the controller does at submit, from the catalogs' published metadata.
+
+    Encodings get their categories agreed; a pipeline that does not fit a party's schema is
+    refused before any process starts.
+    """
+    from confide.data.catalog import Catalog
+    from confide.data.schemas import agree_categories, check_schemas
+    from confide.spec import parse_job
+
+    fl_data = spec.fl_data_object()
+    schemas = {}
+    for party, dataset in fl_data.datasets().items():
+        published = {d["name"]: d for d in Catalog.load(catalogs[party]).metadata()}
+        if dataset not in published:
+            raise JobFailedError(f"party {party}'s catalog has no dataset {dataset!r}; it has {sorted(published)}")
+        schemas[party] = published[dataset]["schema"]
+    agreed = agree_categories(fl_data, schemas)
+    problems = check_schemas(agreed, schemas)
+    if problems:
+        raise JobFailedError(
+            "fl_data does not fit the parties' datasets:\n  " + "\n  ".join(p.text() for p in problems[:20])
+        )
+    if agreed.version == fl_data.version:
+        return spec
+    return parse_job({**spec.model_dump(mode="json"), "fl_data": agreed.to_dict()})
+
+
 def run_local(
     spec: JobSpec,
     workdir: str | os.PathLike,
@@ -178,14 +206,15 @@ def run_local(
     runs an aggregator cluster of that many processes instead of one aggregator. ``catalogs``
     gives each party its dataset catalog for jobs whose ``fl_data`` names catalog datasets.
     """
-    federation = LocalFederation(spec, Path(workdir), catalogs=dict(catalogs or {}))
     if spec.fl_data is not None:
-        missing = [p for p in spec.parties if p not in federation.catalogs]
+        missing = [p for p in spec.parties if p not in (catalogs or {})]
         if missing:
             raise JobFailedError(
                 f"the job provisions data as FL_Data; give each party its catalog (--catalog PARTY=PATH): "
                 f"missing for {missing}"
             )
+        spec = _checked_against_catalogs(spec, catalogs)
+    federation = LocalFederation(spec, Path(workdir), catalogs=dict(catalogs or {}))
     federation.prepare()
     started = time.perf_counter()
     try:

@@ -558,6 +558,10 @@ class HomoLRModel:
         loss = self.estimator.local_train(X, y, proximal=proximal)
         return FitResult(num_examples=int(X.shape[0]), metrics={"loss": float(loss)})
 
+    def predict(self, X: Any) -> np.ndarray:
+        """P(label = 1) per row."""
+        return self.estimator.predict_proba(X)[:, 1]
+
     def evaluate(self, X: Any, y: np.ndarray, metrics: list[str]) -> dict[str, float]:
         """Log loss, accuracy at 0.5 and AUC."""
         return classification_metrics(

@@ -28,6 +28,8 @@ __all__ = ["PartyWorker"]
 
 log = logging.getLogger("confide.agent")
 _PR_SET_PDEATHSIG = 1
+#: Per session: the controller's reason to stop, which the party checks at every round boundary.
+STOP_FILE = "stop.json"
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
@@ -59,11 +61,17 @@ class PartyWorker:
         self.catalog_path = Path(catalog_path) if catalog_path else None
         self.extra_env = dict(extra_env or {})
         self._processes: dict[str, tuple[int, subprocess.Popen, Path]] = {}
+        #: Sessions told to stop, with the controller's reason (their child may still finish a round).
+        self._stopping: dict[str, str] = {}
         self._lock = threading.Lock()
+        #: Seconds a party told to stop may take to reach its round boundary before it is terminated.
+        self.stop_grace_s = float(os.environ.get("CONFIDE_STOP_GRACE_S", "10"))
 
     def start(self, session: str, run: int, config: dict, resume_round: int, directory: Path, joining=()) -> None:
         """Start run ``run``: stop any other run of the session first."""
         self.stop(session)
+        with self._lock:
+            self._stopping.pop(session, None)
         run_dir = directory / f"run-{run}"
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.json").write_text(json.dumps(config, sort_keys=True))
@@ -95,6 +103,11 @@ class PartyWorker:
             command += ["--datasets", str(self.catalog_path)]
         if joining and resume_round:
             command += ["--joining", ",".join(joining)]
+        # The controller told us to run, having checked every grant again: a stop left by an
+        # earlier revocation no longer applies to this run.
+        stop_file = directory / STOP_FILE
+        stop_file.unlink(missing_ok=True)
+        command += ["--stop-file", str(stop_file)]
         log_file = open(run_dir / "party.log", "ab")  # noqa: SIM115 - owned by the child
         env = {**os.environ, **self.extra_env}
         process = subprocess.Popen(
@@ -105,20 +118,41 @@ class PartyWorker:
             self._processes[session] = (run, process, run_dir)
         log.info("session %s: run %d started after round %d (pid %d)", session, run, resume_round, process.pid)
 
-    def stop(self, session: str) -> None:
-        """Terminate the session's child (SIGTERM, then SIGKILL)."""
+    def stop(self, session: str, reason: str | None = None) -> None:
+        """Stop the session's child.
+
+        Without a reason (a new run replaces it, or the agent shuts down): SIGTERM, then SIGKILL.
+        With the controller's ``reason`` (revoked, cancelled, failed elsewhere): the reason goes to
+        the run's stop file, which the party checks at every round boundary, so it ends after the
+        round in flight and trains no further one; a party still running after ``stop_grace_s``
+        (blocked on peers that stopped) is terminated.
+        """
         with self._lock:
-            entry = self._processes.pop(session, None)
+            entry = self._processes.get(session)
+            if entry is None or reason is None:
+                self._processes.pop(session, None)
         if entry is None:
             return
-        _, process, _ = entry
-        if process.poll() is None:
-            process.terminate()
+        run, process, run_dir = entry
+        if reason is None:
+            _terminate(process)
+            return
+        with self._lock:
+            if session in self._stopping:
+                return
+            self._stopping[session] = reason
+        stop_file = run_dir.parent / STOP_FILE
+        temporary = stop_file.with_suffix(".tmp")
+        temporary.write_text(json.dumps({"reason": reason[:2000], "run": run}))
+        os.replace(temporary, stop_file)
+
+        def finish() -> None:
             try:
-                process.wait(5)
+                process.wait(self.stop_grace_s)
             except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+                _terminate(process)
+
+        threading.Thread(target=finish, name=f"confide-stop-{session[:8]}", daemon=True).start()
 
     def stop_all(self) -> None:
         """Stop every child (agent shutdown)."""
@@ -134,16 +168,7 @@ class PartyWorker:
         run, process, run_dir = entry
         report = _read_report(run_dir / f"{self.name}.report.json")
         code = process.poll()
-        status = report.get("status", "starting")
-        state = RunState(run=run, status="running", round=_last_round(report), error="")
-        if status == "completed":
-            state["status"] = "completed"
-            state["result"] = _result(report)
-        elif status == "failed":
-            state["status"], state["error"] = "failed", report.get("error", "failed")
-        elif code is not None:
-            state["status"], state["error"] = "failed", f"party process exited with code {code} before finishing"
-        return state
+        return _state_of(run, report, code, self._stopping.get(session))
 
     def _orphan_state(self, session: str) -> RunState | None:
         # After an agent restart: the run it had started died with it (unless it had finished).
@@ -153,12 +178,47 @@ class PartyWorker:
         except (OSError, ValueError):
             return None
         report = _read_report(self.sessions_root / session / f"run-{run}" / f"{self.name}.report.json")
+        if report.get("status") in ("completed", "failed", "stopped"):
+            return _state_of(run, report, 0, None)  # it finished before the agent restarted
         state = RunState(run=run, status="failed", round=_last_round(report), error="")
-        if report.get("status") == "completed":
-            state["status"], state["result"] = "completed", _result(report)
-        else:
-            state["error"] = f"the party process of run {run} is gone (its agent restarted); resume the session"
+        state["error"] = (
+            f"the party process of run {run} ended with its agent (the agent restarted mid-run); resume the session"
+        )
         return state
+
+
+def _terminate(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def _state_of(run: int, report: dict, code: int | None, stopping: str | None) -> RunState:
+    """What the agent tells the controller about a run, from the party's report and exit status."""
+    status = report.get("status", "starting")
+    state = RunState(run=run, status="running", round=_last_round(report), error="")
+    if report.get("failure"):
+        state["failure"] = report["failure"]
+    if status == "completed":
+        state["status"] = "completed"
+        state["result"] = _result(report)
+    elif status in ("failed", "stopped"):
+        state["status"], state["error"] = status, report.get("error", status)
+    elif code is not None and stopping is not None:
+        state["status"], state["error"] = (
+            "stopped",
+            stopping if stopping.startswith("stopped") else f"stopped: {stopping}",
+        )
+    elif code is not None:
+        state["status"], state["error"] = (
+            "failed",
+            (f"the party process exited with code {code} without a report; see party.log of the run at the party"),
+        )
+    return state
 
 
 def _read_report(path: Path) -> dict:

@@ -41,6 +41,9 @@ from confide import checkpoints as ckpt
 from confide.data import breast_cancer_federation, digits_federation, synthetic_lr, synthetic_tensors
 from confide.errors import (
     ConfideError,
+    DataAccessDeniedError,
+    DataAccessRevokedError,
+    DataProblemError,
     InvalidParameterError,
     JobFailedError,
     MessageTimeoutError,
@@ -49,16 +52,17 @@ from confide.errors import (
     TransportUnavailableError,
 )
 from confide.ml import FitConfig, WeightLayout, build_model
+from confide.ml.artifact import write_artifact
 from confide.party.hooks import load_hooks
 from confide.protect import RoundContext, make_protection
-from confide.reports import ModelSummary, PartyReport, RoundReport
+from confide.reports import Failure, ModelSummary, PartyReport, RoundReport
 from confide.spec import JobSpec
 from confide.transport.certs import Identity
 from confide.transport.client import AGGREGATOR, AggregatorClient
 from confide.transport.slicing import pipelined, slice_length_for
 from confide.v1 import runtime_pb2 as pb
 
-__all__ = ["PartyExchange", "load_party_data", "run_party"]
+__all__ = ["PartyExchange", "failure_of", "load_party_data", "report_failure", "run_party"]
 
 log = logging.getLogger("confide.party")
 MAX_WEIGHTS_IN_REPORT = 10_000
@@ -80,6 +84,9 @@ class PartyData:
     X_test: object | None = None
     y_test: np.ndarray | None = None
     classes: int = 2
+    #: FL_Data only: the feature columns in order, and the statistics the pipeline fitted here.
+    feature_names: list[str] | None = None
+    fitted: list[dict] | None = None
 
     @property
     def example_shape(self) -> tuple[int, ...]:
@@ -100,7 +107,15 @@ def load_party_data(spec: JobSpec, party_id: str, catalog=None) -> PartyData:
         # Binary labels are binary everywhere; more classes are the network's to declare (a party
         # may lack the highest class), so 0: "as the model says".
         classes = 2 if np.isin(labels, (0, 1)).all() else 0
-        return PartyData(provisioned.X, provisioned.y, provisioned.X_test, provisioned.y_test, classes=classes)
+        return PartyData(
+            provisioned.X,
+            provisioned.y,
+            provisioned.X_test,
+            provisioned.y_test,
+            classes=classes,
+            feature_names=provisioned.feature_names,
+            fitted=provisioned.fitted,
+        )
     index = spec.parties.index(party_id)
     data = spec.data
     if data.dataset in ("breast_cancer", "digits"):
@@ -302,6 +317,8 @@ def run_party(
     catalog=None,
     joining: list[str] | tuple[str, ...] = (),
     keras_backend: str | None = None,
+    stop_file: str | os.PathLike | None = None,
+    session: str | None = None,
 ) -> dict:
     """Run this party's side of a job to the end; returns (and writes) its report.
 
@@ -314,7 +331,13 @@ def run_party(
     contribute ``w / holders`` and the joiners zeros, so the joiners receive the checkpointed
     model ``w`` through the job's own protection (exact in plain; to its precision otherwise).
     ``keras_backend``: this party's choice of Keras backend (``model.algorithm: keras``), which
-    wins over the job's ``model.backends``.
+    wins over the job's ``model.backends``. ``stop_file``: checked before the data is read and at
+    every round boundary; once it exists (the agent writes it when the data owner revokes the
+    grant) the party trains no further round and stops with status ``stopped``.
+
+    Any failure is written to the report as a :class:`~confide.reports.Failure` (step, dataset,
+    columns, error class, message, hint; never a value), which the agent forwards to the
+    controller.
     """
     if party_id not in spec.parties:
         raise JobFailedError(f"party {party_id!r} is not in the job's parties {spec.parties}")
@@ -328,24 +351,21 @@ def run_party(
     workdir.mkdir(parents=True, exist_ok=True)
     checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else workdir / f"{party_id}.checkpoints"
     report_path = workdir / f"{party_id}.report.json"
-    identity = Identity.load(certs_dir, party_id)
+    dataset = (spec.datasets() or {}).get(party_id)
+    stage = "data"
     try:
+        _check_stop(stop_file)
+        identity = Identity.load(certs_dir, party_id)
         data = load_party_data(spec, party_id, catalog)
+        stage = "model"
         model = build_model(
             spec.model, seed=spec.seed, party_id=party_id, network=spec.network(), keras_backend=keras_backend
         )
         model.build(data.example_shape, data.classes)
         layout = WeightLayout.of(model.get_weights())
-    except ConfideError as error:
+    except Exception as error:
         # Before any peer is contacted: the report says why, and the launcher stops the others.
-        failed = PartyReport(
-            job_id=spec.job_id,
-            party=party_id,
-            status="failed",
-            failed_round=0,
-            error=f"{type(error).__name__}: {error}",
-        )
-        _write_report(report_path, failed)
+        report_failure(workdir, spec.job_id, party_id, error, stage=stage, dataset=dataset, round_number=0)
         raise
     strategy = spec.strategy.build()
     first_round = 1
@@ -362,6 +382,7 @@ def run_party(
         party=party_id,
         status="starting",
         samples=int(data.X.shape[0]),
+        test_samples=int(data.X_test.shape[0]) if data.X_test is not None else None,
         features=int(np.prod(data.example_shape)),
         model=ModelSummary(
             algorithm=spec.model.algorithm,
@@ -437,6 +458,7 @@ def run_party(
         )
         for round_number in range(first_round, spec.rounds + 1):
             current = {"round": round_number}
+            _check_stop(stop_file)  # a round boundary: an owner's revocation takes effect here
             entry = _train_and_aggregate(training, participants, round_number)
             participants = entry.participants
             report.rounds.append(entry)
@@ -453,10 +475,36 @@ def run_party(
         final = layout.flatten(model.get_weights())
         report.weights = final.tolist() if final.size <= MAX_WEIGHTS_IN_REPORT else None
         _save_model(workdir / f"{party_id}.model.npz", model, layout, spec)
-    except ConfideError as error:
-        report.status = "failed"
-        report.error = f"{type(error).__name__}: {error}"
+        last = report.rounds[-1] if report.rounds else None
+        metrics = {
+            k: v
+            for k, v in {
+                "test_auc": last.test_auc if last else None,
+                "test_accuracy": last.test_accuracy if last else None,
+                "test_samples": int(data.X_test.shape[0]) if data.X_test is not None else None,
+            }.items()
+            if v is not None
+        }
+        write_artifact(
+            workdir / f"{party_id}.model.zip",
+            model=model,
+            layout=layout,
+            spec=spec,
+            party=party_id,
+            session=session,
+            data=data,
+            rounds=spec.rounds,
+            protection=report.protection,
+            metrics=metrics,
+            runtime_job_id=runtime_job_id,
+            checkpoint_leaf=_final_leaf(checkpoint_dir, spec),
+        )
+    except Exception as error:
+        failure = failure_of(error, stage="round", dataset=dataset, round_number=current.get("round"))
+        report.status = "stopped" if failure.stage == "access" else "failed"
+        report.error = f"{failure.error}: {failure.message}"
         report.failed_round = current.get("round")
+        report.failure = failure
         _write_report(report_path, report)
         raise
     finally:
@@ -760,6 +808,17 @@ def _save_model(path: Path, model, layout: WeightLayout, spec: JobSpec) -> None:
     os.replace(temporary, path)
 
 
+def _final_leaf(directory: Path, spec: JobSpec) -> dict | None:
+    """The last round's checkpointed weights as a Merkle leaf (name, SHA-256), if it was checkpointed."""
+    if not spec.checkpoint_interval:
+        return None
+    name = f"{ckpt.round_name(spec.rounds)}/weights.npz"
+    path = directory / name
+    if not path.exists():
+        return None
+    return {"round": spec.rounds, "name": name, "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+
+
 def _drop_later_checkpoints(directory: Path, resume_round: int) -> None:
     # Checkpoints of rounds after the resume point belong to an abandoned run.
     if not directory.exists():
@@ -768,6 +827,73 @@ def _drop_later_checkpoints(directory: Path, resume_round: int) -> None:
         number = path.name.split("-", 1)[1].split(".", 1)[0]
         if number.isdigit() and int(number) > resume_round:
             shutil.rmtree(path, ignore_errors=True)
+
+
+def _check_stop(stop_file: str | os.PathLike | None) -> None:
+    if stop_file is None:
+        return
+    try:
+        reason = json.loads(Path(stop_file).read_text()).get("reason", "")
+    except FileNotFoundError:
+        return
+    except (OSError, ValueError):
+        reason = ""
+    raise DataAccessRevokedError(reason or "the data owner stopped this session's use of its dataset")
+
+
+def failure_of(error: BaseException, *, stage: str, dataset: str | None = None, round_number=None) -> Failure:
+    """What may be said of ``error`` across sites: class, message with names, never values.
+
+    Confide's own errors carry messages that name columns and counts only. Any other exception
+    (a library's, whose text may quote a row) is reported by its class alone; its details stay
+    in the party's own log (``run-N/party.log`` under the agent's workdir).
+    """
+    if isinstance(error, DataAccessDeniedError):
+        stage = "access"
+    elif isinstance(error, DataProblemError):
+        stage = "data"
+    if isinstance(error, ConfideError):
+        message = str(error)[:2000]
+    else:
+        message = (
+            f"unexpected {type(error).__name__} at the party; its details are in the party's own log "
+            "(party.log of the run) and were not sent"
+        )
+        stage = "internal"
+    return Failure(
+        stage=stage,
+        error=type(error).__name__,
+        message=message,
+        dataset=dataset,
+        step=getattr(error, "step", None),
+        columns=list(getattr(error, "columns", []) or []),
+        round=round_number,
+        hint=getattr(error, "hint", None),
+    )
+
+
+def report_failure(
+    workdir: str | os.PathLike,
+    job_id: str,
+    party_id: str,
+    error: BaseException,
+    *,
+    stage: str,
+    dataset: str | None = None,
+    round_number: int | None = 0,
+) -> None:
+    """Write a failed (or stopped) report for a party that could not start its rounds."""
+    failure = failure_of(error, stage=stage, dataset=dataset, round_number=round_number)
+    report = PartyReport(
+        job_id=job_id,
+        party=party_id,
+        status="stopped" if failure.stage == "access" else "failed",
+        failed_round=round_number,
+        error=f"{failure.error}: {failure.message}",
+        failure=failure,
+    )
+    Path(workdir).mkdir(parents=True, exist_ok=True)
+    _write_report(Path(workdir) / f"{party_id}.report.json", report)
 
 
 def _write_report(path: Path, report: PartyReport) -> None:

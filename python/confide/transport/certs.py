@@ -40,7 +40,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from confide.errors import CertificateError, InvalidParameterError
+from confide.errors import CertificateError, InvalidParameterError, MissingFileError
 
 __all__ = [
     "CA_CERT_FILE",
@@ -53,6 +53,8 @@ __all__ = [
     "Identity",
     "init_federation",
     "issue_identity",
+    "make_request",
+    "sign_request",
     "name_from_auth_context",
     "name_from_der",
     "peer_identity",
@@ -173,7 +175,11 @@ def _read_file(path: Path, what: str) -> bytes:
     try:
         return path.read_bytes()
     except FileNotFoundError:
-        raise FileNotFoundError(f"{what} file not found: {path}") from None
+        hint = ""
+        if path.suffix in (".crt", ".key") and path.parent.is_dir():
+            known = sorted(p.stem for p in path.parent.glob("*.crt") if p.stem != "ca")
+            hint = f" (identities in {path.parent}: {', '.join(known) or 'none'}; check --as / --name / --certs)"
+        raise MissingFileError(f"{what} file not found: {path}{hint}") from None
 
 
 def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
@@ -245,8 +251,11 @@ def _make_leaf(
     role: str,
     hosts: list[x509.GeneralName],
     days: int,
-) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
-    key = ec.generate_private_key(_CURVE())
+    public_key: ec.EllipticCurvePublicKey | None = None,
+) -> tuple[ec.EllipticCurvePrivateKey | None, x509.Certificate]:
+    """A certificate for ``name``: for a new key pair (returned), or for a site's own ``public_key``."""
+    key = ec.generate_private_key(_CURVE()) if public_key is None else None
+    public = key.public_key() if key is not None else public_key
     now = datetime.now(timezone.utc)
     not_after = min(now + timedelta(days=days), ca_cert.not_valid_after_utc)  # a leaf never outlives its CA
     if role == ROLE_SERVICE:
@@ -271,7 +280,7 @@ def _make_leaf(
             )
         )
         .issuer_name(ca_cert.subject)
-        .public_key(key.public_key())
+        .public_key(public)
         .serial_number(_serial())
         .not_valid_before(now - _BACKDATE)
         .not_valid_after(not_after)
@@ -292,7 +301,7 @@ def _make_leaf(
         )
         .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
         .add_extension(x509.SubjectAlternativeName(sans), critical=False)
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(public), critical=False)
         .add_extension(
             x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_cert.public_key()),
             critical=False,
@@ -310,7 +319,7 @@ def init_federation(
     directory: str | os.PathLike[str],
     *,
     parties: Sequence[str],
-    services: Sequence[str] = ("aggregator",),
+    services: Sequence[str] = ("controller", "aggregator"),
     admins: Sequence[str] = ("runner",),
     developers: Sequence[str] = (),
     hosts: Sequence[str] = DEFAULT_HOSTS,
@@ -373,7 +382,11 @@ def init_federation(
     if not overwrite:
         for path in targets:
             if path.exists():
-                raise InvalidParameterError(f"{path} already exists; pass overwrite=True to replace the federation")
+                raise InvalidParameterError(
+                    f"{path} already exists: this directory holds a federation already. Add one identity with "
+                    "'confide certs add', enroll a site with 'confide certs request' + 'confide certs sign', "
+                    "or replace the whole federation (every identity) with --force"
+                )
 
     root.mkdir(mode=0o700, parents=True, exist_ok=True)
     ca_key, ca_cert = _make_ca(days)
@@ -448,6 +461,113 @@ def issue_identity(
     _write_file(key_path, _key_pem(key), 0o600)
     _write_file(cert_path, _cert_pem(cert), 0o644)
     return cert_path
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Public API: per-site enrollment (the site keeps its key; the operator keeps the CA key)
+
+#: Where the CA directory remembers what it signed: ``issued/<name>.crt``.
+ISSUED_DIR = "issued"
+MAX_CSR_BYTES = 64 * 1024
+
+
+def make_request(
+    directory: str | os.PathLike[str], name: str, role: str, *, hosts: Sequence[str] = DEFAULT_HOSTS
+) -> Path:
+    """At a site: a new key pair and a certificate signing request for ``name``.
+
+    Writes ``<name>.key`` (mode 0600; it never leaves the site) and ``<name>.csr`` (public: send it
+    to the federation operator) into ``directory``. Returns the CSR's path.
+    """
+    name = _check_name(name)
+    role = _check_role(role)
+    host_names = _check_hosts(hosts)
+    if role == ROLE_SERVICE and not host_names:
+        raise InvalidParameterError("hosts must name at least one DNS name or IP address for a service")
+    root = Path(directory)
+    key_path, csr_path = root / f"{name}.key", root / f"{name}.csr"
+    if key_path.exists():
+        raise InvalidParameterError(
+            f"{key_path} already exists; this site has a key for {name!r} (keep it, or remove it)"
+        )
+    root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    key = ec.generate_private_key(_CURVE())
+    sans = host_names if role == ROLE_SERVICE else [x509.DNSName(name)]
+    csr = (
+        x509.CertificateSigningRequestBuilder()
+        .subject_name(
+            x509.Name(
+                [
+                    x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, role),
+                    x509.NameAttribute(NameOID.COMMON_NAME, name),
+                ]
+            )
+        )
+        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    _write_file(key_path, _key_pem(key), 0o600)
+    _write_file(csr_path, csr.public_bytes(serialization.Encoding.PEM), 0o644)
+    return csr_path
+
+
+def sign_request(
+    ca_directory: str | os.PathLike[str], csr_pem: bytes, *, role: str, days: int = 365, replace: bool = False
+) -> tuple[str, bytes]:
+    """At the federation operator: check a site's CSR and sign it with the CA; returns ``(name, cert PEM)``.
+
+    Refused (CertificateError) when the CSR's signature does not verify with its own public key
+    (forged or altered), its key is not ECDSA P-256, it asks for another role than ``role`` (the
+    operator's decision), or names an identity the CA already issued (unless ``replace``: a site
+    that lost its key). The signed certificate is also kept as ``issued/<name>.crt``.
+    """
+    role = _check_role(role)
+    days = _check_days(days)
+    data = _as_bytes(csr_pem, "csr")
+    if len(data) > MAX_CSR_BYTES:
+        raise CertificateError(f"the CSR is {len(data)} bytes; at most {MAX_CSR_BYTES}")
+    try:
+        csr = x509.load_pem_x509_csr(data)
+    except ValueError:
+        raise CertificateError("not a PEM certificate signing request (made with 'confide certs request')") from None
+    if not csr.is_signature_valid:
+        raise CertificateError("the CSR's signature does not verify with its own key: it was forged or altered")
+    public = csr.public_key()
+    if not isinstance(public, ec.EllipticCurvePublicKey) or public.curve.name != _CURVE.name:
+        raise CertificateError(f"the CSR's key must be ECDSA on {_CURVE.name}")
+    names = csr.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    roles = csr.subject.get_attributes_for_oid(NameOID.ORGANIZATIONAL_UNIT_NAME)
+    if len(names) != 1:
+        raise CertificateError("the CSR must name exactly one identity (subject CN)")
+    name = _check_name(str(names[0].value), "CSR name")
+    asked = str(roles[0].value) if roles else None
+    if asked != role:
+        raise CertificateError(f"the CSR asks for role {asked!r}, the operator signs it as {role!r}")
+    hosts: list[x509.GeneralName] = []
+    if role == ROLE_SERVICE:
+        try:
+            sans = csr.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        except x509.ExtensionNotFound:
+            raise CertificateError("a service CSR must name its hosts (DNS names or IP addresses)") from None
+        hosts = _check_hosts(
+            [str(h) for h in sans.get_values_for_type(x509.IPAddress)] + sans.get_values_for_type(x509.DNSName)
+        )
+    root = Path(ca_directory)
+    issued = root / ISSUED_DIR / f"{name}.crt"
+    if not replace and (issued.exists() or (root / f"{name}.crt").exists()):
+        raise CertificateError(
+            f"the federation already has an identity {name!r}; a second one would impersonate it "
+            "(if the site lost its key, sign again with --replace)"
+        )
+    ca_cert = _load_cert(_read_file(root / CA_CERT_FILE, "CA certificate"), "ca.crt")
+    ca_key = _load_key(_read_file(root / CA_KEY_FILE, "CA key"), "ca.key")
+    if ca_key.public_key().public_numbers() != ca_cert.public_key().public_numbers():
+        raise CertificateError(f"{root / CA_KEY_FILE} does not belong to {root / CA_CERT_FILE}")
+    _, cert = _make_leaf(ca_key, ca_cert, name, role, hosts, days, public_key=public)
+    pem = _cert_pem(cert)
+    issued.parent.mkdir(mode=0o700, exist_ok=True)
+    _write_file(issued, pem, 0o644)
+    return name, pem
 
 
 # ----------------------------------------------------------------------------------------------------------------------

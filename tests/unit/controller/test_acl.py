@@ -34,7 +34,14 @@ def test_submit_without_grant_is_denied_and_audited(controller, fed):
 def test_grant_allows_and_revoke_denies_again(controller, fed):
     fed.setup(grant=False)
     for name in PARTIES:
-        assert fed.grant(name) == {"dataset": f"{name}/records", "developer": "dev", "active": True}
+        assert fed.grant(name) == {
+            "dataset": f"{name}/records",
+            "developer": "dev",
+            "active": True,
+            "expires_at": None,
+            "job_id": None,
+            "approval": False,
+        }
     token = fed.submit()
     assert _last(controller, "submit")["decision"] == "allow"
     assert [s["session"] for s in controller.sessions(DEV)] == [token]
@@ -73,7 +80,7 @@ def test_unknown_dataset(controller, fed):
 
 def test_missing_label_column(controller, fed):
     fed.setup()
-    with pytest.raises(InvalidParameterError, match=r"fl_data\.label.*outcome"):
+    with pytest.raises(InvalidParameterError, match=r"fl_data\.label: column .outcome."):
         fed.submit(job(label="outcome"))
     assert controller.sessions(ADMIN) == []
 

@@ -14,13 +14,24 @@ from confide.errors import InvalidParameterError
 
 from .conftest import Federation
 
-TABLES = {"alembic_version", "audit", "parties", "datasets", "grants", "sessions", "session_entries", "participants"}
+TABLES = {
+    "alembic_version",
+    "audit",
+    "parties",
+    "datasets",
+    "dataset_uses",
+    "grants",
+    "sessions",
+    "session_entries",
+    "participants",
+}
+HEAD = "0002"
 
 
 def test_open_creates_every_table_at_head(store_url):
     opened = open_store(store_url)
     try:
-        assert store_module.current_revision(opened.engine) == "0001"
+        assert store_module.current_revision(opened.engine) == HEAD
         assert set(inspect(opened.engine).get_table_names()) == TABLES
         assert opened.dialect == store_url.split(":")[0]
     finally:
@@ -35,13 +46,13 @@ def test_reopening_is_a_no_op_and_keeps_rows(store_url):
         first.close()
     second = open_store(store_url)
     try:
-        assert store_module.current_revision(second.engine) == "0001"
+        assert store_module.current_revision(second.engine) == HEAD
         with second.transaction() as db:
             assert db.scalar(select(func.count()).select_from(Party)) == 3
             assert db.scalar(select(func.count()).select_from(Dataset)) == 2
         # An explicit upgrade to head again changes nothing either.
         store_module.upgrade(second.engine)
-        assert store_module.current_revision(second.engine) == "0001"
+        assert store_module.current_revision(second.engine) == HEAD
         with second.transaction() as db:
             assert db.scalar(select(func.count()).select_from(Party)) == 3
     finally:
@@ -80,3 +91,49 @@ def test_plain_path_means_sqlite(tmp_path):
             assert connection.exec_driver_sql("PRAGMA synchronous").scalar() == 2  # FULL
     finally:
         opened.close()
+
+
+def test_upgrading_a_0001_store_keeps_its_grants_and_sessions(store_url):
+    """A store made before the governance revision: its rows survive, and new columns take defaults."""
+    from datetime import datetime, timezone
+
+    from sqlalchemy import text
+
+    from confide.controller.service import Caller
+
+    opened = open_store(store_url, migrate=False)
+    try:
+        store_module.upgrade(opened.engine, "0001")
+        now = datetime.now(timezone.utc)
+        with opened.engine.begin() as db:  # rows as the 0001 schema holds them (the models are newer)
+            db.execute(
+                text(
+                    "INSERT INTO parties (id, name, role, cert_sha256, registered_at, last_seen_at) "
+                    "VALUES (1, 'hospital-a', 'party', '', :now, :now)"
+                ),
+                {"now": now},
+            )
+            db.execute(
+                text(
+                    "INSERT INTO datasets (id, owner, name, columns, rows, description, source, updated_at) "
+                    "VALUES (1, 'hospital-a', 'records', '[]', 10, '', '', :now)"
+                ),
+                {"now": now},
+            )
+            db.execute(
+                text(
+                    "INSERT INTO grants (id, dataset_id, developer, granted_by, granted_at) "
+                    "VALUES (1, 1, 'dev', 'hospital-a', :now)"
+                ),
+                {"now": now},
+            )
+    finally:
+        opened.close()
+    upgraded = open_store(store_url)
+    try:
+        assert store_module.current_revision(upgraded.engine) == HEAD
+        rows = Controller(upgraded).grants(Caller("runner", "admin"))
+        assert [(r["dataset"], r["developer"]) for r in rows] == [("hospital-a/records", "dev")]
+        assert rows[0]["active"] and rows[0]["approval"] is False and rows[0]["expires_at"] is None
+    finally:
+        upgraded.close()

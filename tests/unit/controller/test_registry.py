@@ -16,7 +16,7 @@ def test_party_publishes_dataset_metadata(controller, fed):
     assert item == {
         "owner": "hospital-a",
         "name": "records",
-        "schema": SCHEMA,
+        "schema": [{**column, "missing": False} for column in SCHEMA],
         "rows": 569,
         "description": "d",
         "source": "catalog",
@@ -67,7 +67,7 @@ def test_reregistering_replaces_metadata(controller, fed):
     fed.register_party("hospital-a", [dataset("records", rows=250, schema=[{"name": "label", "dtype": "int"}])])
     [item] = controller.datasets(ADMIN)
     assert item["rows"] == 250
-    assert item["schema"] == [{"name": "label", "dtype": "int"}]
+    assert item["schema"] == [{"name": "label", "dtype": "int", "missing": False}]
     assert [p["name"] for p in controller.parties(ADMIN)] == ["hospital-a"]
 
 

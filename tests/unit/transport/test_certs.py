@@ -1,3 +1,4 @@
+import base64
 import ipaddress
 import os
 import stat
@@ -9,7 +10,7 @@ import grpc
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from confide.errors import CertificateError, ConfideError, InvalidParameterError
@@ -438,3 +439,80 @@ def test_key_files_not_world_readable_even_with_permissive_umask(tmp_path):
     assert _mode(tmp_path / "x.key") == 0o600
     assert _mode(tmp_path / "ca.key") == 0o600
     assert _mode(tmp_path / "x.crt") == 0o644
+
+
+# ---------------------------------------------------------------------------------------------- per-site enrollment
+
+
+def test_init_names_the_flag_and_makes_a_controller_identity(tmp_path):
+    init_federation(tmp_path, parties=["x"])
+    assert (tmp_path / "controller.crt").exists() and (tmp_path / "controller.key").exists()
+    with pytest.raises(InvalidParameterError, match="--force") as raised:
+        init_federation(tmp_path, parties=["x"])
+    assert "overwrite=True" not in str(raised.value) and "certs add" in str(raised.value)
+
+
+def test_a_site_enrolls_by_signing_request_and_its_key_never_leaves_it(tmp_path):
+    from confide.transport.certs import make_request, sign_request
+
+    operator, site = tmp_path / "operator", tmp_path / "site"
+    init_federation(operator, parties=["hospital-a"])
+    ca_before = (operator / "ca.crt").read_bytes()
+    csr_path = make_request(site, "hospital-d", ROLE_PARTY)
+    assert _mode(site / "hospital-d.key") == 0o600 and not (operator / "hospital-d.key").exists()
+    name, pem = sign_request(operator, csr_path.read_bytes(), role=ROLE_PARTY)
+    assert name == "hospital-d" and (operator / "issued" / "hospital-d.crt").read_bytes() == pem
+    (site / "hospital-d.crt").write_bytes(pem)
+    (site / "ca.crt").write_bytes((operator / "ca.crt").read_bytes())
+    identity = Identity.load(site, "hospital-d")  # the site's own key matches the signed certificate
+    assert identity.role == ROLE_PARTY and (operator / "ca.crt").read_bytes() == ca_before
+    assert peer_identity(pem, ca_before) == ("hospital-d", ROLE_PARTY)
+    # The same name again would impersonate the site: refused unless it is a re-enrollment.
+    again = make_request(tmp_path / "thief", "hospital-d", ROLE_PARTY)
+    with pytest.raises(CertificateError, match="already has an identity 'hospital-d'"):
+        sign_request(operator, again.read_bytes(), role=ROLE_PARTY)
+    sign_request(operator, again.read_bytes(), role=ROLE_PARTY, replace=True)
+    # Names the CA directory issued itself count too.
+    ours = make_request(tmp_path / "other", "hospital-a", ROLE_PARTY)
+    with pytest.raises(CertificateError, match="already has an identity 'hospital-a'"):
+        sign_request(operator, ours.read_bytes(), role=ROLE_PARTY)
+
+
+def test_forged_altered_or_mismatched_requests_are_refused(tmp_path):
+    from confide.transport.certs import make_request, sign_request
+
+    operator = tmp_path / "operator"
+    init_federation(operator, parties=["hospital-a"])
+    pem = make_request(tmp_path / "site", "hospital-e", ROLE_PARTY).read_bytes()
+    csr = x509.load_pem_x509_csr(pem)
+    der = csr.public_bytes(serialization.Encoding.DER)
+    altered = der.replace(b"hospital-e", b"hospital-f")  # the name changed after signing
+    forged = b"-----BEGIN CERTIFICATE REQUEST-----\n" + base64.encodebytes(altered)
+    forged += b"-----END CERTIFICATE REQUEST-----\n"
+    with pytest.raises(CertificateError, match="forged or altered"):
+        sign_request(operator, forged, role=ROLE_PARTY)
+    with pytest.raises(CertificateError, match="asks for role 'party'.*signs it as 'admin'"):
+        sign_request(operator, pem, role=ROLE_ADMIN)
+    with pytest.raises(CertificateError, match="not a PEM certificate signing request"):
+        sign_request(operator, b"hello", role=ROLE_PARTY)
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    other = (
+        x509.CertificateSigningRequestBuilder()
+        .subject_name(
+            x509.Name(
+                [
+                    x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, "party"),
+                    x509.NameAttribute(NameOID.COMMON_NAME, "hospital-g"),
+                ]
+            )
+        )
+        .sign(key, hashes.SHA256())
+    )
+    with pytest.raises(CertificateError, match="ECDSA"):
+        sign_request(operator, other.public_bytes(serialization.Encoding.PEM), role=ROLE_PARTY)
+    assert not (operator / "issued").exists()  # nothing was signed
+
+
+def test_a_missing_identity_is_a_confide_error_naming_the_known_ones(fed):
+    with pytest.raises(ConfideError, match="identities in .*hospital-a, hospital-b"):
+        Identity.load(fed, "nobody")

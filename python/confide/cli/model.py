@@ -1,0 +1,90 @@
+"""``confide model show | predict | export``: use a trained model at the party that holds it.
+
+The model is the ``<party>.model.zip`` artifact a party writes at the end of a job
+(:mod:`confide.ml.artifact`); these commands need no controller and no network.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+
+from confide.errors import InvalidParameterError
+
+__all__ = ["add_commands", "dispatch"]
+
+
+def add_commands(commands) -> None:
+    """Register ``confide model`` on the top-level subparsers."""
+    model = commands.add_parser("model", help="show, score with, or export a trained model (<party>.model.zip)")
+    sub = model.add_subparsers(dest="model_command", required=True)
+    show = sub.add_parser("show", help="what the model is: job, features, pipeline, metrics, checkpoint leaf")
+    show.add_argument("artifact", help="a <party>.model.zip")
+    show.add_argument("--json", action="store_true", help="print the manifest as JSON")
+    predict = sub.add_parser("predict", help="score new records (CSV or Parquet) with the training pipeline")
+    predict.add_argument("artifact", help="a <party>.model.zip")
+    predict.add_argument("records", help="CSV (or Parquet) with the dataset's columns; the label may be absent")
+    predict.add_argument("--out", default=None, help="write row,score CSV here (default: standard output)")
+    predict.add_argument("--delimiter", default="auto", help="CSV delimiter (default: detected)")
+    predict.add_argument(
+        "--missing", action="append", default=None, metavar="MARKER", help="a cell text meaning missing (repeat)"
+    )
+    export = sub.add_parser("export", help="the model in a standard format (ONNX for linear models)")
+    export.add_argument("artifact", help="a <party>.model.zip")
+    export.add_argument("--format", choices=["onnx"], default="onnx")
+    export.add_argument("--out", required=True, help="file to write, e.g. model.onnx")
+
+
+def dispatch(args) -> int:
+    """Run a ``confide model`` command."""
+    from confide.ml.artifact import ModelArtifact, export_onnx, predict
+
+    artifact = ModelArtifact.load(args.artifact)
+    if args.model_command == "show":
+        _show(artifact, args.json)
+    elif args.model_command == "predict":
+        if len(args.delimiter) != 1 and args.delimiter != "auto":
+            raise InvalidParameterError(f"--delimiter must be one character or 'auto', got {args.delimiter!r}")
+        rows, scores = predict(artifact, args.records, delimiter=args.delimiter, missing=args.missing)
+        handle = open(args.out, "w", newline="", encoding="utf-8") if args.out else sys.stdout  # noqa: SIM115
+        try:
+            writer = csv.writer(handle)
+            if scores.ndim == 1:
+                writer.writerow(["row", f"p_{artifact.manifest['label']}"])
+                writer.writerows([int(r), f"{s:.17g}"] for r, s in zip(rows, scores, strict=True))
+            else:
+                writer.writerow(["row", *(f"p_class_{k}" for k in range(scores.shape[1]))])
+                writer.writerows([int(r), *(f"{v:.17g}" for v in s)] for r, s in zip(rows, scores, strict=True))
+        finally:
+            if args.out:
+                handle.close()
+        if args.out:
+            print(f"scored {len(rows)} records into {args.out}", file=sys.stderr)
+    else:
+        path = export_onnx(artifact, args.out)
+        print(f"wrote {path} (ONNX; inputs: {len(artifact.features or [])} features in the manifest's order)")
+    return 0
+
+
+def _show(artifact, as_json: bool) -> None:
+    m = artifact.manifest
+    if as_json:
+        print(json.dumps(m, indent=1, sort_keys=True))
+        return
+    spec = m["model"]["spec"]
+    lines = [
+        f"model {spec['algorithm']} of job {m['job_id']}"
+        + (f", session {m['session']}" if m.get("session") else "")
+        + f", trained by {m['party']} ({m['rounds']} rounds, protection {m.get('protection')})",
+        f"label {m.get('label')}; {len(m.get('features') or [])} features: {', '.join(m.get('features') or [])}",
+    ]
+    for step, fitted in zip(m.get("pipeline") or [], m.get("fitted") or [], strict=False):
+        stats = fitted.get("columns") or fitted.get("categories") or {}
+        lines.append(f"  step {step['name']} ({step['op']}): fitted for {len(stats)} column(s)")
+    if m.get("metrics"):
+        lines.append("held-out metrics at this party: " + ", ".join(f"{k} {v:.4g}" for k, v in m["metrics"].items()))
+    if m.get("checkpoint"):
+        leaf = m["checkpoint"]
+        lines.append(f"final checkpoint leaf {leaf['name']} sha256 {leaf['sha256']} (see 'confide session log')")
+    print("\n".join(lines))

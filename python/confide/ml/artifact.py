@@ -1,0 +1,220 @@
+"""A trained model a hospital can use: one self-describing file, scored and exported by the CLI.
+
+Every party writes ``<party>.model.zip`` at the end of a job, next to its report (under an
+agent: ``<workdir>/sessions/<session>/run-<N>/``). The archive holds:
+
+``manifest.json``
+    format and version; the job, its session and run (when a controller ran it) and the party;
+    the label and the feature names in the model's input order; the FL_Data pipeline with the
+    statistics this party fitted on its own rows (imputation values, scaling parameters,
+    encoding categories); the model specification and its weight layout; the rounds trained,
+    the protection that ran, the party's final held-out metrics; the SHA-256 of the final
+    checkpoint's ``weights.npz`` (a leaf of the Merkle root the controller recorded for that
+    round, which ``confide session log`` prints) when the job checkpoints its last round.
+``weights.npz``
+    the global model's tensors by name.
+
+``confide model show|predict|export`` read it. :func:`predict` prepares new records with the
+fitted statistics, never statistics of the new records, so a party's own held-out rows get the
+probabilities its evaluation saw. :func:`export_onnx` converts linear models (``homo_lr``)
+through skl2onnx's maintained converter; the result runs in onnxruntime.
+
+The fitted statistics describe this party's rows (a median, a mean and standard deviation per
+column): the artifact stays at the party like the data, and is shared only by its owner's choice.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import zipfile
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from confide.errors import InvalidParameterError
+
+__all__ = ["ModelArtifact", "export_onnx", "predict", "write_artifact"]
+
+FORMAT = "confide.model"
+VERSION = 1
+#: Export formats by model algorithm (what a standard format can hold).
+EXPORTS = {"homo_lr": ("onnx",)}
+
+
+@dataclass
+class ModelArtifact:
+    """A loaded ``.model.zip``: its manifest and its weights by tensor name."""
+
+    manifest: dict[str, Any]
+    weights: dict[str, np.ndarray]
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> ModelArtifact:
+        """Read and check an artifact; errors name the file and what is wrong with it."""
+        path = Path(path)
+        try:
+            with zipfile.ZipFile(path) as archive:
+                manifest = json.loads(archive.read("manifest.json"))
+                with np.load(io.BytesIO(archive.read("weights.npz")), allow_pickle=False) as npz:
+                    weights = {name: npz[name] for name in npz.files}
+        except FileNotFoundError:
+            raise InvalidParameterError(f"{path}: no such model file") from None
+        except (zipfile.BadZipFile, KeyError, ValueError, OSError) as error:
+            raise InvalidParameterError(
+                f"{path}: not a Confide model artifact ({type(error).__name__}); it is the <party>.model.zip "
+                "a party writes next to its report"
+            ) from None
+        if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
+            raise InvalidParameterError(
+                f"{path}: format {manifest.get('format')!r} version {manifest.get('version')!r}, "
+                f"expected {FORMAT!r} version {VERSION}"
+            )
+        return cls(manifest, weights)
+
+    @property
+    def features(self) -> list[str]:
+        """Input columns of the model, in order (after the pipeline)."""
+        return list(self.manifest["features"])
+
+    def model(self):
+        """The model of the seam with these weights loaded."""
+        from confide.ml import WeightLayout, build_model
+        from confide.spec import ModelSpec
+
+        spec = ModelSpec.model_validate(self.manifest["model"]["spec"])
+        model = build_model(
+            spec, seed=0, party_id=self.manifest["party"], network=self.manifest["model"].get("network")
+        )
+        model.build(tuple(self.manifest["model"]["example_shape"]), int(self.manifest["model"]["classes"]))
+        layout = WeightLayout.from_dict(self.manifest["model"]["layout"])
+        layout.check(self.weights, who="artifact")
+        model.set_weights(self.weights)
+        return model
+
+
+def write_artifact(
+    path: str | os.PathLike,
+    *,
+    model,
+    layout,
+    spec,
+    party: str,
+    session: str | None,
+    data,
+    rounds: int,
+    protection: dict | None,
+    metrics: dict | None,
+    runtime_job_id: str | None,
+    checkpoint_leaf: dict | None,
+) -> Path:
+    """Write ``path`` atomically (temporary file, fsync, rename)."""
+    fl_data = spec.fl_data_object()
+    manifest = {
+        "format": FORMAT,
+        "version": VERSION,
+        "created_at": datetime.now(timezone.utc).isoformat(),
+        "job_id": spec.job_id,
+        "runtime_job_id": runtime_job_id,
+        "session": session,
+        "party": party,
+        "label": fl_data.label if fl_data is not None else None,
+        "features": list(data.feature_names) if data.feature_names else None,
+        "pipeline": [step.to_dict() for step in fl_data.pipeline] if fl_data is not None else None,
+        "fitted": data.fitted,
+        "dataset": (spec.datasets() or {}).get(party),
+        "model": {
+            "spec": spec.model.model_dump(mode="json"),
+            "network": spec.network(),
+            "layout": layout.to_dict(),
+            "example_shape": list(data.example_shape),
+            "classes": int(data.classes),
+        },
+        "rounds": rounds,
+        "protection": (protection or {}).get("mode"),
+        "metrics": metrics or {},
+        "checkpoint": checkpoint_leaf,
+    }
+    buffer = io.BytesIO()
+    np.savez(buffer, **model.get_weights())
+    path = Path(path)
+    temporary = path.with_suffix(".tmp")
+    with zipfile.ZipFile(temporary, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("manifest.json", json.dumps(manifest, indent=1, sort_keys=True))
+        archive.writestr("weights.npz", buffer.getvalue())
+    with open(temporary, "rb+") as handle:
+        os.fsync(handle.fileno())
+    os.replace(temporary, path)
+    return path
+
+
+def _table_of(path: str | os.PathLike, delimiter: str = "auto", missing: list[str] | None = None):
+    from confide.data.catalog import MISSING_MARKERS, Catalog
+
+    path = Path(path).resolve()
+    entry = {"source": "csv", "path": str(path), "delimiter": delimiter, "missing": list(missing or MISSING_MARKERS)}
+    if path.suffix in (".parquet", ".pq") or path.is_dir():
+        entry = {"source": "parquet", "path": str(path)}
+    return Catalog.from_mapping({"datasets": {"records": entry}}, base_dir=path.parent).table("records")
+
+
+def predict(artifact: ModelArtifact, records: str | os.PathLike, **reader) -> tuple[np.ndarray, np.ndarray]:
+    """Score a CSV (or Parquet) of new records: ``(row numbers, scores)``.
+
+    The records go through the job's pipeline with the statistics fitted at training time. Rows
+    a pipeline filter drops are not scored (their numbers are absent from the result). Scores:
+    P(label = 1) for binary models, one column per class otherwise.
+    """
+    from confide.data.fldata import Step, transform
+
+    manifest = artifact.manifest
+    if manifest.get("features") is None or manifest.get("pipeline") is None:
+        raise InvalidParameterError(
+            "this model was trained on embedded example data, not FL_Data: it has no feature names to read records by"
+        )
+    table = _table_of(records, **reader)
+    pipeline = [Step.from_value(step) for step in manifest["pipeline"]]
+    X, rows = transform(pipeline, manifest["label"], manifest["fitted"], table, manifest["features"])
+    model = artifact.model()
+    if not hasattr(model, "predict"):
+        raise InvalidParameterError(f"model {manifest['model']['spec']['algorithm']!r} cannot score records yet")
+    return rows, np.asarray(model.predict(X))
+
+
+def export_onnx(artifact: ModelArtifact, path: str | os.PathLike) -> Path:
+    """The model in ONNX, through skl2onnx's converter (linear models); opens in onnxruntime."""
+    algorithm = artifact.manifest["model"]["spec"]["algorithm"]
+    if "onnx" not in EXPORTS.get(algorithm, ()):
+        raise InvalidParameterError(
+            f"model {algorithm!r} has no ONNX export yet (exports: "
+            f"{', '.join(f'{a}: {f}' for a, fs in EXPORTS.items() for f in fs)}); the artifact's weights.npz holds "
+            "its tensors by name"
+        )
+    try:
+        from skl2onnx import to_onnx
+        from sklearn.linear_model import LogisticRegression
+    except ImportError:
+        raise InvalidParameterError("ONNX export needs the 'export' extra: pip install 'confide[export]'") from None
+    coef = np.asarray(artifact.weights["lr/coef"], dtype=np.float64).reshape(1, -1)
+    intercept = np.asarray(artifact.weights["lr/intercept"], dtype=np.float64).reshape(1)
+    estimator = LogisticRegression()
+    estimator.classes_ = np.array([0, 1])
+    estimator.coef_, estimator.intercept_ = coef, intercept
+    estimator.n_features_in_ = coef.shape[1]
+    onnx_model = to_onnx(
+        estimator,
+        np.zeros((1, coef.shape[1]), dtype=np.float32),
+        options={id(estimator): {"zipmap": False}},
+        target_opset=17,
+    )
+    onnx_model.doc_string = (
+        f"Confide {algorithm} of job {artifact.manifest['job_id']} (party {artifact.manifest['party']}); "
+        f"inputs: {', '.join(artifact.features or [])} after the job's pipeline"
+    )
+    path = Path(path)
+    path.write_bytes(onnx_model.SerializeToString())
+    return path

@@ -1,0 +1,112 @@
+"""Models a hospital can use: the artifact of a real run scores new records as the party's evaluation
+did, and its ONNX export gives the same probabilities in onnxruntime."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from confide.data.catalog import Catalog
+from confide.ml.artifact import ModelArtifact, predict
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "hospital_csv"
+PARTIES = ("hospital-a", "hospital-b", "hospital-c")
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """The example job, run with `confide run` over copies of the three hospitals' folders."""
+    root = tmp_path_factory.mktemp("flc")
+    for party in PARTIES:
+        shutil.copytree(EXAMPLE / party, root / party)
+    job = root / "job.yaml"
+    job.write_text((EXAMPLE / "job.yaml").read_text().replace("rounds: 30", "rounds: 12"))
+    catalogs = [arg for p in PARTIES for arg in ("--catalog", f"{p}={root / p / 'catalog.yaml'}")]
+    done = subprocess.run(
+        [sys.executable, "-m", "confide", "run", str(job), *catalogs, "--workdir", str(root / "run")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return root
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "confide", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_predict_gives_the_probabilities_of_the_partys_own_evaluation(trained):
+    from sklearn.metrics import roc_auc_score
+
+    artifact_path = trained / "run" / "parties" / "hospital-b.model.zip"
+    artifact = ModelArtifact.load(artifact_path)
+    manifest = artifact.manifest
+    assert manifest["features"][:3] == ["age", "sex=F", "sex=M"] and manifest["label"] == "death"
+    assert manifest["fitted"][2]["columns"]["creatinine"]["fill"] > 0  # the party's median, kept for new records
+    assert manifest["checkpoint"]["name"] == "round-000012/weights.npz"
+    report = json.loads((trained / "run" / "parties" / "hospital-b.report.json").read_text())
+    reported_auc = report["rounds"][-1]["test_auc"]
+
+    # The party's held-out rows, scored through the CLI from the raw CSV (NA markers, text column).
+    records = trained / "hospital-b" / "patients.csv"
+    scored = _cli("model", "predict", str(artifact_path), str(records), "--out", str(trained / "scores.csv"))
+    assert scored.returncode == 0, scored.stderr
+    with (trained / "scores.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    scores = {int(r["row"]): float(r["p_death"]) for r in rows}
+    table = Catalog.load(trained / "hospital-b" / "catalog.yaml").table("patients")
+    assert len(scores) == table.rows  # no filter in the pipeline: every record is scored
+    from confide.spec import parse_job
+
+    spec = parse_job(json.loads((trained / "run" / "job.json").read_text()))  # with the agreed categories
+    held_out = spec.fl_data_object().provision("hospital-b", table)
+    y_test = held_out.y_test
+    ours = np.array([scores[int(r)] for r in held_out.test_rows])
+    assert roc_auc_score(y_test, ours) == pytest.approx(reported_auc, abs=1e-12)
+    # Exactly what the model gives for the party's own prepared test rows.
+    np.testing.assert_allclose(ours, artifact.model().predict(held_out.X_test), rtol=0, atol=1e-12)
+    rows_again, again = predict(artifact, records)
+    np.testing.assert_array_equal(again[held_out.test_rows], ours)
+
+
+def test_one_new_patient_is_prepared_with_the_training_statistics(trained, tmp_path):
+    artifact_path = trained / "run" / "parties" / "hospital-a.model.zip"
+    new = tmp_path / "new.csv"
+    new.write_text("age;sex;kappa;lambda;flc_grp;creatinine;mgus\n71;M;1.4;1.9;6;NULL;0\n")
+    scored = _cli("model", "predict", str(artifact_path), str(new))
+    assert scored.returncode == 0, scored.stderr
+    [line] = scored.stdout.strip().splitlines()[1:]
+    probability = float(line.split(",")[1])
+    assert 0.0 < probability < 1.0
+    bad = tmp_path / "bad.csv"
+    bad.write_text("age,sex\n71,M\n")
+    refused = _cli("model", "predict", str(artifact_path), str(bad))
+    assert refused.returncode == 2 and "kappa" in refused.stderr and "Traceback" not in refused.stderr
+
+
+def test_onnx_export_runs_in_onnxruntime_with_equal_outputs(trained, tmp_path):
+    onnxruntime = pytest.importorskip("onnxruntime", reason="the 'export' extra is not installed")
+    artifact_path = trained / "run" / "parties" / "hospital-c.model.zip"
+    exported = _cli("model", "export", str(artifact_path), "--out", str(tmp_path / "model.onnx"))
+    assert exported.returncode == 0, exported.stderr
+    artifact = ModelArtifact.load(artifact_path)
+    table = Catalog.load(trained / "hospital-c" / "catalog.yaml").table("patients")
+    from confide.data.fldata import Step, transform
+
+    m = artifact.manifest
+    X, _ = transform([Step.from_value(s) for s in m["pipeline"]], m["label"], m["fitted"], table, m["features"])
+    session = onnxruntime.InferenceSession(str(tmp_path / "model.onnx"), providers=["CPUExecutionProvider"])
+    outputs = session.run(None, {session.get_inputs()[0].name: X.astype(np.float32)})
+    probabilities = np.asarray(outputs[1])[:, 1]
+    _, ours = predict(artifact, trained / "hospital-c" / "patients.csv")
+    np.testing.assert_allclose(probabilities, ours, atol=2e-6)  # ONNX runs in float32
+    shown = _cli("model", "show", str(artifact_path))
+    assert "trained by hospital-c" in shown.stdout and "sex=F" in shown.stdout
