@@ -209,6 +209,8 @@ def test_party_failures_reach_the_developer_with_the_reason_and_no_values(strict
         assert "failed" in shown.stdout and "hospital-c failed before its first round (data" in shown.stdout
         assert reason in shown.stdout and hint in shown.stdout, shown.stdout
         assert "gone" not in shown.stdout and "exited with code" not in shown.stdout
+        logged = cli(deployment, "alice", "session", "log", token)
+        assert "failed by controller: hospital-c failed" in logged.stdout and reason in logged.stdout
         status = json.loads(cli(deployment, "alice", "job", "status", token, "--json").stdout)
         [c] = [p for p in status["participants"] if p["name"] == "hospital-c"]
         assert c["failure"]["dataset"] == "patients" and c["failure"]["columns"] == columns

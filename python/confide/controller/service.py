@@ -1185,6 +1185,18 @@ class Controller:
         if failed:
             session.state = "failed"
             session.message = "; ".join(_failure_line(p) for p in failed)[:4000]
+            head = self._head(db, session)
+            # In the log too, so 'confide session log' tells the whole story of the session.
+            self._append(
+                db,
+                session,
+                Caller("controller", "admin"),
+                "failed",
+                spec=head.spec,
+                configs=head.configs,
+                previous=head.configs,
+                note=session.message,
+            )
         elif parties and all(p.run == session.run and p.status == "completed" for p in parties):
             spec = self._head(db, session).spec
             latest = self._latest_checkpoint(db, session)

@@ -166,6 +166,8 @@ def test_a_party_failure_reaches_the_developer_with_its_next_step(controller, ru
     assert "add an encode step for it, or drop it" in status["message"]
     [b] = [p for p in status["participants"] if p["name"] == "hospital-b"]
     assert b["failure"]["columns"] == ["sex"]
+    last = controller.log(DEV, token)[-1]  # the session log tells it too
+    assert last["kind"] == "failed" and "column 'sex' is text" in last["note"]
     # A malformed failure report is dropped, not stored.
     agents["hospital-a"].sync(token, run=1, status="running", failure={"stage": "bogus", "values": [1, 2]})
     [a] = [p for p in controller.status(DEV, token)["participants"] if p["name"] == "hospital-a"]
