@@ -110,3 +110,68 @@ def test_onnx_export_runs_in_onnxruntime_with_equal_outputs(trained, tmp_path):
     np.testing.assert_allclose(probabilities, ours, atol=2e-6)  # ONNX runs in float32
     shown = _cli("model", "show", str(artifact_path))
     assert "trained by hospital-c" in shown.stdout and "sex=F" in shown.stdout
+
+
+KERAS_MODEL = """model:
+  algorithm: keras
+  learning_rate: 0.01
+  local_epochs: 1
+  batch_size: 64
+  backend: jax
+  backends: {hospital-b: torch}
+  network:
+    layers:
+      - {class_name: Dense, config: {units: 8, activation: relu}}
+      - {class_name: Dense, config: {units: 1, activation: sigmoid}}
+    optimizer: {class_name: Adam}
+    loss: binary_crossentropy
+"""
+
+
+def test_a_keras_network_is_scored_and_exported_like_a_linear_model(tmp_path):
+    pytest.importorskip("onnxruntime", reason="the 'export' extra is not installed")
+    import importlib.util
+
+    if importlib.util.find_spec("keras") is None or importlib.util.find_spec("torch") is None:
+        pytest.skip("Keras 3 and PyTorch are not installed (make test installs them)")
+    import onnxruntime
+
+    for party in PARTIES:
+        shutil.copytree(EXAMPLE / party, tmp_path / party)
+    text = (
+        (EXAMPLE / "job.yaml")
+        .read_text()
+        .replace("rounds: 30", "rounds: 3")
+        .replace("job_id: flc-mortality", "job_id: flc-net")
+    )
+    text = text.split("model:")[0] + KERAS_MODEL + "protection: {mode: secagg}\n"
+    job = tmp_path / "job.yaml"
+    job.write_text(text)
+    catalogs = [arg for p in PARTIES for arg in ("--catalog", f"{p}={tmp_path / p / 'catalog.yaml'}")]
+    done = subprocess.run(
+        [sys.executable, "-m", "confide", "run", str(job), *catalogs, "--workdir", str(tmp_path / "run")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    artifact = tmp_path / "run" / "parties" / "hospital-a.model.zip"  # trained on JAX
+    records = tmp_path / "hospital-a" / "patients.csv"
+    scored = _cli("model", "predict", str(artifact), str(records), "--out", str(tmp_path / "scores.csv"))
+    assert scored.returncode == 0, scored.stderr
+    with (tmp_path / "scores.csv").open() as f:
+        ours = np.array([float(r["p_death"]) for r in csv.DictReader(f)])
+    exported = _cli("model", "export", str(artifact), "--out", str(tmp_path / "net.onnx"))
+    assert exported.returncode == 0, exported.stderr
+    loaded = ModelArtifact.load(artifact)
+    m = loaded.manifest
+    from confide.data.fldata import Step, transform
+
+    table = Catalog.load(tmp_path / "hospital-a" / "catalog.yaml").table("patients")
+    X, _ = transform([Step.from_value(s) for s in m["pipeline"]], m["label"], m["fitted"], table, m["features"])
+    session = onnxruntime.InferenceSession(str(tmp_path / "net.onnx"), providers=["CPUExecutionProvider"])
+    onnx_scores = session.run(None, {session.get_inputs()[0].name: X.astype(np.float32)})[0][:, 0]
+    assert ours.shape == onnx_scores.shape == (table.rows,)
+    np.testing.assert_allclose(onnx_scores, ours, atol=1e-5)  # JAX's scores, ONNX from the torch backend
+    report = json.loads((tmp_path / "run" / "parties" / "hospital-a.report.json").read_text())
+    assert m["metrics"]["test_auc"] == report["rounds"][-1]["test_auc"]

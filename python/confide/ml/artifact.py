@@ -17,7 +17,8 @@ agent: ``<workdir>/sessions/<session>/run-<N>/``). The archive holds:
 ``confide model show|predict|export`` read it. :func:`predict` prepares new records with the
 fitted statistics, never statistics of the new records, so a party's own held-out rows get the
 probabilities its evaluation saw. :func:`export_onnx` converts linear models (``homo_lr``)
-through skl2onnx's maintained converter; the result runs in onnxruntime.
+through skl2onnx's maintained converter and Keras networks through Keras's own ONNX exporter;
+the result runs in onnxruntime.
 
 The fitted statistics describe this party's rows (a median, a mean and standard deviation per
 column): the artifact stays at the party like the data, and is shared only by its owner's choice.
@@ -43,7 +44,7 @@ __all__ = ["ModelArtifact", "export_onnx", "predict", "write_artifact"]
 FORMAT = "confide.model"
 VERSION = 1
 #: Export formats by model algorithm (what a standard format can hold).
-EXPORTS = {"homo_lr": ("onnx",)}
+EXPORTS = {"homo_lr": ("onnx",), "keras": ("onnx",)}
 
 
 @dataclass
@@ -81,14 +82,18 @@ class ModelArtifact:
         """Input columns of the model, in order (after the pipeline)."""
         return list(self.manifest["features"])
 
-    def model(self):
-        """The model of the seam with these weights loaded."""
+    def model(self, keras_backend: str | None = None):
+        """The model of the seam with these weights loaded (a Keras network on ``keras_backend``)."""
         from confide.ml import WeightLayout, build_model
         from confide.spec import ModelSpec
 
         spec = ModelSpec.model_validate(self.manifest["model"]["spec"])
         model = build_model(
-            spec, seed=0, party_id=self.manifest["party"], network=self.manifest["model"].get("network")
+            spec,
+            seed=0,
+            party_id=self.manifest["party"],
+            network=self.manifest["model"].get("network"),
+            keras_backend=keras_backend,
         )
         model.build(tuple(self.manifest["model"]["example_shape"]), int(self.manifest["model"]["classes"]))
         layout = WeightLayout.from_dict(self.manifest["model"]["layout"])
@@ -186,7 +191,11 @@ def predict(artifact: ModelArtifact, records: str | os.PathLike, **reader) -> tu
 
 
 def export_onnx(artifact: ModelArtifact, path: str | os.PathLike) -> Path:
-    """The model in ONNX, through skl2onnx's converter (linear models); opens in onnxruntime."""
+    """The model in ONNX, opening in onnxruntime.
+
+    Linear models (``homo_lr``) through skl2onnx's converter; Keras networks through Keras's own
+    exporter on the torch backend. Other models (own PyTorch or scikit-learn code) have none yet.
+    """
     algorithm = artifact.manifest["model"]["spec"]["algorithm"]
     if "onnx" not in EXPORTS.get(algorithm, ()):
         raise InvalidParameterError(
@@ -194,6 +203,12 @@ def export_onnx(artifact: ModelArtifact, path: str | os.PathLike) -> Path:
             f"{', '.join(f'{a}: {f}' for a, fs in EXPORTS.items() for f in fs)}); the artifact's weights.npz holds "
             "its tensors by name"
         )
+    path = Path(path)
+    if algorithm == "keras":
+        # Keras's own exporter (maintained with Keras), on the torch backend whatever trained it:
+        # the weights are the same numpy arrays on every backend.
+        artifact.model(keras_backend="torch").export_onnx(str(path))
+        return path
     try:
         from skl2onnx import to_onnx
         from sklearn.linear_model import LogisticRegression
@@ -215,6 +230,5 @@ def export_onnx(artifact: ModelArtifact, path: str | os.PathLike) -> Path:
         f"Confide {algorithm} of job {artifact.manifest['job_id']} (party {artifact.manifest['party']}); "
         f"inputs: {', '.join(artifact.features or [])} after the job's pipeline"
     )
-    path = Path(path)
     path.write_bytes(onnx_model.SerializeToString())
     return path

@@ -200,6 +200,25 @@ class KerasModel:
                     variable.assign((value - pull * (value - anchor)).astype(value.dtype))
         return FitResult(num_examples=len(X), metrics={"loss": loss})
 
+    def predict(self, X: Any) -> np.ndarray:
+        """P(label = 1) per row for a binary network, class probabilities ``(n, k)`` otherwise."""
+        scores = np.asarray(self._require().predict(np.asarray(X), batch_size=max(self.batch_size, 256), verbose=0))
+        return scores[:, 0].astype(np.float64) if self._binary else scores.astype(np.float64)
+
+    def export_onnx(self, path: str) -> None:
+        """Keras's own ONNX export (it needs this model on the ``torch`` backend)."""
+        if self.backend != "torch":
+            raise InvalidParameterError(f"ONNX export runs on the torch backend, this model is on {self.backend!r}")
+        model = self._require()
+        shape = tuple(int(d) for d in model.input_shape[1:])
+        model.predict(np.zeros((1, *shape), dtype="float32"), verbose=0)  # the exporter traces a called model
+        try:
+            model.export(str(path), format="onnx", verbose=False)
+        except Exception as error:  # noqa: BLE001 - the exporter's own failure, named for the user
+            raise InvalidParameterError(
+                f"Keras could not export this network to ONNX: {type(error).__name__}: {error}"
+            ) from None
+
     def evaluate(self, X: Any, y: np.ndarray, metrics: list[str]) -> dict[str, float]:
         """Loss from Keras; accuracy and AUC from the predictions."""
         model = self._require()

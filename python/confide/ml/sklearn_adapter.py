@@ -88,6 +88,17 @@ class SklearnModel:
                     setattr(self.estimator, attribute, value - pull * (value - config.global_weights[name]))
         return FitResult(num_examples=len(y), metrics={})
 
+    def predict(self, X: Any) -> np.ndarray:
+        """Probabilities where the estimator gives them (P(label = 1) if binary), else its prediction."""
+        X = np.asarray(X)
+        if self.classes is not None and hasattr(self.estimator, "predict_proba"):
+            try:
+                probabilities = self.estimator.predict_proba(X)
+            except AttributeError:  # e.g. SGDClassifier with a loss that has no probabilities
+                return np.asarray(self.estimator.decision_function(X), dtype=np.float64)
+            return probabilities[:, 1] if probabilities.shape[1] == 2 else probabilities
+        return np.asarray(self.estimator.predict(X), dtype=np.float64)
+
     def evaluate(self, X: Any, y: np.ndarray, metrics: list[str]) -> dict[str, float]:
         """Log loss where the estimator gives probabilities, else squared error; accuracy and AUC."""
         X, y = np.asarray(X), np.asarray(y)

@@ -146,6 +146,19 @@ class TorchModel:
         metrics = result if isinstance(result, dict) else ({"loss": float(result)} if result is not None else {})
         return FitResult(num_examples=len(y), metrics={k: float(v) for k, v in metrics.items()})
 
+    def predict(self, X: Any) -> np.ndarray:
+        """Sigmoid of a single logit (P(label = 1)), else the softmax over the classes."""
+        torch = self.torch
+        self.module.eval()
+        outputs = []
+        with torch.no_grad():
+            for features, _ in self._loader(X, np.zeros(len(X)), None):
+                outputs.append(self.module(features))
+        logits = torch.cat(outputs)
+        if logits.ndim == 1 or logits.shape[-1] == 1:
+            return torch.sigmoid(logits.reshape(-1)).double().numpy()
+        return torch.softmax(logits, dim=1).double().numpy()
+
     def evaluate(self, X: Any, y: np.ndarray, metrics: list[str]) -> dict[str, float]:
         """The user's ``evaluate(net, loader)``, or cross-entropy, accuracy and (binary) AUC."""
         torch = self.torch
