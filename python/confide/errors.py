@@ -27,6 +27,7 @@ __all__ = [
     "ResourceLimitError",
     "RoundAbortedError",
     "RoundClosedError",
+    "RunStoppedError",
     "TransportError",
     "TransportUnavailableError",
     "WireFormatError",
@@ -142,3 +143,7 @@ class DataAccessDeniedError(PermissionDeniedError):
 
 class DataAccessRevokedError(DataAccessDeniedError):
     """The data owner revoked (or let expire) the grant a running session used; the party stopped."""
+
+
+class RunStoppedError(ConfideError):
+    """A party's run was ended from outside (its agent, on the controller's word) before it finished."""

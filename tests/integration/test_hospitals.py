@@ -120,6 +120,16 @@ def test_csv_federation_trains_a_usable_model_and_a_revocation_stops_use(hospita
     assert trained <= at_revoke + 2  # the round in flight, and one more before the agent's sync delivered it
     time.sleep(2.0)
     assert len(_report(deployment, "hospital-b", long_token)["rounds"]) == trained
+    # Every party of the session ends 'stopped' (at its boundary, or ended mid-round by its agent
+    # after the grace when its peers stopped first), none more than a round past the revocation.
+    for party in PARTIES:
+        ended = _wait(
+            lambda p=party: (r := _report(deployment, p, long_token)).get("status") == "stopped" and r, 30, party
+        )
+        assert len(ended["rounds"]) <= at_revoke + 2 and ended["failure"]["error"] in (
+            "DataAccessRevokedError",
+            "RunStoppedError",
+        )
     assert stopped["rounds"][-1]["round"] == stopped["failed_round"] - 1  # refused before training its next round
 
     # Resume and tune are refused while the grant is revoked.

@@ -29,6 +29,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -49,6 +50,7 @@ from confide.errors import (
     MessageTimeoutError,
     RoundAbortedError,
     RoundClosedError,
+    RunStoppedError,
     TransportUnavailableError,
 )
 from confide.ml import FitConfig, WeightLayout, build_model
@@ -411,6 +413,7 @@ def run_party(
     protection = make_protection(spec.protection.mode, exchange, params, **extra)
     # Several slices encoded at once, one thread each; without the pipeline one slice uses every core.
     protection.encode_threads = 1 if encode_workers(spec.transport.pipeline) > 1 else 0
+    restore = _stop_on_sigterm(stop_file)
     try:
         client.connect()
         started = time.perf_counter()
@@ -501,13 +504,14 @@ def run_party(
         )
     except Exception as error:
         failure = failure_of(error, stage="round", dataset=dataset, round_number=current.get("round"))
-        report.status = "stopped" if failure.stage == "access" else "failed"
+        report.status = "stopped" if isinstance(error, (DataAccessDeniedError, RunStoppedError)) else "failed"
         report.error = f"{failure.error}: {failure.message}"
         report.failed_round = current.get("round")
         report.failure = failure
         _write_report(report_path, report)
         raise
     finally:
+        restore()
         report.bytes_setup = {"sent": client.bytes_sent.get(0, 0), "received": client.bytes_received.get(0, 0)}
         report.reconnects = client.reconnects
         if report.status != "failed":
@@ -827,6 +831,24 @@ def _drop_later_checkpoints(directory: Path, resume_round: int) -> None:
         number = path.name.split("-", 1)[1].split(".", 1)[0]
         if number.isdigit() and int(number) > resume_round:
             shutil.rmtree(path, ignore_errors=True)
+
+
+def _stop_on_sigterm(stop_file: str | os.PathLike | None) -> Callable[[], None]:
+    """SIGTERM (the agent ending this run) becomes an exception, so the report says ``stopped``.
+
+    A party blocked in a round whose peers already stopped is terminated by its agent; without
+    this its report would stay ``running``. Only in the main thread (where Python runs signal
+    handlers); returns the function that puts the previous handler back.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def stopped(_signal, _frame):
+        _check_stop(stop_file)  # the owner's reason, when the agent left one
+        raise RunStoppedError("terminated mid-round (SIGTERM from its agent or launcher: the session stopped)")
+
+    previous = signal.signal(signal.SIGTERM, stopped)
+    return lambda: signal.signal(signal.SIGTERM, previous)
 
 
 def _check_stop(stop_file: str | os.PathLike | None) -> None:
