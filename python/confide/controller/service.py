@@ -108,6 +108,7 @@ class Controller:
         #: A party or aggregator not heard from for this long is reported as offline.
         self.alive_s = alive_s
         self._digests: dict[tuple[int, int, str], str] = {}
+        self._last_sweep = 0.0  # when grants were last checked for expiry (utcnow().timestamp())
 
     # ------------------------------------------------------------------ identities and metadata
 
@@ -423,7 +424,7 @@ class Controller:
     def _sweep_expired(self, db: Session) -> None:
         """Stop live sessions whose grant lapsed (checked at most every EXPIRY_SWEEP_S)."""
         now = utcnow()
-        if now.timestamp() - getattr(self, "_last_sweep", 0.0) < EXPIRY_SWEEP_S:
+        if now.timestamp() - self._last_sweep < EXPIRY_SWEEP_S:
             return
         self._last_sweep = now.timestamp()
         lapsed = db.execute(
@@ -504,7 +505,9 @@ class Controller:
 
     # ------------------------------------------------------------------ access checks
 
-    def _check_access(self, caller: Caller, spec: JobSpec, action: str, target: str) -> tuple[dict, JobSpec]:
+    def _check_access(
+        self, caller: Caller, spec: JobSpec, action: str, target: str, *, developer: str | None = None
+    ) -> tuple[dict, JobSpec]:
         """Every party registered, every dataset published and granted; every decision audited.
 
         The decision goes to the audit log once for the request and once per dataset (target
@@ -512,7 +515,8 @@ class Controller:
         checked against the published schemas (``confide.data.schemas``), after agreeing the
         categories of encode steps that do not list them. Returns which datasets wait for their
         owner's approval (``{(party, dataset): bool}``) and the specification with the agreed
-        categories.
+        categories. ``developer``: whose grants count (default the caller; an admin resuming a
+        session acts on its owner's grants, and the audit names the admin).
         """
         if spec.fl_data is None:
             raise InvalidParameterError(
@@ -520,6 +524,7 @@ class Controller:
                 "(which dataset of which party, label, pipeline)"
             )
         fl_data = spec.fl_data_object()
+        grantee = developer or caller.name
         decisions: list[dict] = []
         problem: Exception | None = None
         approvals: dict[tuple[str, str], bool] = {}
@@ -537,16 +542,16 @@ class Controller:
                     problem = problem or NotFoundError(f"dataset {party}/{dataset} is not published by {party!r}")
                     decisions.append({"dataset": f"{party}/{dataset}", "decision": "deny", "reason": "unknown dataset"})
                     continue
-                grant = db.scalar(select(Grant).where(Grant.dataset_id == row.id, Grant.developer == caller.name))
-                if caller.name != party and not _grant_active(grant, now, spec.job_id):
+                grant = db.scalar(select(Grant).where(Grant.dataset_id == row.id, Grant.developer == grantee))
+                if grantee != party and not _grant_active(grant, now, spec.job_id):
                     reason = _why_no_grant(grant, now, spec.job_id)
                     problem = problem or DataAccessDeniedError(
-                        f"{caller.name!r} has no grant for dataset {party}/{dataset} ({reason}); its owner grants it "
-                        f"with 'confide grant add --dataset {dataset} --developer {caller.name}'"
+                        f"{grantee!r} has no grant for dataset {party}/{dataset} ({reason}); its owner grants it "
+                        f"with 'confide grant add --dataset {dataset} --developer {grantee}'"
                     )
                     decisions.append({"dataset": f"{party}/{dataset}", "decision": "deny", "reason": reason})
                     continue
-                approvals[(party, dataset)] = bool(grant is not None and grant.approval and caller.name != party)
+                approvals[(party, dataset)] = bool(grant is not None and grant.approval and grantee != party)
                 schemas[party] = row.columns
                 decisions.append({"dataset": f"{party}/{dataset}", "decision": "allow"})
             if problem is None:
@@ -737,6 +742,7 @@ class Controller:
             session = self._session(db, caller, token)
             head = self._head(db, session)
             spec_data = dict(head.spec)
+            owner = session.owner
             base_seq = session.head_seq if base_seq is None else base_seq
             self._check_unchanged_since(db, session, base_seq)
         for path, value in settings.items():
@@ -756,7 +762,7 @@ class Controller:
                 spec_data["fl_data"].pop("lineage", None)
         spec_data.pop("parties", None)
         spec = parse_job(spec_data)
-        approvals, spec = self._check_access(caller, spec, "tune-access", f"session/{token}")
+        approvals, spec = self._check_access(caller, spec, "tune-access", f"session/{token}", developer=owner)
         for _attempt in range(5):
             try:
                 return self._append_tuning(
@@ -861,9 +867,9 @@ class Controller:
         with self.store.transaction() as db:
             session = self._session(db, caller, token)
             spec = parse_job(self._head(db, session).spec)
-            owner = Caller(session.owner, "developer")
+            owner = session.owner
         # Access is the session owner's, whoever resumes (an admin resumes on the owner's grants).
-        self._check_access(owner, spec, "resume-access", f"session/{token}")  # refuses; changes nothing
+        self._check_access(caller, spec, "resume-access", f"session/{token}", developer=owner)
         with self.store.transaction() as db:
             session = self._session(db, caller, token)
             head = self._head(db, session)

@@ -44,11 +44,15 @@ def test_revoking_stops_the_session_and_tells_its_parties_why(controller, runnin
     # Resume and tune are refused until a new grant; the refusal is audited.
     with pytest.raises(DataAccessDeniedError, match=r"hospital-b/records \(revoked by hospital-b"):
         controller.resume(DEV, token)
+    # An admin resumes on the owner's grants, and the audit names the admin.
+    with pytest.raises(DataAccessDeniedError, match="'dev' has no grant for dataset hospital-b/records"):
+        controller.resume(ADMIN, token)
+    assert [e for e in controller.audit(ADMIN) if e["action"] == "resume-access"][-1]["actor"] == "runner"
     with pytest.raises(DataAccessDeniedError, match="hospital-b/records"):
         controller.tune(DEV, token, settings={"model.learning_rate": 0.05})
     assert controller.status(DEV, token)["state"] == "revoked"
     denied = [e for e in controller.audit(party("hospital-b")) if e["action"] == "use:resume-access"]
-    assert denied and denied[-1]["decision"] == "deny" and denied[-1]["actor"] == "dev"
+    assert [(e["actor"], e["decision"]) for e in denied] == [("dev", "deny"), ("runner", "deny")]
     stopped = [e for e in controller.audit(party("hospital-b")) if e["action"] == "stop-session"]
     assert stopped and stopped[-1]["detail"]["session"] == token
     # Granting again allows the resume.
