@@ -65,7 +65,7 @@ class AggregatorWorker:
             }
         log.info("session %s: aggregating run %d as job %s", session, run, job)
 
-    def stop(self, session: str, reason: str | None = None) -> None:
+    def stop(self, session: str, reason: str | None = None, state: str | None = None) -> None:
         """Forget the session's run (its rounds simply stop arriving); ``reason`` is not needed here."""
         with self._lock:
             self._runs.pop(session, None)

@@ -52,8 +52,12 @@ class Worker(Protocol):
         ``joining``: parties of this run that hold no checkpoint (added by tuning).
         """
 
-    def stop(self, session: str, reason: str | None = None) -> None:
-        """Stop whatever runs for ``session`` (``reason``: the controller's, for a graceful stop)."""
+    def stop(self, session: str, reason: str | None = None, state: str | None = None) -> None:
+        """Stop whatever runs for ``session``.
+
+        ``reason`` (the controller's message) asks for a graceful stop; ``state`` is the session's
+        state that caused it (``revoked``, ``cancelled``, ``failed``...).
+        """
 
     def state(self, session: str) -> RunState | None:
         """The current run's state (None if nothing was started)."""
@@ -218,7 +222,9 @@ class Agent:
         command = instruction.get("command")
         run = instruction.get("run", 0)
         if command == "stop":
-            self.worker.stop(session, instruction.get("reason") or "stopped by the controller")
+            self.worker.stop(
+                session, instruction.get("reason") or "stopped by the controller", instruction.get("state")
+            )
             return
         if config is None or config_digest(config) != instruction.get("config_sha256"):
             return  # the configuration arrives with the next sync

@@ -1241,7 +1241,7 @@ class Controller:
                 "command": command,
             }
             if command == "stop":
-                settled["reason"] = session.message
+                settled["reason"], settled["state"] = session.message, session.state
             return settled
         if (
             session.state == "running"
@@ -1320,7 +1320,7 @@ class Controller:
             instruction["resume_files"] = checkpoint.checkpoint["leaves"].get(participant.name) if checkpoint else None
         elif session.state in ("cancelled", "refused", "failed", "revoked", "awaiting"):
             instruction["command"] = "stop"
-            instruction["reason"] = session.message
+            instruction["reason"], instruction["state"] = session.message, session.state
         else:
             instruction["command"] = "none"
         return instruction

@@ -118,14 +118,14 @@ class PartyWorker:
             self._processes[session] = (run, process, run_dir)
         log.info("session %s: run %d started after round %d (pid %d)", session, run, resume_round, process.pid)
 
-    def stop(self, session: str, reason: str | None = None) -> None:
+    def stop(self, session: str, reason: str | None = None, state: str | None = None) -> None:
         """Stop the session's child.
 
         Without a reason (a new run replaces it, or the agent shuts down): SIGTERM, then SIGKILL.
-        With the controller's ``reason`` (revoked, cancelled, failed elsewhere): the reason goes to
-        the run's stop file, which the party checks at every round boundary, so it ends after the
-        round in flight and trains no further one; a party still running after ``stop_grace_s``
-        (blocked on peers that stopped) is terminated.
+        With the controller's ``reason`` (and the session ``state`` behind it: revoked, cancelled,
+        failed elsewhere): both go to the run's stop file, which the party checks at every round
+        boundary, so it ends after the round in flight and trains no further one; a party still
+        running after ``stop_grace_s`` (blocked on peers that stopped) is terminated.
         """
         with self._lock:
             entry = self._processes.get(session)
@@ -143,7 +143,7 @@ class PartyWorker:
             self._stopping[session] = reason
         stop_file = run_dir.parent / STOP_FILE
         temporary = stop_file.with_suffix(".tmp")
-        temporary.write_text(json.dumps({"reason": reason[:2000], "run": run}))
+        temporary.write_text(json.dumps({"reason": reason[:2000], "run": run, "state": state}))
         os.replace(temporary, stop_file)
 
         def finish() -> None:

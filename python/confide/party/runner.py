@@ -855,12 +855,15 @@ def _check_stop(stop_file: str | os.PathLike | None) -> None:
     if stop_file is None:
         return
     try:
-        reason = json.loads(Path(stop_file).read_text()).get("reason", "")
+        stop = json.loads(Path(stop_file).read_text())
     except FileNotFoundError:
         return
     except (OSError, ValueError):
-        reason = ""
-    raise DataAccessRevokedError(reason or "the data owner stopped this session's use of its dataset")
+        stop = {}
+    reason = str(stop.get("reason") or "")
+    if stop.get("state") == "revoked":
+        raise DataAccessRevokedError(reason or "the data owner revoked this session's use of its dataset")
+    raise RunStoppedError(reason or "the controller stopped this session")
 
 
 def failure_of(error: BaseException, *, stage: str, dataset: str | None = None, round_number=None) -> Failure:

@@ -39,6 +39,7 @@ def test_revoking_stops_the_session_and_tells_its_parties_why(controller, runnin
     for name in PARTIES:
         instruction = agents[name].sync(token, run=1, status="running")
         assert instruction["command"] == "stop" and "revoked" in instruction["reason"]
+        assert instruction["state"] == "revoked"
     log = controller.log(DEV, token)
     assert log[-1]["kind"] == "revoked" and log[-1]["actor"] == "hospital-b"
     # Resume and tune are refused until a new grant; the refusal is audited.
