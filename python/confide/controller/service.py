@@ -40,6 +40,7 @@ from confide.controller.store import (
     Store,
     utcnow,
 )
+from confide.data.catalog import MAX_PUBLISHED_CATEGORIES as MAX_CATEGORIES
 from confide.data.schemas import agree_categories, check_schemas
 from confide.errors import (
     ConflictError,
@@ -58,7 +59,6 @@ log = logging.getLogger("confide.controller")
 _NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
 MAX_COLUMNS = 10_000
 MAX_DATASETS = 1_000
-MAX_CATEGORIES = 64
 #: Session states. "verifying": a resume waits for every recipient's checkpoint hashes;
 #: "awaiting": a dataset's owner has not yet approved the session; "revoked": an owner revoked
 #: (or let expire) a grant the session used, so it stopped.
@@ -426,11 +426,14 @@ class Controller:
         now = utcnow()
         if now.timestamp() - self._last_sweep < EXPIRY_SWEEP_S:
             return
+        # Only grants that lapsed since the previous sweep (all of them after a restart): a
+        # session cannot start or resume on a lapsed grant, so older ones have nothing to stop.
+        since = datetime.fromtimestamp(max(self._last_sweep - EXPIRY_SWEEP_S, 0.0), tz=timezone.utc)
         self._last_sweep = now.timestamp()
         lapsed = db.execute(
             select(Grant, Dataset)
             .join(Dataset, Grant.dataset_id == Dataset.id)
-            .where(Grant.revoked_at.is_(None), Grant.expires_at.is_not(None))
+            .where(Grant.revoked_at.is_(None), Grant.expires_at > since, Grant.expires_at <= now)
         ).all()
         for grant, dataset in lapsed:
             if _aware(grant.expires_at) <= now:
