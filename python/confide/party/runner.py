@@ -504,7 +504,7 @@ def run_party(
         )
     except Exception as error:
         failure = failure_of(error, stage="round", dataset=dataset, round_number=current.get("round"))
-        report.status = "stopped" if isinstance(error, (DataAccessDeniedError, RunStoppedError)) else "failed"
+        report.status = _status_after(error)
         report.error = f"{failure.error}: {failure.message}"
         report.failed_round = current.get("round")
         report.failure = failure
@@ -833,6 +833,11 @@ def _drop_later_checkpoints(directory: Path, resume_round: int) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
+def _status_after(error: BaseException) -> str:
+    """``stopped`` when the run was ended from outside (revocation, cancel, SIGTERM), else ``failed``."""
+    return "stopped" if isinstance(error, (DataAccessDeniedError, RunStoppedError)) else "failed"
+
+
 def _stop_on_sigterm(stop_file: str | os.PathLike | None) -> Callable[[], None]:
     """SIGTERM (the agent ending this run) becomes an exception, so the report says ``stopped``.
 
@@ -912,7 +917,7 @@ def report_failure(
     report = PartyReport(
         job_id=job_id,
         party=party_id,
-        status="stopped" if failure.stage == "access" else "failed",
+        status=_status_after(error),
         failed_round=round_number,
         error=f"{failure.error}: {failure.message}",
         failure=failure,

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from confide.errors import DataAccessRevokedError, RunStoppedError
-from confide.party.runner import _check_stop, failure_of
+from confide.party.runner import _check_stop, failure_of, report_failure
 
 
 def test_no_stop_file_means_go_on(tmp_path):
@@ -37,3 +37,13 @@ def test_an_unreadable_stop_file_still_stops(tmp_path):
     path.write_text("{not json")
     with pytest.raises(RunStoppedError, match="the controller stopped this session"):
         _check_stop(path)
+
+
+def test_a_stop_before_the_first_round_is_reported_as_stopped(tmp_path):
+    path = tmp_path / "stop.json"
+    path.write_text(json.dumps({"reason": "cancelled by alice", "state": "cancelled"}))
+    with pytest.raises(RunStoppedError) as raised:
+        _check_stop(path)
+    report_failure(tmp_path, "job", "hospital-a", raised.value, stage="data", dataset="patients")
+    report = json.loads((tmp_path / "hospital-a.report.json").read_text())
+    assert report["status"] == "stopped" and report["failure"]["error"] == "RunStoppedError"
