@@ -83,7 +83,9 @@ class ModelSpec(_Strict):
     #: Keyword arguments for a custom factory (free-form, JSON-compatible).
     options: dict[str, Any] = {}
     # -- vertical algorithms (ignored by homo_lr) --
-    objective: Literal["binary:logistic", "reg:squarederror"] = "binary:logistic"
+    objective: Literal["binary:logistic", "reg:squarederror", "multi:softprob"] = "binary:logistic"
+    #: secureboost with objective multi:softprob: the number of classes (one tree per class per round).
+    num_class: int | None = Field(None, ge=3, le=1000)
     optimizer: Literal["sgd", "adam"] = "adam"
     max_depth: int = Field(3, ge=1, le=16)
     reg_lambda: float = Field(1.0, ge=0, le=1e6)
@@ -253,6 +255,10 @@ class JobSpec(_Strict):
             raise ValueError("model.algorithm custom needs model.entry ('package.module:attribute' or 'file.py:name')")
         if model.algorithm != "custom" and (model.entry is not None or model.options):
             raise ValueError(f"model.entry and model.options are for model.algorithm custom, not {model.algorithm}")
+        if model.objective == "multi:softprob" and (model.algorithm != "secureboost" or model.num_class is None):
+            raise ValueError("model.objective multi:softprob is for model.algorithm secureboost, with model.num_class")
+        if model.num_class is not None and model.objective != "multi:softprob":
+            raise ValueError(f"model.num_class is for objective multi:softprob, not {model.objective}")
         if self.data.dataset == "digits" and self.fl_data is None and model.algorithm == "homo_lr":
             raise ValueError("data.dataset digits has 10 classes of images; model.algorithm homo_lr is binary on rows")
 

@@ -65,6 +65,11 @@ def _pooled(dataset: str, samples: int, features: int, seed: int, objective: str
         data = load_breast_cancer()
         y = data.target.astype(np.float64)
         return data.data.astype(np.float64), y, list(data.feature_names)
+    if dataset == "digits":
+        from sklearn.datasets import load_digits
+
+        data = load_digits()
+        return data.data.astype(np.float64), data.target.astype(np.float64), [f"p{j}" for j in range(64)]
     if dataset == "synthetic":
         if objective == "regression":
             from sklearn.datasets import make_regression
@@ -89,7 +94,7 @@ def _pooled(dataset: str, samples: int, features: int, seed: int, objective: str
                 random_state=seed,
             )
         return X.astype(np.float64), y.astype(np.float64), [f"x{j}" for j in range(features)]
-    raise InvalidParameterError(f"data.dataset {dataset!r} has no vertical split (breast_cancer or synthetic)")
+    raise InvalidParameterError(f"data.dataset {dataset!r} has no vertical split (breast_cancer, digits or synthetic)")
 
 
 def vertical_party_data(

@@ -18,7 +18,7 @@ must be aligned (same record per row); align real data with :func:`confide.verti
 from __future__ import annotations
 
 import os
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -48,7 +48,7 @@ class _SecureBoost:
     _objective = "binary:logistic"
 
     def __init__(self, **params) -> None:
-        names = {f.name for f in fields(sb.SecureBoostParams)} - {"objective"}
+        names = {f.name for f in fields(sb.SecureBoostParams)} - {"objective", "num_class"}
         unknown = set(params) - names
         if unknown:
             raise InvalidParameterError(f"unknown SecureBoost parameters {sorted(unknown)}; known: {sorted(names)}")
@@ -116,18 +116,34 @@ class _SecureBoost:
 
 
 class SecureBoostClassifier(_SecureBoost):
-    """Binary SecureBoost (binary:logistic); parameters as :class:`SecureBoostParams`."""
+    """SecureBoost classification; parameters as :class:`SecureBoostParams`.
+
+    Labels 0/1 train ``binary:logistic``; labels 0..K-1 with K >= 3 train ``multi:softprob``
+    (one tree per class per round), decided at :meth:`fit` from the labels.
+    """
 
     _objective = "binary:logistic"
 
+    def fit(self, X_parts: dict, y, *, guest: str | None = None):
+        """Train with the secure protocol (one thread per party); the labels choose binary or multi-class."""
+        labels = np.asarray(y, dtype=np.float64)
+        top = int(labels.max()) if labels.size and np.isfinite(labels).all() else 1
+        multi = top >= 2
+        objective = "multi:softprob" if multi else "binary:logistic"
+        self.params = replace(self.params, objective=objective, num_class=top + 1 if multi else None)
+        return super().fit(X_parts, y, guest=guest)
+
     def predict_proba(self, X_parts: dict) -> np.ndarray:
-        """Class probabilities, shape (rows, 2)."""
-        p = 1.0 / (1.0 + np.exp(-self._margin(X_parts)))
+        """Class probabilities, shape (rows, classes)."""
+        margin = self._margin(X_parts)
+        if self.params.objective == "multi:softprob":
+            return sb.softmax(margin)
+        p = 1.0 / (1.0 + np.exp(-margin))
         return np.column_stack([1 - p, p])
 
     def predict(self, X_parts: dict) -> np.ndarray:
-        """Predicted classes 0/1."""
-        return (self.predict_proba(X_parts)[:, 1] >= 0.5).astype(int)
+        """Predicted classes."""
+        return self.predict_proba(X_parts).argmax(axis=1)
 
 
 class SecureBoostRegressor(_SecureBoost):

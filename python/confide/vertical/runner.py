@@ -65,6 +65,7 @@ def secureboost_params(spec: JobSpec):
         gamma=m.gamma,
         n_bins=m.n_bins,
         key_bits=spec.protection.key_bits,
+        num_class=m.num_class,
     )
 
 
@@ -85,7 +86,15 @@ def hetero_lr_params(spec: JobSpec):
 
 
 def evaluate(objective: str, y: np.ndarray, predictions: np.ndarray) -> dict:
-    """Test metrics: AUC and accuracy (binary) or RMSE and R² (regression)."""
+    """Test metrics: AUC and accuracy (binary), accuracy and log loss (multi-class), RMSE and R² (regression)."""
+    if objective == "multi:softprob":
+        from sklearn.metrics import log_loss
+
+        classes = np.arange(predictions.shape[1])
+        return {
+            "accuracy": float(np.mean(predictions.argmax(axis=1) == y)),
+            "log_loss": float(log_loss(y, predictions, labels=classes)),
+        }
     if objective == "reg:squarederror":
         from sklearn.metrics import r2_score
 

@@ -18,6 +18,12 @@ Per tree:
    splits the rows and returns the left/right partition. The guest stores only (host, record id).
 4. Leaves get ``-G / (H + lambda) * learning_rate``; the guest updates its margins.
 
+Multi-class (``multi:softprob``, as XGBoost's): every boosting round grows one tree per class,
+each on that class's softmax gradients (``g = p_k - [y = k]``, ``h = 2 p_k (1 - p_k)``) computed
+at the start of the round, each run through steps 1-4 with its own encryption. Tree ``j`` adds
+to the margin of class ``j % K``; predictions are the softmax of the K margins. The hosts run
+exactly the binary protocol and cannot tell which class a tree serves.
+
 Prediction runs the same way: the guest walks every tree and asks the owning host, per layer,
 which of the rows at its nodes go left.
 
@@ -50,7 +56,9 @@ __all__ = [
     "SecureBoostParams",
     "fit_reference",
     "predict_guest",
+    "predict_margin",
     "serve_host",
+    "softmax",
     "train_guest",
 ]
 
@@ -59,7 +67,8 @@ __all__ = [
 FIELD_BITS = 62
 MIN_PRECISION_BITS = 8
 MAX_ROWS = 1 << 30
-Objective = Literal["binary:logistic", "reg:squarederror"]
+Objective = Literal["binary:logistic", "reg:squarederror", "multi:softprob"]
+MAX_CLASSES = 1000
 
 
 @dataclass(frozen=True)
@@ -79,13 +88,15 @@ class SecureBoostParams:
     base_score: float | None = None
     #: Worker threads for the crypto kernels (0: all cores).
     threads: int = 0
+    #: multi:softprob only: the number of classes (labels 0..num_class-1); one tree per class per round.
+    num_class: int | None = None
 
     def __post_init__(self) -> None:
         checks = [
             (
                 "objective",
-                self.objective in ("binary:logistic", "reg:squarederror"),
-                "binary:logistic or reg:squarederror",
+                self.objective in ("binary:logistic", "reg:squarederror", "multi:softprob"),
+                "binary:logistic, reg:squarederror or multi:softprob",
             ),
             ("n_trees", _is_int(self.n_trees) and 1 <= self.n_trees <= 10_000, "an int in 1..10000"),
             ("max_depth", _is_int(self.max_depth) and 1 <= self.max_depth <= 16, "an int in 1..16"),
@@ -105,6 +116,19 @@ class SecureBoostParams:
             ("key_bits", self.key_bits in (2048, 3072, 4096), "2048, 3072 or 4096"),
             ("threads", _is_int(self.threads) and 0 <= self.threads <= 256, "an int in 0..256"),
         ]
+        if self.objective == "multi:softprob":
+            checks.append(
+                (
+                    "num_class",
+                    _is_int(self.num_class) and 3 <= self.num_class <= MAX_CLASSES,
+                    f"an int in 3..{MAX_CLASSES}",
+                )
+            )
+            checks.append(("base_score", self.base_score is None, "unset for multi:softprob (every class starts at 0)"))
+        else:
+            checks.append(
+                ("num_class", self.num_class is None, f"unset for {self.objective} (it is for multi:softprob)")
+            )
         for name, ok, rule in checks:
             if not ok:
                 raise InvalidParameterError(f"secureboost.{name} must be {rule}, got {getattr(self, name)!r}")
@@ -115,6 +139,11 @@ class SecureBoostParams:
                     "secureboost.base_score must be finite (and in (0, 1) for binary:logistic), "
                     f"got {self.base_score!r}"
                 )
+
+    @property
+    def classes(self) -> int:
+        """Trees per boosting round: ``num_class`` for multi:softprob, else 1."""
+        return self.num_class if self.objective == "multi:softprob" else 1
 
     @property
     def slots(self) -> int:
@@ -335,14 +364,30 @@ class SecureBoostHostModel:
         )
 
 
-def _gradients(objective: str, y: np.ndarray, margin: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def softmax(margin: np.ndarray) -> np.ndarray:
+    """Row-wise softmax of ``(n, K)`` margins."""
+    shifted = margin - margin.max(axis=1, keepdims=True)
+    e = np.exp(shifted)
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def _gradients(objective: str, y: np.ndarray, margin: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per class (one for binary and regression): g and h of every row at ``margin`` ``(n, K)``."""
+    if objective == "multi:softprob":
+        # As XGBoost's multi:softprob: g = p_k - [y = k], h = max(2 p_k (1 - p_k), eps).
+        p = softmax(margin)
+        return [
+            (p[:, k] - (y == k), np.maximum(2.0 * p[:, k] * (1.0 - p[:, k]), 1e-16)) for k in range(margin.shape[1])
+        ]
     if objective == "binary:logistic":
-        p = 1.0 / (1.0 + np.exp(-margin))
-        return p - y, np.maximum(p * (1.0 - p), 1e-16)
-    return margin - y, np.ones_like(margin)
+        p = 1.0 / (1.0 + np.exp(-margin[:, 0]))
+        return [(p - y, np.maximum(p * (1.0 - p), 1e-16))]
+    return [(margin[:, 0] - y, np.ones(len(y)))]
 
 
 def _base_margin(params: SecureBoostParams, y: np.ndarray) -> float:
+    if params.objective == "multi:softprob":
+        return 0.0
     base = float(y.mean()) if params.base_score is None else float(params.base_score)
     if params.objective == "binary:logistic":
         base = min(max(base, 1e-6), 1 - 1e-6)
@@ -361,6 +406,14 @@ def _check_labels(y: np.ndarray, params: SecureBoostParams) -> np.ndarray:
     if params.objective == "binary:logistic" and not np.isin(y, (0.0, 1.0)).all():
         bad = y[~np.isin(y, (0.0, 1.0))][0]
         raise InvalidParameterError(f"labels: binary:logistic needs labels 0 or 1, found {bad!r}")
+    if params.objective == "multi:softprob":
+        valid = (y == np.round(y)) & (y >= 0) & (y < params.num_class)
+        if not valid.all():
+            bad = y[~valid][0]
+            raise InvalidParameterError(
+                f"labels: multi:softprob with num_class {params.num_class} needs labels 0..{params.num_class - 1}, "
+                f"found {float(bad):g}"
+            )
     return y
 
 
@@ -456,12 +509,18 @@ def _boost(
     if guest_bins.shape[1] != len(y):
         raise InvalidParameterError(f"guest: {guest_bins.shape[1]} rows of features but {len(y)} labels")
     base = _base_margin(params, y)
-    margin = np.full(len(y), base)
+    classes = params.classes
+    margin = np.full((len(y), classes), base)
     builder = _TreeBuilder(params, guest_bins, guest_binner, sources)
     trees, history = [], []
-    for t in range(params.n_trees):
+    total = params.n_trees * classes
+    for j in range(total):
+        # Tree j is round j // K for class j % K; a round's K trees share the gradients of its start.
+        t, k = divmod(j, classes)
         started = time.perf_counter()
-        g, h = _gradients(params.objective, y, margin)
+        if k == 0:
+            gradients = _gradients(params.objective, y, margin)
+        g, h = gradients[k]
         packing = GHPacking.choose(g, h)
         G, H = packing.encode(g, h)
         crypto, ciphertexts = {}, None
@@ -470,17 +529,18 @@ def _boost(
             ciphertexts = encrypt(packing.plaintexts(G, H))
             crypto["encrypt_s"] = time.perf_counter() - clock
         for source in sources:
-            source.begin_tree(t, G, H, packing, ciphertexts)
+            source.begin_tree(j, G, H, packing, ciphertexts)
         nodes, leaf_value, stats = builder.grow(G, H, packing)
-        last = t == params.n_trees - 1
+        last = j == total - 1
         for source in sources:
-            source.end_tree(t, last)
+            source.end_tree(j, last)
         if advance is not None and not last:
             advance()
-        margin += leaf_value
+        margin[:, k] += leaf_value
         trees.append(nodes)
         entry = {
-            "tree": t,
+            "tree": j,
+            **({"round": t, "class": k} if classes > 1 else {}),
             "seconds": time.perf_counter() - started,
             "splits": sum(1 for n in nodes if n.owner is not None),
             "precision_bits": packing.precision,
@@ -834,7 +894,8 @@ def predict_margin(channel, model: SecureBoostGuestModel, X: np.ndarray, session
     n = X.shape[0]
     commands = {k: _Commands(channel, host, session) for k, host in enumerate(model.hosts)}
     channel.round += 1
-    margin = np.full(n, model.base_margin)
+    classes = model.params.classes
+    margin = np.full((n, classes), model.base_margin)
     position = [np.zeros(n, dtype=np.int64) for _ in model.trees]
     for _ in range(model.params.max_depth):
         queries: dict[int, list[tuple[int, int, np.ndarray]]] = {k: [] for k in commands}
@@ -872,15 +933,17 @@ def predict_margin(channel, model: SecureBoostGuestModel, X: np.ndarray, session
             position[t][rows[~go_left]] = node.right
     for t, tree in enumerate(model.trees):
         weights = np.array([node.weight for node in tree])
-        margin += weights[position[t]]
+        margin[:, t % classes] += weights[position[t]]
     for c in commands.values():
         c.request({"op": "done"}, reply=False)
-    return margin
+    return margin if classes > 1 else margin[:, 0]
 
 
 def predict_guest(channel, model: SecureBoostGuestModel, X: np.ndarray, session: str) -> np.ndarray:
-    """Predictions (probabilities for binary:logistic, values for regression)."""
+    """Predictions: P(1) for binary:logistic, ``(n, K)`` class probabilities for multi:softprob, values."""
     margin = predict_margin(channel, model, X, session)
     if model.params.objective == "binary:logistic":
         return 1.0 / (1.0 + np.exp(-margin))
+    if model.params.objective == "multi:softprob":
+        return softmax(margin)
     return margin

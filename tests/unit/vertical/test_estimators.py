@@ -34,6 +34,23 @@ def test_secureboost_classifier_fits_predicts_and_round_trips_its_parts(breast, 
     np.testing.assert_array_equal(loaded.predict_proba(test), proba)
 
 
+def test_secureboost_classifier_takes_multiclass_labels_from_the_data(tmp_path):
+    from sklearn.datasets import load_digits
+
+    X, y = load_digits(return_X_y=True)
+    keep = y < 4  # four classes keep the test quick
+    X, y = X[keep][:400], y[keep][:400]
+    parts = {"clinic": X[:300, :32], "lab": X[:300, 32:]}
+    model = SecureBoostClassifier(n_trees=2, max_depth=3).fit(parts, y[:300], guest="clinic")
+    assert model.params.objective == "multi:softprob" and model.params.num_class == 4
+    held_out = {"clinic": X[300:, :32], "lab": X[300:, 32:]}
+    proba = model.predict_proba(held_out)
+    assert proba.shape == (100, 4) and np.allclose(proba.sum(axis=1), 1.0)
+    assert np.mean(model.predict(held_out) == y[300:]) > 0.85
+    loaded = SecureBoostClassifier.from_parts(model.save_parts(tmp_path))
+    np.testing.assert_array_equal(loaded.predict_proba(held_out), proba)
+
+
 def test_secureboost_regressor():
     X, y = make_regression(n_samples=400, n_features=8, noise=5.0, random_state=0)
     parts = {"g": X[:, :3], "h": X[:, 3:]}

@@ -38,6 +38,22 @@ def reference_fit(X_guest, X_hosts, y, params):
     return sb.fit_reference(guest_bins, host_bins, y, params)
 
 
+def same_bins(X, train, guest_columns: int, n_bins: int = 32):
+    """Guest and host bins fitted on the training rows, and the pooled bins XGBoost trains on."""
+    parts = (X[:, :guest_columns], X[:, guest_columns:])
+    bins = [Binner.fit(part[train], n_bins).transform(part) for part in parts]
+    return bins, np.vstack(bins).T.astype(np.float32)
+
+
+def walk(bins, tree, column):
+    """The leaf weight of record ``column`` in ``tree``, read from the parties' bins in one place."""
+    node = tree[0]
+    while node.owner is not None:
+        b = bins[0 if node.owner < 0 else 1][node.feature, column]
+        node = tree[node.left] if b <= node.bin else tree[node.right]
+    return node.weight
+
+
 def leaves(model):
     return [[round(n.weight, 12) for n in tree if n.owner is None] for tree in model.trees]
 
@@ -106,20 +122,10 @@ def test_auc_within_0002_of_xgboost_on_the_same_bins(breast):
     X, y = breast
     train, test = slice(0, 455), slice(455, None)
     params = sb.SecureBoostParams(n_trees=10, max_depth=3, learning_rate=0.3)
-    binners = [Binner.fit(X[train, :10], 32), Binner.fit(X[train, 10:], 32)]
-    bins = [binners[0].transform(X[:, :10]), binners[1].transform(X[:, 10:])]
+    bins, pooled = same_bins(X, train, 10)
     model = sb.fit_reference(bins[0][:, train], [bins[1][:, train]], y[train], params)
-    pooled = np.vstack(bins).T.astype(np.float32)
-
-    def walk(tree, column):
-        node = tree[0]
-        while node.owner is not None:
-            b = bins[0 if node.owner < 0 else 1][node.feature, column]
-            node = tree[node.left] if b <= node.bin else tree[node.right]
-        return node.weight
-
     columns = np.arange(len(y))[test]
-    margin = np.array([model.base_margin + sum(walk(t, c) for t in model.trees) for c in columns])
+    margin = np.array([model.base_margin + sum(walk(bins, t, c) for t in model.trees) for c in columns])
     booster = xgb.train(
         {
             "max_depth": 3,
