@@ -69,6 +69,10 @@ def test_multiclass_secureboost_job_on_digits_split_by_columns(tmp_path):
     assert report["metrics"]["accuracy"] > 0.8 and report["metrics"]["log_loss"] < 1.5
     host = json.loads((tmp_path / "parties" / "lab.report.json").read_text())
     assert host["splits_owned"] > 0  # the lab's pixel columns were used
+    guest = json.loads((tmp_path / "parties" / "hospital.report.json").read_text())
+    importance = guest["feature_importance"]
+    assert "lab" in {r["party"] for r in importance} <= {"guest", "lab"}
+    assert sum(r["splits"] for r in importance if r["party"] == "lab") == host["splits_owned"]
 
 
 def test_hetero_lr_job_reaches_the_centralized_auc(tmp_path):

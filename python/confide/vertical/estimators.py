@@ -84,6 +84,12 @@ class _SecureBoost:
             jobs[host] = lambda h=host: sb.serve_host(channels[h], guest, arrays[h], session, model=self.host_models[h])
         return run_parties(jobs)[guest]
 
+    def feature_importance(self) -> list[dict]:
+        """Per splitting feature (party, index): split count, total and mean gain, as the guest sees it."""
+        if self.guest_model is None:
+            raise InvalidParameterError("the model is not fitted: call fit() or from_parts() first")
+        return self.guest_model.feature_importance()
+
     def save_parts(self, directory: str | os.PathLike) -> dict[str, Path]:
         """Write each party's part as ``<party>.model.cvw`` (what a runtime job writes)."""
         directory = Path(directory)

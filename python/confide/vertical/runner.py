@@ -210,6 +210,7 @@ def _secureboost(spec, channel, role, guest, hosts, X, y, train, test, report, o
         report["setup_seconds"] = getattr(model, "setup_seconds", None)
         predictions = sb.predict_guest(channel, model, X[test], "test")
         report["metrics"] = evaluate(params.objective, y[test], predictions)
+        report["feature_importance"] = model.feature_importance()
         return {"algorithm": "secureboost", "role": "guest", "model": model.to_dict()}
     lookup = sb.serve_host(channel, guest, X[train], "train", threads=params.threads)
     sb.serve_host(channel, guest, X[test], "test", model=lookup)

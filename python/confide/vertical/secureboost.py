@@ -314,6 +314,29 @@ class SecureBoostGuestModel:
         """Per tree, (node, owner, feature, bin) of each split: what the lossless test compares."""
         return [[(n.id, n.owner, n.feature, n.bin) for n in tree if n.owner is not None] for tree in self.trees]
 
+    def feature_importance(self) -> list[dict]:
+        """Feature importance as the guest sees it, most total gain first.
+
+        Per feature that splits: its party (``guest`` or the host's name), its index, the split
+        count, the total and the mean gain (XGBoost's ``weight``, ``total_gain`` and ``gain``). A
+        host's feature is named by the index the host chose: the guest never learns a host's
+        column names, thresholds or values.
+        """
+        table: dict[tuple[str, int], list] = {}
+        for tree in self.trees:
+            for node in tree:
+                if node.owner is None:
+                    continue
+                party = "guest" if node.owner < 0 else self.hosts[node.owner]
+                entry = table.setdefault((party, node.feature), [0, 0.0])
+                entry[0] += 1
+                entry[1] += node.gain
+        rows = [
+            {"party": party, "feature": feature, "splits": count, "total_gain": total, "gain": total / count}
+            for (party, feature), (count, total) in table.items()
+        ]
+        return sorted(rows, key=lambda r: (-r["total_gain"], r["party"], r["feature"]))
+
     def to_dict(self) -> dict:
         """A message-safe mapping (confide.vertical.wire)."""
         return {

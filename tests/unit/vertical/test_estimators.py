@@ -74,3 +74,37 @@ def test_estimator_input_errors(breast):
         SecureBoostClassifier(depth=3)
     with pytest.raises(InvalidParameterError, match="not fitted"):
         SecureBoostClassifier().predict(train)
+
+
+def test_the_documented_route_aligns_own_tables_with_psi_then_fits(tmp_path):
+    """docs/vertical.md, "In one process, with your own tables"."""
+    from confide.vertical import psi
+    from confide.vertical.channel import LocalChannel, run_parties
+
+    X, y = load_breast_cancer(return_X_y=True)
+    rng = np.random.default_rng(5)
+    bank_rows = np.sort(rng.choice(len(y), 500, replace=False))
+    shop_rows = rng.permutation(rng.choice(len(y), 520, replace=False))
+    bank_ids = [f"client-{i}" for i in bank_rows]
+    shop_ids = [f"client-{i}" for i in shop_rows]
+    X_bank, y_bank, X_shop = X[bank_rows, :10], y[bank_rows], X[shop_rows, 10:]
+
+    ids = {"bank": bank_ids, "shop": shop_ids}
+    channels = LocalChannel.group(["bank", "shop"])
+    rows = run_parties(
+        {
+            p: (
+                lambda p=p: psi.intersect(
+                    channels[p], ids[p], role="guest" if p == "bank" else "host", guest="bank", hosts=["shop"],
+                    session="align",
+                )
+            )
+            for p in ids
+        }
+    )  # fmt: skip
+    assert [bank_ids[i] for i in rows["bank"]] == [shop_ids[i] for i in rows["shop"]]
+    parts = {"bank": X_bank[rows["bank"]], "shop": X_shop[rows["shop"]]}
+    model = SecureBoostClassifier(n_trees=5, max_depth=3).fit(parts, y_bank[rows["bank"]], guest="bank")
+    assert roc_auc_score(y_bank[rows["bank"]], model.predict_proba(parts)[:, 1]) > 0.97
+    assert {r["party"] for r in model.feature_importance()} <= {"guest", "shop"}
+    assert set(model.save_parts(tmp_path / "parts")) == {"bank", "shop"}
