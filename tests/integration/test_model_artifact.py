@@ -24,10 +24,16 @@ PARTIES = ("hospital-a", "hospital-b", "hospital-c")
 def trained(tmp_path_factory):
     """The example job, run with `confide run` over copies of the three hospitals' folders."""
     root = tmp_path_factory.mktemp("flc")
+    _run_example(root, (EXAMPLE / "job.yaml").read_text().replace("rounds: 30", "rounds: 12"))
+    return root
+
+
+def _run_example(root, job_text: str) -> None:
+    """Copy the three hospitals' folders under ``root`` and run ``job_text`` over them with `confide run`."""
     for party in PARTIES:
         shutil.copytree(EXAMPLE / party, root / party)
     job = root / "job.yaml"
-    job.write_text((EXAMPLE / "job.yaml").read_text().replace("rounds: 30", "rounds: 12"))
+    job.write_text(job_text)
     catalogs = [arg for p in PARTIES for arg in ("--catalog", f"{p}={root / p / 'catalog.yaml'}")]
     done = subprocess.run(
         [sys.executable, "-m", "confide", "run", str(job), *catalogs, "--workdir", str(root / "run")],
@@ -36,7 +42,6 @@ def trained(tmp_path_factory):
         timeout=600,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return root
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
@@ -136,25 +141,13 @@ def test_a_keras_network_is_scored_and_exported_like_a_linear_model(tmp_path):
         pytest.skip("Keras 3 and PyTorch are not installed (make test installs them)")
     import onnxruntime
 
-    for party in PARTIES:
-        shutil.copytree(EXAMPLE / party, tmp_path / party)
     text = (
         (EXAMPLE / "job.yaml")
         .read_text()
         .replace("rounds: 30", "rounds: 3")
         .replace("job_id: flc-mortality", "job_id: flc-net")
     )
-    text = text.split("model:")[0] + KERAS_MODEL + "protection: {mode: secagg}\n"
-    job = tmp_path / "job.yaml"
-    job.write_text(text)
-    catalogs = [arg for p in PARTIES for arg in ("--catalog", f"{p}={tmp_path / p / 'catalog.yaml'}")]
-    done = subprocess.run(
-        [sys.executable, "-m", "confide", "run", str(job), *catalogs, "--workdir", str(tmp_path / "run")],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    _run_example(tmp_path, text.split("model:")[0] + KERAS_MODEL + "protection: {mode: secagg}\n")
     artifact = tmp_path / "run" / "parties" / "hospital-a.model.zip"  # trained on JAX
     records = tmp_path / "hospital-a" / "patients.csv"
     scored = _cli("model", "predict", str(artifact), str(records), "--out", str(tmp_path / "scores.csv"))

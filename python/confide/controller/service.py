@@ -314,21 +314,17 @@ class Controller:
         ).all()
         stopped = []
         for _use, session in rows:
-            head = self._head(db, session)
             session.state = "revoked"
             session.message = (
                 f"stopped: {why} for dataset {owner}/{dataset}; its parties stop at the next round boundary. "
                 f"Resume needs a new grant ('confide grant add --dataset {dataset} --developer {developer}', "
                 f"run by {owner})"
             )
-            self._append(
+            self._append_event(
                 db,
                 session,
                 caller,
                 "revoked",
-                spec=head.spec,
-                configs=head.configs,
-                previous=head.configs,
                 note=session.message,
             )
             detail = {"session": session.token, "job_id": session.job_id, "developer": developer, "why": why}
@@ -670,6 +666,23 @@ class Controller:
         session.head_seq = base + 1
         return entry
 
+    def _append_event(
+        self, db: Session, session: JobSession, caller: Caller, kind: str, *, note: str, checkpoint: dict | None = None
+    ) -> SessionEntry:
+        """Append an entry that keeps the head's specification and configurations (no delta)."""
+        head = self._head(db, session)
+        return self._append(
+            db,
+            session,
+            caller,
+            kind,
+            spec=head.spec,
+            configs=head.configs,
+            previous=head.configs,
+            checkpoint=checkpoint,
+            note=note,
+        )
+
     def submit(self, caller: Caller, spec_data: dict) -> dict:
         """Validate, check access, and start a job as a new session; returns its token."""
         _require(caller, "developer", "admin")
@@ -892,16 +905,13 @@ class Controller:
                     )
             self._restart(db, session, caller, "resumed")
             self._await_approvals(db, session)
-            entry = self._append(
+            entry = self._append_event(
                 db,
                 session,
                 caller,
                 "resume",
-                spec=head.spec,
-                configs=head.configs,
-                previous=head.configs,
-                checkpoint=checkpoint.checkpoint if checkpoint is not None else None,
                 note=session.message,
+                checkpoint=checkpoint.checkpoint if checkpoint is not None else None,
             )
             self._audit(db, caller, "resume", f"session/{token}", "allow", {"run": session.run})
             return {
@@ -919,16 +929,12 @@ class Controller:
             session = self._session(db, caller, token)
             if session.state not in (*ACTIVE, "awaiting"):
                 raise InvalidParameterError(f"session {token} is {session.state}, not running")
-            head = self._head(db, session)
             session.state, session.message = "cancelled", f"cancelled by {caller.name}"
-            entry = self._append(
+            entry = self._append_event(
                 db,
                 session,
                 caller,
                 "cancel",
-                spec=head.spec,
-                configs=head.configs,
-                previous=head.configs,
                 note="cancel",
             )
             self._audit(db, caller, "cancel", f"session/{token}", "allow", {})
@@ -1134,18 +1140,14 @@ class Controller:
         ):
             return
         leaves = {name: p.checkpoints[key] for name, p in sorted(recipients.items())}
-        head = self._head(db, session)
         record = {"round": round_number, "run": session.run, "root": checkpoints.root_of(leaves), "leaves": leaves}
-        self._append(
+        self._append_event(
             db,
             session,
             Caller("controller", "admin"),
             "checkpoint",
-            spec=head.spec,
-            configs=head.configs,
-            previous=head.configs,
-            checkpoint=record,
             note=f"checkpoint after round {round_number}: {sum(len(v) for v in leaves.values())} files",
+            checkpoint=record,
         )
 
     def _maybe_verified(self, db: Session, session: JobSession) -> None:
@@ -1194,16 +1196,12 @@ class Controller:
         if failed:
             session.state = "failed"
             session.message = "; ".join(_failure_line(p) for p in failed)[:4000]
-            head = self._head(db, session)
             # In the log too, so 'confide session log' tells the whole story of the session.
-            self._append(
+            self._append_event(
                 db,
                 session,
                 Caller("controller", "admin"),
                 "failed",
-                spec=head.spec,
-                configs=head.configs,
-                previous=head.configs,
                 note=session.message,
             )
         elif parties and all(p.run == session.run and p.status == "completed" for p in parties):
