@@ -224,6 +224,35 @@ fn dot_window(count: usize, bits: u32) -> u32 {
     (1..=bits.min(MAX_WINDOW)).min_by_key(|&c| (cost(c), c)).unwrap_or(1)
 }
 
+/// Exponent matrices of the dot kernels: 1 ≤ bits ≤ 64, shape (rows, columns),
+/// every entry below 2^bits (the error names the first entry that is not).
+fn check_exponents(matrix: &[u64], rows: usize, columns: usize, bits: u32, what: &'static str) -> Result<()> {
+    if !(1..=MAX_DOT_BITS).contains(&bits) {
+        return Err(invalid("bits", format!("must be in 1..={MAX_DOT_BITS}, got {bits}")));
+    }
+    let expected = rows.checked_mul(columns).ok_or_else(|| invalid("matrix", "shape overflows"))?;
+    if matrix.len() != expected {
+        return Err(Error::LengthMismatch { what, expected, found: matrix.len() });
+    }
+    if bits < 64 {
+        if let Some(position) = matrix.par_iter().position_first(|&v| v >> bits != 0) {
+            let (row, column) = (position / columns, position % columns);
+            return Err(invalid(
+                "matrix",
+                format!("matrix[{row}, {column}] = {} must be < 2^bits = 2^{bits} (row {row}, column {column})", matrix[position]),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Straus window for [`EncryptionKey::dot_groups_u64`]: minimises the table
+/// products K·(2^c − 2) plus the digit products F·K·⌈bits/c⌉ (squarings do not depend on c).
+fn straus_window(group: usize, rows: usize, bits: u32) -> u32 {
+    let cost = |c: u32| (group as u64) * ((1u64 << c) - 2) + (rows * group) as u64 * u64::from(bits.div_ceil(c));
+    (1..=bits.clamp(1, 8)).min_by_key(|&c| (cost(c), c)).unwrap_or(1)
+}
+
 /// Digit `window` (c bits wide) of an exponent.
 fn digit(exponent: u64, window: u32, c: u32) -> usize {
     let shift = window * c;
@@ -381,23 +410,8 @@ impl EncryptionKey {
         rows: usize,
         bits: u32,
     ) -> Result<Vec<Ciphertext>> {
-        if !(1..=MAX_DOT_BITS).contains(&bits) {
-            return Err(invalid("bits", format!("must be in 1..={MAX_DOT_BITS}, got {bits}")));
-        }
         let count = ciphertexts.len();
-        let expected = rows.checked_mul(count).ok_or_else(|| invalid("matrix", "shape overflows"))?;
-        if matrix.len() != expected {
-            return Err(Error::LengthMismatch { what: "matrix (rows x ciphertexts)", expected, found: matrix.len() });
-        }
-        if bits < 64 {
-            if let Some(position) = matrix.par_iter().position_first(|&v| v >> bits != 0) {
-                let (row, column) = (position / count, position % count);
-                return Err(invalid(
-                    "matrix",
-                    format!("matrix[{row}, {column}] = {} must be < 2^bits = 2^{bits} (row {row}, column {column})", matrix[position]),
-                ));
-            }
-        }
+        check_exponents(matrix, rows, count, bits, "matrix (rows x ciphertexts)")?;
         if count == 0 {
             return Ok(vec![Ciphertext(Integer::from(1)); rows]);
         }
@@ -413,6 +427,72 @@ impl EncryptionKey {
             Engine::Ifma => {
                 let amm = lanes::IfmaModulus::new(self.n_squared()).ok_or_else(|| invalid("engine", "modulus too large for IFMA"))?;
                 amm.dot(ciphertexts, matrix, rows, bits, window)
+            }
+        };
+        Ok(values.into_iter().map(Ciphertext).collect())
+    }
+
+    /// The same `(F, K)` exponent matrix applied to many groups of K ciphertexts
+    /// (`ciphertexts.len()` = G·K): `out[g·F + j]` = Π_k c_(g·K+k)^(matrix[j, k]) mod n².
+    /// For small K and many groups, where one Pippenger call per group would pay its
+    /// set-up G times (Hetero NN's batch-packed products). Straus per output with
+    /// shared digit tables; on IFMA eight groups share each product (lane = group:
+    /// the exponent digits are the same in every lane).
+    ///
+    /// # Errors
+    /// As [`EncryptionKey::dot_u64`]; `LengthMismatch` unless K divides the ciphertext count.
+    pub fn dot_groups_u64(
+        &self,
+        ciphertexts: &[Ciphertext],
+        group: usize,
+        matrix: &[u64],
+        rows: usize,
+        bits: u32,
+    ) -> Result<Vec<Ciphertext>> {
+        self.dot_groups_u64_on(Engine::pick(self.n_squared()), ciphertexts, group, matrix, rows, bits)
+    }
+
+    pub(crate) fn dot_groups_u64_on(
+        &self,
+        engine: Engine,
+        ciphertexts: &[Ciphertext],
+        group: usize,
+        matrix: &[u64],
+        rows: usize,
+        bits: u32,
+    ) -> Result<Vec<Ciphertext>> {
+        if group == 0 {
+            return Err(invalid("group", "must be at least 1"));
+        }
+        if !ciphertexts.len().is_multiple_of(group) {
+            return Err(Error::LengthMismatch {
+                what: "ciphertexts (a multiple of the group size)",
+                expected: ciphertexts.len().div_ceil(group) * group,
+                found: ciphertexts.len(),
+            });
+        }
+        check_exponents(matrix, rows, group, bits, "matrix (rows x group)")?;
+        let groups = ciphertexts.len() / group;
+        if groups == 0 || rows == 0 {
+            return Ok(Vec::new());
+        }
+        let values: Vec<Integer> = match engine {
+            Engine::Gmp => {
+                let mont = self.montgomery();
+                let window = dot_window(group, bits);
+                (0..groups)
+                    .into_par_iter()
+                    .flat_map_iter(|g| {
+                        let ids: Vec<u32> = (g * group..(g + 1) * group).map(|i| i as u32).collect();
+                        let bases = gmp_convert(mont, ciphertexts, &ids);
+                        matrix.chunks(group).map(|exponents| gmp_dot_row(mont, &bases, exponents, bits, window)).collect::<Vec<_>>()
+                    })
+                    .collect()
+            }
+            #[cfg(target_arch = "x86_64")]
+            Engine::Ifma => {
+                let amm = lanes::IfmaModulus::new(self.n_squared()).ok_or_else(|| invalid("engine", "modulus too large for IFMA"))?;
+                amm.dot_groups(ciphertexts, group, matrix, bits, straus_window(group, rows, bits))
             }
         };
         Ok(values.into_iter().map(Ciphertext).collect())
@@ -977,6 +1057,58 @@ mod lanes {
                 .collect();
             chunks.into_iter().flatten().collect()
         }
+
+        /// Grouped products (see `EncryptionKey::dot_groups_u64`): lane = group, Straus
+        /// with a table of the 2^c − 1 digit powers of each base; outputs group-major.
+        pub(super) fn dot_groups(&self, ciphertexts: &[Ciphertext], group: usize, matrix: &[u64], bits: u32, c: u32) -> Vec<Integer> {
+            let groups = ciphertexts.len() / group;
+            let entries = 1usize << c;
+            let windows = bits.div_ceil(c);
+            let ids: Vec<usize> = (0..groups).collect();
+            let chunks: Vec<Vec<Integer>> = ids
+                .par_chunks(LANES)
+                .map(|gs| {
+                    let mut tables: Vec<Vec<u64>> = Vec::with_capacity(group * entries);
+                    for k in 0..group {
+                        let values: Vec<&Integer> = gs.iter().map(|&g| &ciphertexts[g * group + k].0).collect();
+                        let mut base = self.zero_lanes();
+                        self.enter(&values, &mut base);
+                        tables.push(self.one_lanes.clone());
+                        tables.push(base.clone());
+                        for d in 2..entries {
+                            let mut next = self.zero_lanes();
+                            self.mul(&tables[k * entries + d - 1], &base, &mut next);
+                            tables.push(next);
+                        }
+                    }
+                    let mut per_row: Vec<Vec<Integer>> = Vec::new();
+                    let mut tmp = self.zero_lanes();
+                    for exponents in matrix.chunks(group) {
+                        let mut acc = self.one_lanes.clone();
+                        let mut started = false;
+                        for w in (0..windows).rev() {
+                            if started {
+                                for _ in 0..c {
+                                    self.square(&acc, &mut tmp);
+                                    std::mem::swap(&mut acc, &mut tmp);
+                                }
+                            }
+                            for (k, &e) in exponents.iter().enumerate() {
+                                let d = digit(e, w, c);
+                                if d != 0 {
+                                    self.mul(&acc, &tables[k * entries + d], &mut tmp);
+                                    std::mem::swap(&mut acc, &mut tmp);
+                                    started = true;
+                                }
+                            }
+                        }
+                        per_row.push(self.leave(&acc, gs.len()));
+                    }
+                    (0..gs.len()).flat_map(|lane| per_row.iter().map(move |row| row[lane].clone())).collect()
+                })
+                .collect();
+            chunks.into_iter().flatten().collect()
+        }
     }
 
     #[cfg(test)]
@@ -1250,6 +1382,32 @@ mod tests {
         }
         assert_eq!(public().dot_u64(&[], &[], 3, 8).unwrap(), vec![one(); 3]);
         assert!(public().dot_u64(&cts, &[], 0, 8).unwrap().is_empty());
+    }
+
+    #[test]
+    fn dot_groups_match_naive_per_group() {
+        let mut rng = Mix(9);
+        let group = 3;
+        let values: Vec<u64> = (0..group * 11).map(|_| rng.below(1 << 20)).collect();
+        let cts = encrypt(&values);
+        for (rows, bits) in [(2usize, 64u32), (4, 17), (1, 1)] {
+            let mut matrix: Vec<u64> =
+                (0..rows * group).map(|_| if bits == 64 { rng.next() } else { rng.next() & ((1u64 << bits) - 1) }).collect();
+            matrix[0] = 0;
+            let mut expected = Vec::new();
+            for g in 0..11 {
+                expected.extend(naive_dot(&cts[g * group..(g + 1) * group], &matrix, rows));
+            }
+            for engine in engines() {
+                let got = public().dot_groups_u64_on(engine, &cts, group, &matrix, rows, bits).unwrap();
+                assert_eq!(got, expected, "{engine:?} rows {rows} bits {bits}");
+            }
+        }
+        let k = public();
+        assert!(k.dot_groups_u64(&cts, 0, &[], 0, 8).unwrap_err().to_string().contains("group"));
+        assert!(k.dot_groups_u64(&cts, 2, &[1, 2], 1, 8).unwrap_err().to_string().contains("multiple"));
+        assert!(k.dot_groups_u64(&cts, 3, &[1, 2], 1, 8).unwrap_err().to_string().contains("matrix"));
+        assert!(k.dot_groups_u64(&cts, 3, &[1, 2, 300], 1, 8).unwrap_err().to_string().contains("2^8"));
     }
 
     #[test]

@@ -620,6 +620,21 @@ impl PyCiphertextVector {
         let out = py.detach(|| threaded(threads, || Ok(self.key.dot_u64(&self.ciphertexts, matrix, rows, bits)?)))?;
         Ok(self.derived(out))
     }
+    /// The same uint64 (F, K) exponent matrix on each consecutive group of K ciphertexts:
+    /// out[g·F + j] = prod_k self[g·K + k]^matrix[j, k] mod n^2 (len(self) a multiple of K).
+    #[pyo3(signature = (matrix, bits, threads = 0))]
+    fn dot_groups_u64(&self, py: Python<'_>, matrix: numpy::PyReadonlyArray2<'_, u64>, bits: i64, threads: usize) -> PyResult<Self> {
+        use numpy::PyUntypedArrayMethods;
+        self.raw_only("dot_groups_u64")?;
+        let bits = u32::try_from(bits).map_err(|_| invalid("bits", format!("must be in 1..=64, got {bits}")))?;
+        let (rows, group) = (matrix.shape()[0], matrix.shape()[1]);
+        if !matrix.is_c_contiguous() {
+            return Err(invalid("matrix", "array must be C-contiguous (F, K)"));
+        }
+        let matrix = matrix.as_slice().map_err(|_| invalid("matrix", "array must be C-contiguous (F, K)"))?;
+        let out = py.detach(|| threaded(threads, || Ok(self.key.dot_groups_u64(&self.ciphertexts, group, matrix, rows, bits)?)))?;
+        Ok(self.derived(out))
+    }
     /// Ciphertext `index` as a big-endian integer (for interoperability).
     fn element_bytes<'py>(&self, py: Python<'py>, index: usize) -> PyResult<Bound<'py, PyBytes>> {
         let c =

@@ -121,6 +121,9 @@ import numpy as np
 from confide import _native
 from confide.errors import ConfideError, EncodingError, InvalidParameterError, ProtocolError
 from confide.vertical.channel import Channel
+from confide.vertical.paillier_util import Meter as _Meter
+from confide.vertical.paillier_util import elements as _elements
+from confide.vertical.paillier_util import raw_plaintexts as _raw
 
 __all__ = [
     "HeteroLRGuestModel",
@@ -542,21 +545,6 @@ def _generate_keypair(bits: int) -> _native.DecryptionKey:
     return _native.generate_keypair(bits)
 
 
-class _Meter:
-    """Accumulates the seconds spent in crypto sections (``with meter: ...``)."""
-
-    def __init__(self) -> None:
-        self.seconds = 0.0
-        self._start = 0.0
-
-    def __enter__(self) -> _Meter:
-        self._start = time.perf_counter()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.seconds += time.perf_counter() - self._start
-
-
 def _modulus(key: _native.EncryptionKey) -> int:
     return int.from_bytes(key.n_bytes(), "big")
 
@@ -586,14 +574,6 @@ def _signed(value: int, n: int) -> int:
     return value - n if value > n // 2 else value
 
 
-def _raw(values: list[int], n: int) -> list[bytes]:
-    out = []
-    for value in values:
-        value %= n
-        out.append(value.to_bytes(max(1, (value.bit_length() + 7) // 8), "big"))
-    return out
-
-
 def _masks(count: int, bits: int) -> list[int]:
     """Uniform in [2^(bits-1), 2^bits): x + R stays positive for any |x| < 2^(bits-1)."""
     return [secrets.randbits(bits - 1) | (1 << (bits - 1)) for _ in range(count)]
@@ -617,10 +597,6 @@ def _unpack(data: Any, width: int, count: int, where: str) -> list[int]:
         size = len(data) if isinstance(data, bytes) else type(data).__name__
         raise ProtocolError(f"{where}: expected {count} values of {width} bytes, got {size}")
     return [int.from_bytes(data[i * width : (i + 1) * width], "big") for i in range(count)]
-
-
-def _elements(vector: _native.CiphertextVector) -> list[bytes]:
-    return [vector.element_bytes(i) for i in range(len(vector))]
 
 
 def _from_elements(elements: list[bytes], key: _native.EncryptionKey) -> _native.CiphertextVector:

@@ -16,6 +16,7 @@ from confide import _native
 from confide.errors import InvalidParameterError, ProtocolError
 from confide.vertical import hetero_lr as hlr
 from confide.vertical.channel import LocalChannel
+from tests.fixtures.messages import fields
 
 KEY = _native.generate_keypair(2048)
 N_KEY = int.from_bytes(KEY.encryption_key.n_bytes(), "big")
@@ -251,14 +252,6 @@ def test_convergence_stops_every_party_at_the_same_epoch(breast):
 # ------------------------------------------------------------------------------ privacy
 
 
-def _fields(message, prefix=""):
-    for name, value in message.items():
-        if isinstance(value, dict):
-            yield from _fields(value, f"{prefix}{name}.")
-        else:
-            yield f"{prefix}{name}", value
-
-
 def _huge(values: list[int], n: int) -> bool:
     """Masked: far beyond any fixed-point value these protocols produce (< 2^300)."""
     return all(abs(_signed(v, n)) > 1 << 1000 for v in values)
@@ -289,7 +282,7 @@ def test_hosts_receive_only_ciphertexts_and_masked_values(run, request):
         for sender, tag, message in channel.received_by(host):
             kind = tag.split("/")[0]
             kinds_seen.add(kind)
-            for name, value in _fields(message):
+            for name, value in fields(message):
                 assert not isinstance(value, np.ndarray), f"{tag}: array field {name} sent to {host}"
                 if isinstance(value, bytes):
                     assert not any(p in value for p in label_patterns), f"{tag}.{name} carries the labels"
@@ -313,7 +306,7 @@ def test_hosts_receive_only_ciphertexts_and_masked_values(run, request):
                 assert _huge(values, n_guest)
             elif kind in ("hlr-hello", "hlr-start", "hlr-ctl", "hlr-p0"):
                 # metadata only: counts, flags, the shared integer parameters, error text, public key
-                assert not any(isinstance(v, float) for _, v in _fields(message)), tag
+                assert not any(isinstance(v, float) for _, v in fields(message)), tag
                 if kind == "hlr-hello" and sender == "g":
                     assert message["key"] == guest_public.to_bytes()
             else:
@@ -338,7 +331,7 @@ def test_guest_never_sees_host_features_or_gradients(run, request):
         feature_patterns += [X[:4].tobytes(), X.T[:, :4].copy().tobytes(), standard[:4].tobytes()]
     for _sender, tag, message in channel.received_by("g"):
         kind = tag.split("/")[0]
-        for name, value in _fields(message):
+        for name, value in fields(message):
             if isinstance(value, bytes):
                 assert not any(p in value for p in feature_patterns), f"{tag}.{name} carries host features"
             if isinstance(value, np.ndarray):  # only the partial scores at inference (documented)

@@ -1,0 +1,204 @@
+"""Small dense networks in numpy: the bottom and top models of Hetero NN.
+
+A network is described as Keras 3 ``Dense``/``Activation`` layers (the same form as a job's
+``model.network.layers``), or in short form::
+
+    [{units: 16, activation: relu}, {units: 8, activation: tanh}]
+    [{class_name: Dense, config: {units: 16, activation: relu}}]
+
+Only what split learning needs from a framework is here: forward with a cache, backward that
+returns the gradient of the input (the cut layer), and Adam. Weights are Glorot-uniform,
+biases zero, so the plaintext reference and the secure protocol start from the same numbers
+for the same seed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from confide.errors import InvalidParameterError
+
+__all__ = ["ACTIVATIONS", "Adam", "DenseNetwork", "parse_layers"]
+
+#: Hidden-layer activations (the head's sigmoid/softmax belongs to the loss).
+ACTIVATIONS = ("linear", "relu", "tanh", "sigmoid")
+MAX_UNITS = 65536
+
+
+def parse_layers(spec: Any, where: str) -> list[tuple[int, str]]:
+    """``[(units, activation), ...]`` from a short or Keras-form layer list."""
+    if spec is None:
+        return []
+    if isinstance(spec, dict) and "layers" in spec:
+        spec = spec["layers"]
+    if not isinstance(spec, (list, tuple)):
+        raise InvalidParameterError(f"{where} must be a list of Dense layers, got {type(spec).__name__}")
+    layers: list[tuple[int, str]] = []
+    for i, layer in enumerate(spec):
+        at = f"{where}[{i}]"
+        if not isinstance(layer, dict):
+            raise InvalidParameterError(f"{at} must be a mapping, got {type(layer).__name__}")
+        if "class_name" in layer:
+            name = layer["class_name"]
+            config = layer.get("config") or {}
+            if not isinstance(config, dict):
+                raise InvalidParameterError(f"{at}.config must be a mapping")
+            if name == "Activation":
+                activation = config.get("activation")
+                if not layers:
+                    raise InvalidParameterError(f"{at}: an Activation layer must follow a Dense layer")
+                if layers[-1][1] != "linear":
+                    raise InvalidParameterError(f"{at}: the Dense layer before it already has an activation")
+                layers[-1] = (layers[-1][0], _activation(activation, f"{at}.config.activation"))
+                continue
+            if name != "Dense":
+                raise InvalidParameterError(
+                    f"{at}.class_name {name!r}: bottom and top models of hetero_nn take Dense and Activation layers"
+                )
+            extra = set(config) - {"units", "activation", "use_bias", "name"}
+            if extra:
+                raise InvalidParameterError(f"{at}.config: unsupported Dense arguments {sorted(extra)}")
+            if config.get("use_bias", True) is not True:
+                raise InvalidParameterError(f"{at}.config.use_bias: only true is supported")
+        else:
+            config = layer
+            extra = set(config) - {"units", "activation"}
+            if extra:
+                raise InvalidParameterError(f"{at}: unknown keys {sorted(extra)} (expected units, activation)")
+        units = config.get("units")
+        if not isinstance(units, int) or isinstance(units, bool) or not 1 <= units <= MAX_UNITS:
+            raise InvalidParameterError(f"{at}.units must be an integer in 1..{MAX_UNITS}, got {units!r}")
+        layers.append((units, _activation(config.get("activation", "linear"), f"{at}.activation")))
+    return layers
+
+
+def _activation(name: Any, where: str) -> str:
+    name = "linear" if name is None else name
+    if name not in ACTIVATIONS:
+        raise InvalidParameterError(f"{where} {name!r} is not one of {list(ACTIVATIONS)}")
+    return str(name)
+
+
+def _forward_activation(name: str, z: np.ndarray) -> np.ndarray:
+    if name == "relu":
+        return np.maximum(z, 0.0)
+    if name == "tanh":
+        return np.tanh(z)
+    if name == "sigmoid":
+        return 1.0 / (1.0 + np.exp(-z))
+    return z
+
+
+def _activation_grad(name: str, z: np.ndarray, a: np.ndarray, grad: np.ndarray) -> np.ndarray:
+    if name == "relu":
+        return grad * (z > 0)
+    if name == "tanh":
+        return grad * (1.0 - a * a)
+    if name == "sigmoid":
+        return grad * a * (1.0 - a)
+    return grad
+
+
+def glorot(rng: np.random.Generator, fan_in: int, fan_out: int) -> np.ndarray:
+    limit = np.sqrt(6.0 / (fan_in + fan_out))
+    return rng.uniform(-limit, limit, size=(fan_in, fan_out))
+
+
+@dataclass
+class Adam:
+    """Adam on a list of arrays (updated in place)."""
+
+    learning_rate: float
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    t: int = 0
+    m: list = field(default_factory=list)
+    v: list = field(default_factory=list)
+
+    def step(self, params: list[np.ndarray], grads: list[np.ndarray]) -> None:
+        """One Adam step on ``params`` (in place)."""
+        if not self.m:
+            self.m = [np.zeros_like(p) for p in params]
+            self.v = [np.zeros_like(p) for p in params]
+        self.t += 1
+        c1 = 1.0 - self.beta1**self.t
+        c2 = 1.0 - self.beta2**self.t
+        for p, g, m, v in zip(params, grads, self.m, self.v, strict=True):
+            m *= self.beta1
+            m += (1.0 - self.beta1) * g
+            v *= self.beta2
+            v += (1.0 - self.beta2) * g * g
+            p -= self.learning_rate * (m / c1) / (np.sqrt(v / c2) + self.eps)
+
+
+class DenseNetwork:
+    """A stack of Dense layers; ``forward`` caches what ``backward`` needs."""
+
+    def __init__(self, input_dim: int, layers: list[tuple[int, str]], rng: np.random.Generator) -> None:
+        self.layers = list(layers)
+        self.input_dim = int(input_dim)
+        self.weights: list[np.ndarray] = []
+        self.biases: list[np.ndarray] = []
+        fan_in = self.input_dim
+        for units, _ in self.layers:
+            self.weights.append(glorot(rng, fan_in, units))
+            self.biases.append(np.zeros(units))
+            fan_in = units
+        self._cache: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+
+    @property
+    def output_dim(self) -> int:
+        """Width of the last layer (the input width when there are no layers)."""
+        return self.layers[-1][0] if self.layers else self.input_dim
+
+    def params(self) -> list[np.ndarray]:
+        """Weights then biases, in layer order (the order of :meth:`backward`'s gradients)."""
+        return [*self.weights, *self.biases]
+
+    def forward(self, x: np.ndarray, keep: bool = True) -> np.ndarray:
+        """The output for rows ``x``; ``keep`` caches what :meth:`backward` needs."""
+        cache = []
+        a = x
+        for (_, activation), w, b in zip(self.layers, self.weights, self.biases, strict=True):
+            z = a @ w + b
+            out = _forward_activation(activation, z)
+            cache.append((a, z, out))
+            a = out
+        if keep:
+            self._cache = cache
+        return a
+
+    def backward(self, grad: np.ndarray) -> tuple[list[np.ndarray], np.ndarray]:
+        """Gradients of (weights..., biases...) and of the input, for ``d loss / d output = grad``."""
+        gw: list[np.ndarray] = [np.empty(0)] * len(self.layers)
+        gb: list[np.ndarray] = [np.empty(0)] * len(self.layers)
+        for i in range(len(self.layers) - 1, -1, -1):
+            a_in, z, out = self._cache[i]
+            g = _activation_grad(self.layers[i][1], z, out, grad)
+            gw[i] = a_in.T @ g
+            gb[i] = g.sum(axis=0)
+            grad = g @ self.weights[i].T
+        return [*gw, *gb], grad
+
+    def to_dict(self) -> dict:
+        """Layers and weights as a wire-encodable mapping."""
+        return {
+            "input_dim": self.input_dim,
+            "units": np.asarray([u for u, _ in self.layers], dtype=np.int64),
+            "activations": [a for _, a in self.layers],
+            "weights": [w.copy() for w in self.weights],
+            "biases": [b.copy() for b in self.biases],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> DenseNetwork:
+        """A network from :meth:`to_dict`'s mapping."""
+        layers = [(int(u), str(a)) for u, a in zip(data["units"], data["activations"], strict=True)]
+        net = cls(int(data["input_dim"]), layers, np.random.default_rng(0))
+        net.weights = [np.asarray(w, dtype=np.float64) for w in data["weights"]]
+        net.biases = [np.asarray(b, dtype=np.float64) for b in data["biases"]]
+        return net
