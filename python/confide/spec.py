@@ -63,10 +63,10 @@ class ModelSpec(_Strict):
     ``homo_lr`` (logistic regression), ``keras`` (a Keras 3 network described by ``network``,
     trained on each party's backend), ``custom`` (the party's own code, ``entry``).
     Vertical (parties hold different columns of the same records; docs/vertical.md):
-    ``hetero_lr`` and ``secureboost``; for those, ``rounds`` counts epochs or trees.
+    ``hetero_lr``, ``secureboost`` and ``hetero_nn``; for those, ``rounds`` counts epochs or trees.
     """
 
-    algorithm: Literal["homo_lr", "keras", "custom", "hetero_lr", "secureboost"] = "homo_lr"
+    algorithm: Literal["homo_lr", "keras", "custom", "hetero_lr", "secureboost", "hetero_nn"] = "homo_lr"
     learning_rate: float = Field(0.1, gt=0, le=100)
     local_epochs: int = Field(1, ge=1, le=1000)
     batch_size: int = Field(64, ge=1, le=1_000_000)
@@ -92,6 +92,13 @@ class ModelSpec(_Strict):
     min_child_weight: float = Field(1.0, ge=0, le=1e9)
     gamma: float = Field(0.0, ge=0, le=1e9)
     n_bins: int = Field(32, ge=3, le=256)
+    # -- hetero_nn: Dense/Activation layers (Keras form or {units, activation}) and the interactive layer --
+    guest_bottom: list[dict[str, Any]] | None = None
+    host_bottom: list[dict[str, Any]] | None = None
+    top: list[dict[str, Any]] | None = None
+    interactive_units: int = Field(8, ge=1, le=64)
+    interactive_activation: Literal["linear", "relu", "tanh", "sigmoid"] = "relu"
+    interactive_learning_rate: float = Field(0.1, gt=0, le=10)
 
 
 class DataSpec(_Strict):
@@ -255,8 +262,22 @@ class JobSpec(_Strict):
             raise ValueError("model.algorithm custom needs model.entry ('package.module:attribute' or 'file.py:name')")
         if model.algorithm != "custom" and (model.entry is not None or model.options):
             raise ValueError(f"model.entry and model.options are for model.algorithm custom, not {model.algorithm}")
-        if model.objective == "multi:softprob" and (model.algorithm != "secureboost" or model.num_class is None):
-            raise ValueError("model.objective multi:softprob is for model.algorithm secureboost, with model.num_class")
+        if model.objective == "multi:softprob" and (
+            model.algorithm not in ("secureboost", "hetero_nn") or model.num_class is None
+        ):
+            raise ValueError(
+                "model.objective multi:softprob is for model.algorithm secureboost or hetero_nn, with model.num_class"
+            )
+        nn_fields = [f for f in ("guest_bottom", "host_bottom", "top") if getattr(model, f) is not None]
+        if model.algorithm == "hetero_nn":
+            from confide.vertical.runner import hetero_nn_params
+
+            try:
+                hetero_nn_params(self)
+            except InvalidParameterError as error:
+                raise ValueError(f"model: {error}") from None
+        elif nn_fields:
+            raise ValueError(f"model.{nn_fields[0]} is for model.algorithm hetero_nn, not {model.algorithm}")
         if model.num_class is not None and model.objective != "multi:softprob":
             raise ValueError(f"model.num_class is for objective multi:softprob, not {model.objective}")
         if self.data.dataset == "digits" and self.fl_data is None and model.algorithm == "homo_lr":
@@ -270,8 +291,8 @@ class JobSpec(_Strict):
 
     @property
     def vertical(self) -> bool:
-        """Whether the parties hold columns (hetero_lr, secureboost) rather than rows."""
-        return self.model.algorithm in ("hetero_lr", "secureboost")
+        """Whether the parties hold columns (hetero_lr, secureboost, hetero_nn) rather than rows."""
+        return self.model.algorithm in ("hetero_lr", "secureboost", "hetero_nn")
 
     @property
     def guest(self) -> str:

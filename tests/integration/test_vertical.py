@@ -11,7 +11,7 @@ from confide.data.vertical import vertical_party_data
 from confide.errors import JobFailedError
 from confide.local import run_local
 from confide.spec import parse_job
-from confide.vertical.estimators import SecureBoostClassifier
+from confide.vertical.estimators import HeteroNNClassifier, SecureBoostClassifier
 from tests.fixtures.faults import with_faults
 
 
@@ -83,6 +83,29 @@ def test_hetero_lr_job_reaches_the_centralized_auc(tmp_path):
     assert report["metrics"]["auc"] > 0.98
     assert len(report["rounds"]) == 5
     assert report["rounds"][-1]["loss"] < report["rounds"][0]["loss"]
+
+
+def test_hetero_nn_job_trains_in_separate_processes_and_its_parts_predict(tmp_path):
+    spec = vertical_spec(
+        "hetero_nn", rounds=6, model={"learning_rate": 0.01, "top": [{"units": 4, "activation": "relu"}]}
+    )
+    report = run_local(spec, tmp_path, progress=False, echo=quiet)
+    assert report["mode"] == "paillier" and report["algorithm"] == "hetero_nn"
+    assert report["metrics"]["auc"] > 0.97
+    assert len(report["rounds"]) == 6 and report["rounds"][-1]["loss"] < report["rounds"][0]["loss"]
+    guest = json.loads((tmp_path / "parties" / "hospital.report.json").read_text())
+    host = json.loads((tmp_path / "parties" / "lab.report.json").read_text())
+    assert guest["role"] == "guest" and "metrics" in guest
+    assert host["role"] == "host" and "metrics" not in host  # the lab never sees scores or labels
+    assert all(r["crypto_seconds"] > 0 for r in host["rounds"])
+    estimator = HeteroNNClassifier.from_parts({p: tmp_path / "parties" / f"{p}.model.cvw" for p in ("hospital", "lab")})
+    pooled = {p: vertical_party_data(p, ["hospital", "lab"], "hospital", overlap=1.0) for p in ("hospital", "lab")}
+    order = {p: np.argsort(d.ids) for p, d in pooled.items()}
+    X = {p: pooled[p].X[order[p]] for p in pooled}
+    y = pooled["hospital"].y[order["hospital"]]
+    from sklearn.metrics import roc_auc_score
+
+    assert roc_auc_score(y, estimator.predict_proba(X)[:, 1]) > 0.97
 
 
 def test_a_host_that_crashes_mid_training_fails_the_job_with_a_clear_error(tmp_path):

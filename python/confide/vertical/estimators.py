@@ -28,7 +28,13 @@ from confide.vertical import secureboost as sb
 from confide.vertical import wire
 from confide.vertical.channel import LocalChannel, run_parties
 
-__all__ = ["HeteroLogisticRegression", "SecureBoostClassifier", "SecureBoostRegressor"]
+__all__ = [
+    "HeteroLogisticRegression",
+    "HeteroNNClassifier",
+    "HeteroNNRegressor",
+    "SecureBoostClassifier",
+    "SecureBoostRegressor",
+]
 
 
 def _parts(X_parts: dict, guest: str | None) -> tuple[str, list[str], dict[str, np.ndarray]]:
@@ -42,6 +48,38 @@ def _parts(X_parts: dict, guest: str | None) -> tuple[str, list[str], dict[str, 
     if len(set(rows.values())) != 1:
         raise InvalidParameterError(f"the parties' blocks must have the same rows (aligned records), got {rows}")
     return guest, [p for p in arrays if p != guest], arrays
+
+
+def _save_parts(directory: str | os.PathLike, algorithm: str, guest: str, models: dict) -> dict[str, Path]:
+    """Each party's part as ``<party>.model.cvw`` (what a runtime job writes)."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for party, model in models.items():
+        role = "guest" if party == guest else "host"
+        paths[party] = directory / f"{party}.model.cvw"
+        paths[party].write_bytes(wire.encode({"algorithm": algorithm, "role": role, "model": model.to_dict()}))
+    return paths
+
+
+def _load_parts(paths: dict[str, str | os.PathLike], algorithm: str, guest_class) -> tuple[str, object, dict]:
+    """(guest, guest model, every part's model mapping) from the parts a job wrote."""
+    parts = {party: wire.decode(Path(path).read_bytes()) for party, path in paths.items()}
+    guests = [p for p, part in parts.items() if part.get("role") == "guest"]
+    if len(guests) != 1 or any(part.get("algorithm") != algorithm for part in parts.values()):
+        raise InvalidParameterError(f"parts must be {algorithm} parts with exactly one guest part")
+    guest_model = guest_class.from_dict(parts[guests[0]]["model"])
+    missing = [h for h in guest_model.hosts if h not in parts]
+    if missing:
+        raise InvalidParameterError(f"missing the parts of hosts {missing}")
+    return guests[0], guest_model, {p: part["model"] for p, part in parts.items()}
+
+
+def _label_objective(y) -> tuple[str, int | None]:
+    """binary:logistic for 0/1 labels, multi:softprob with K classes for labels 0..K-1 (K >= 3)."""
+    labels = np.asarray(y, dtype=np.float64)
+    top = int(labels.max()) if labels.size and np.isfinite(labels).all() else 1
+    return ("multi:softprob", top + 1) if top >= 2 else ("binary:logistic", None)
 
 
 class _SecureBoost:
@@ -92,31 +130,15 @@ class _SecureBoost:
 
     def save_parts(self, directory: str | os.PathLike) -> dict[str, Path]:
         """Write each party's part as ``<party>.model.cvw`` (what a runtime job writes)."""
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        paths = {self.guest: directory / f"{self.guest}.model.cvw"}
-        paths[self.guest].write_bytes(
-            wire.encode({"algorithm": "secureboost", "role": "guest", "model": self.guest_model.to_dict()})
-        )
-        for host, model in self.host_models.items():
-            paths[host] = directory / f"{host}.model.cvw"
-            paths[host].write_bytes(wire.encode({"algorithm": "secureboost", "role": "host", "model": model.to_dict()}))
-        return paths
+        return _save_parts(directory, "secureboost", self.guest, {self.guest: self.guest_model, **self.host_models})
 
     @classmethod
     def from_parts(cls, paths: dict[str, str | os.PathLike]):
         """An estimator from the parts a job wrote; the guest part names its hosts."""
-        parts = {party: wire.decode(Path(path).read_bytes()) for party, path in paths.items()}
-        guests = [p for p, part in parts.items() if part.get("role") == "guest"]
-        if len(guests) != 1 or any(part.get("algorithm") != "secureboost" for part in parts.values()):
-            raise InvalidParameterError("parts must be SecureBoost parts with exactly one guest part")
-        guest_model = sb.SecureBoostGuestModel.from_dict(parts[guests[0]]["model"])
-        missing = [h for h in guest_model.hosts if h not in parts]
-        if missing:
-            raise InvalidParameterError(f"missing the parts of hosts {missing}")
+        guest, guest_model, parts = _load_parts(paths, "secureboost", sb.SecureBoostGuestModel)
         estimator = cls.__new__(cls)
-        estimator.params, estimator.guest, estimator.guest_model = guest_model.params, guests[0], guest_model
-        estimator.host_models = {h: sb.SecureBoostHostModel.from_dict(parts[h]["model"]) for h in guest_model.hosts}
+        estimator.params, estimator.guest, estimator.guest_model = guest_model.params, guest, guest_model
+        estimator.host_models = {h: sb.SecureBoostHostModel.from_dict(parts[h]) for h in guest_model.hosts}
         estimator._session = 0
         return estimator
 
@@ -132,11 +154,8 @@ class SecureBoostClassifier(_SecureBoost):
 
     def fit(self, X_parts: dict, y, *, guest: str | None = None):
         """Train with the secure protocol (one thread per party); the labels choose binary or multi-class."""
-        labels = np.asarray(y, dtype=np.float64)
-        top = int(labels.max()) if labels.size and np.isfinite(labels).all() else 1
-        multi = top >= 2
-        objective = "multi:softprob" if multi else "binary:logistic"
-        self.params = replace(self.params, objective=objective, num_class=top + 1 if multi else None)
+        objective, num_class = _label_objective(y)
+        self.params = replace(self.params, objective=objective, num_class=num_class)
         return super().fit(X_parts, y, guest=guest)
 
     def predict_proba(self, X_parts: dict) -> np.ndarray:
@@ -205,3 +224,96 @@ class HeteroLogisticRegression:
     def predict(self, X_parts: dict) -> np.ndarray:
         """Predicted classes 0/1."""
         return (self.predict_proba(X_parts)[:, 1] >= 0.5).astype(int)
+
+
+class _HeteroNN:
+    """Hetero NN (:mod:`confide.vertical.hetero_nn`); parameters as HeteroNNParams (``epochs``, ...)."""
+
+    _objective = "binary:logistic"
+
+    def __init__(self, **params) -> None:
+        from confide.vertical.hetero_nn import HeteroNNParams
+
+        names = {f.name for f in fields(HeteroNNParams) if f.init} - {"objective", "num_class"}
+        unknown = set(params) - names
+        if unknown:
+            raise InvalidParameterError(f"unknown Hetero NN parameters {sorted(unknown)}; known: {sorted(names)}")
+        self.params = HeteroNNParams(objective=self._objective, **params)
+        self.guest: str | None = None
+        self.models: dict = {}
+        self._session = 0
+
+    def fit(self, X_parts: dict, y, *, guest: str | None = None):
+        """Train with the secure protocol (one thread per party)."""
+        from confide.vertical import hetero_nn as nn
+
+        guest, hosts, arrays = _parts(X_parts, guest)
+        channels = LocalChannel.group([guest, *hosts], timeout_s=3600)
+        labels = np.asarray(y)
+        jobs = {guest: lambda: nn.train_guest(channels[guest], hosts, arrays[guest], labels, self.params, "fit")}
+        for host in hosts:
+            jobs[host] = lambda h=host: nn.train_host(channels[h], guest, arrays[h], self.params, "fit")
+        self.models = run_parties(jobs)
+        self.guest = guest
+        return self
+
+    def _scores(self, X_parts: dict) -> np.ndarray:
+        from confide.vertical import hetero_nn as nn
+
+        if not self.models:
+            raise InvalidParameterError("the model is not fitted: call fit() or from_parts() first")
+        guest, hosts, arrays = _parts(X_parts, self.guest)
+        if sorted(hosts) != sorted(h for h in self.models if h != self.guest):
+            raise InvalidParameterError(f"X_parts must hold the parties {list(self.models)}")
+        self._session += 1
+        session = f"predict-{self._session}"
+        channels = LocalChannel.group([guest, *hosts], timeout_s=3600)
+        jobs = {guest: lambda: nn.predict_guest(channels[guest], hosts, arrays[guest], self.models[guest], session)}
+        for host in hosts:
+            jobs[host] = lambda h=host: nn.predict_host(channels[h], guest, arrays[h], self.models[h], session)
+        return np.asarray(run_parties(jobs)[guest], dtype=np.float64)
+
+    def save_parts(self, directory: str | os.PathLike) -> dict[str, Path]:
+        """Write each party's part as ``<party>.model.cvw`` (what a runtime job writes)."""
+        return _save_parts(directory, "hetero_nn", self.guest, self.models)
+
+    @classmethod
+    def from_parts(cls, paths: dict[str, str | os.PathLike]):
+        """An estimator from the parts a job wrote; the guest part names its hosts."""
+        from confide.vertical import hetero_nn as nn
+
+        guest, guest_model, parts = _load_parts(paths, "hetero_nn", nn.HeteroNNGuestModel)
+        estimator = cls.__new__(cls)
+        estimator.params, estimator.guest, estimator._session = guest_model.params, guest, 0
+        estimator.models = {guest: guest_model}
+        estimator.models.update({h: nn.HeteroNNHostModel.from_dict(parts[h]) for h in guest_model.hosts})
+        return estimator
+
+
+class HeteroNNClassifier(_HeteroNN):
+    """Hetero NN classification: labels 0/1 train a sigmoid head, 0..K-1 (K >= 3) a softmax head."""
+
+    def fit(self, X_parts: dict, y, *, guest: str | None = None):
+        """Train with the secure protocol; the labels choose binary or multi-class."""
+        objective, num_class = _label_objective(y)
+        self.params = replace(self.params, objective=objective, num_class=num_class)
+        return super().fit(X_parts, y, guest=guest)
+
+    def predict_proba(self, X_parts: dict) -> np.ndarray:
+        """Class probabilities, shape (rows, classes)."""
+        scores = self._scores(X_parts)
+        return scores if scores.ndim == 2 else np.column_stack([1 - scores, scores])
+
+    def predict(self, X_parts: dict) -> np.ndarray:
+        """Predicted classes."""
+        return self.predict_proba(X_parts).argmax(axis=1)
+
+
+class HeteroNNRegressor(_HeteroNN):
+    """Hetero NN regression (reg:squarederror)."""
+
+    _objective = "reg:squarederror"
+
+    def predict(self, X_parts: dict) -> np.ndarray:
+        """Predicted values."""
+        return self._scores(X_parts)

@@ -1,4 +1,4 @@
-"""One party's side of a vertical job (hetero_lr or secureboost), as a runtime process.
+"""One party's side of a vertical job (hetero_lr, secureboost or hetero_nn), as a runtime process.
 
 The party connects to the aggregator over mutual TLS like any runtime party, but talks to the
 other parties through the Relay only (the aggregator routes; every payload is either a
@@ -33,7 +33,7 @@ from confide.transport.client import AggregatorClient
 from confide.vertical import psi, wire
 from confide.vertical.channel import RelayChannel
 
-__all__ = ["evaluate", "run_vertical_party", "secureboost_params"]
+__all__ = ["evaluate", "hetero_nn_params", "run_vertical_party", "secureboost_params"]
 
 
 #: Fault injection (tests only): the party process exits abruptly when its protocol reaches this
@@ -80,6 +80,29 @@ def hetero_lr_params(spec: JobSpec):
         batch_size=m.batch_size,
         l2=m.l2,
         optimizer=m.optimizer,
+        key_bits=spec.protection.key_bits,
+        seed=spec.seed,
+    )
+
+
+def hetero_nn_params(spec: JobSpec):
+    """Hetero NN hyper-parameters of a job (``rounds`` counts epochs)."""
+    from confide.vertical.hetero_nn import HeteroNNParams
+
+    m = spec.model
+    default = HeteroNNParams.__dataclass_fields__
+    return HeteroNNParams(
+        objective=m.objective,
+        num_class=m.num_class,
+        epochs=spec.rounds,
+        batch_size=m.batch_size,
+        learning_rate=m.learning_rate,
+        interactive_learning_rate=m.interactive_learning_rate,
+        guest_bottom=tuple(m.guest_bottom) if m.guest_bottom is not None else default["guest_bottom"].default,
+        host_bottom=tuple(m.host_bottom) if m.host_bottom is not None else default["host_bottom"].default,
+        top=tuple(m.top or ()),
+        interactive_units=m.interactive_units,
+        interactive_activation=m.interactive_activation,
         key_bits=spec.protection.key_bits,
         seed=spec.seed,
     )
@@ -184,6 +207,8 @@ def run_vertical_party(
 
         if spec.model.algorithm == "secureboost":
             part = _secureboost(spec, channel, role, guest, hosts, X, y, train, test, report, on_round)
+        elif spec.model.algorithm == "hetero_nn":
+            part = _hetero_nn(spec, channel, role, guest, hosts, X, y, train, test, report, on_round)
         else:
             part = _hetero_lr(spec, channel, role, guest, hosts, X, y, train, test, report, on_round)
         (workdir / f"{party_id}.model.cvw").write_bytes(wire.encode(part))
@@ -234,6 +259,21 @@ def _hetero_lr(spec, channel, role, guest, hosts, X, y, train, test, report, on_
         on_round(entry)
     lr.predict_host(channel, guest, X[test], model, "test")
     return {"algorithm": "hetero_lr", "role": "host", "model": model.to_dict()}
+
+
+def _hetero_nn(spec, channel, role, guest, hosts, X, y, train, test, report, on_round) -> dict:
+    from confide.vertical import hetero_nn as nn
+
+    params = hetero_nn_params(spec)
+    if role == "guest":
+        model = nn.train_guest(channel, hosts, X[train], y[train], params, "train", on_epoch=on_round)
+        report["setup_seconds"] = model.setup_seconds
+        predictions = nn.predict_guest(channel, hosts, X[test], model, "test")
+        report["metrics"] = evaluate(params.objective, y[test], predictions)
+        return {"algorithm": "hetero_nn", "role": "guest", "model": model.to_dict()}
+    model = nn.train_host(channel, guest, X[train], params, "train", on_epoch=on_round)
+    nn.predict_host(channel, guest, X[test], model, "test")
+    return {"algorithm": "hetero_nn", "role": "host", "model": model.to_dict()}
 
 
 def _jsonable(value):

@@ -141,3 +141,31 @@ def test_spec_is_frozen():
 def test_boolean_is_not_a_round_count():
     message = error_of(spec(rounds=True))
     assert "rounds:" in message
+
+
+def _vertical(model: dict) -> dict:
+    return {
+        "job_id": "v",
+        "rounds": 2,
+        "parties": ["a", "b"],
+        "model": model,
+        "data": {"dataset": "breast_cancer"},
+        "protection": {"mode": "paillier"},
+    }
+
+
+def test_hetero_nn_job_files_parse_and_bad_layers_name_the_field():
+    spec = load_job(EXAMPLE.parent / "breast_cancer_hetero_nn.yaml")
+    assert spec.vertical and spec.model.algorithm == "hetero_nn" and spec.model.interactive_units == 8
+    from confide.vertical.runner import hetero_nn_params
+
+    params = hetero_nn_params(spec)
+    assert params.epochs == spec.rounds and params.top_layers == ((4, "relu"),)
+    with pytest.raises(ValueError, match=r"host_bottom\[0\]\.class_name 'Conv2D'"):
+        parse_job(_vertical({"algorithm": "hetero_nn", "host_bottom": [{"class_name": "Conv2D", "config": {}}]}))
+    with pytest.raises(ValueError, match=r"top\[0\]\.units"):
+        parse_job(_vertical({"algorithm": "hetero_nn", "top": [{"units": 0}]}))
+    with pytest.raises(ValueError, match="model.guest_bottom is for model.algorithm hetero_nn"):
+        parse_job(_vertical({"algorithm": "hetero_lr", "guest_bottom": [{"units": 3}]}))
+    multi = parse_job(_vertical({"algorithm": "hetero_nn", "objective": "multi:softprob", "num_class": 10}))
+    assert hetero_nn_params(multi).outputs == 10
