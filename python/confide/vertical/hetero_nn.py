@@ -375,10 +375,6 @@ class _Scaling:
         std = _std(X, mean)
         return cls(mean, np.where(std > 0, std, 1.0))
 
-    def apply(self, X: np.ndarray) -> np.ndarray:
-        """Standardized float64 rows (call per batch: a large table is never copied whole)."""
-        return (np.asarray(X, dtype=np.float64) - self.mean) / self.std
-
 
 def _std(X: np.ndarray, mean: np.ndarray, chunk: int = 8192) -> np.ndarray:
     total = np.zeros_like(mean)
@@ -466,7 +462,7 @@ class _GuestNet:
         """Steps every guest parameter on the mean loss; returns delta = d(sum loss)/dz."""
         top_grads, grad_g = self.top.backward(grad_out)
         delta = _activate_grad(self.params.interactive_activation, self._z, self._g, grad_g)
-        bottom_grads, _ = self.bottom.backward(delta @ self.w.T)
+        bottom_grads, _ = self.bottom.backward(delta @ self.w.T, input_grad=False)
         lr_i = self.params.interactive_learning_rate
         self.w -= lr_i / rows * (self._a.T @ delta)
         self.b -= lr_i / rows * delta.sum(axis=0)
@@ -804,6 +800,7 @@ def train_guest(
     d_hs = {h: params.host_dim(int(replies[h]["columns"])) for h in hosts}
     rng = np.random.default_rng([params.seed, 0])
     net = _GuestNet(params, columns, 1 + len(hosts), rng)
+    net.bottom.standardize_inputs(scaling.mean, scaling.std)
     layouts = {h: _Layout(params, d_hs[h], n) for h in hosts}
     shares: dict[str, np.ndarray] = {}
     for h in hosts:
@@ -832,7 +829,7 @@ def train_guest(
                     z_hosts += _guest_forward_open(
                         lay, secret, vector, shares[h], count, n, threads, f"{me}: forward from {h}"
                     )
-            out = net.forward(scaling.apply(X[rows_b]), z_hosts)
+            out = net.forward(X[rows_b], z_hosts)
             loss, grad = _head(params.objective, out, y[rows_b])
             losses.append(loss)
             weights.append(count)
@@ -937,6 +934,7 @@ def train_host(
     threads = params.threads
     scaling = _Scaling.fit(X)
     bottom = DenseNetwork(columns, list(params.host_layers), rng)
+    bottom.standardize_inputs(scaling.mean, scaling.std)
     adam = Adam(params.learning_rate)
     model = HeteroNNHostModel(params, scaling, bottom, share)
 
@@ -947,7 +945,7 @@ def train_host(
             tag = f"hnn/{session}/{epoch}/{index_b}"
             count = len(rows_b)
             where = f"{me}: batch {index_b} of epoch {epoch + 1}"
-            a = bottom.forward(scaling.apply(X[rows_b]))
+            a = bottom.forward(X[rows_b])
             message = channel.recv(guest, tag + "/w")
             bases = _vector(message.get("w"), key, layout.per_forward * layout.d_h, where)
             with meter:
@@ -969,7 +967,7 @@ def train_host(
             r = np.array([v % RING for v in back_masks.reshape(-1)], dtype=np.uint64).reshape(count, layout.d_h)
             grad_a = _from_ring(u - r, FD + FW)
             grad_a = np.where(np.abs(a) <= A_BOUND, grad_a, 0.0)  # clipped activations pass no gradient
-            grads, _ = bottom.backward(grad_a)
+            grads, _ = bottom.backward(grad_a, input_grad=False)
             if grads:
                 adam.step(bottom.params(), [g / count for g in grads])
             c = _lr_multiplier(params, count)
@@ -1027,7 +1025,7 @@ def predict_guest(
                 channel.recv(h, tag + "/z").get("z"), key, math.ceil(count / lay.per_forward), f"{me}: {h}"
             )
             z_hosts += _guest_forward_open(lay, secret, vector, model.shares[h], count, n, params.threads, f"{me}: {h}")
-        outputs.append(model.net.forward(model.scaling.apply(X[part]), z_hosts, keep=False))
+        outputs.append(model.net.forward(X[part], z_hosts, keep=False))
     return _predictions(params.objective, np.vstack(outputs))
 
 
@@ -1060,7 +1058,7 @@ def predict_host(channel: Channel, guest: str, X: np.ndarray, model: HeteroNNHos
         z, _ = _host_forward(
             layout,
             bases,
-            model.bottom.forward(model.scaling.apply(X[part]), keep=False),
+            model.bottom.forward(X[part], keep=False),
             model.share,
             key,
             n,
@@ -1091,26 +1089,27 @@ def train_reference(parts: dict[str, np.ndarray], y: np.ndarray, params: HeteroN
     rows = X[guest].shape[0]
     y = _check_labels(y, rows, params, guest)
     scalings = {p: _Scaling.fit(X[p]) for p in parts}
-    Xs = {p: scalings[p].apply(X[p]) for p in parts}
     d_hs = {h: params.host_dim(X[h].shape[1]) for h in hosts}
     parts_count = 1 + len(hosts)
     rng = np.random.default_rng([params.seed, 0])
     net = _GuestNet(params, X[guest].shape[1], parts_count, rng)
+    net.bottom.standardize_inputs(scalings[guest].mean, scalings[guest].std)
     guest_halves = {h: _interactive_half(rng, d_hs[h], params.interactive_units, parts_count) for h in hosts}
     bottoms, weights, adams = {}, {}, {}
     for i, h in enumerate(hosts):
         host_rng = _host_rng(params, i)
         weights[h] = guest_halves[h] + _interactive_half(host_rng, d_hs[h], params.interactive_units, parts_count)
         bottoms[h] = DenseNetwork(X[h].shape[1], list(params.host_layers), host_rng)
+        bottoms[h].standardize_inputs(scalings[h].mean, scalings[h].std)
         adams[h] = Adam(params.learning_rate)
     model = ReferenceModel(params, guest, hosts, scalings, net, bottoms, weights)
     for epoch in range(params.epochs):
         losses, counts = [], []
         for rows_b in _batches(rows, params.batch_size, params.seed, epoch):
             count = len(rows_b)
-            alphas = {h: bottoms[h].forward(Xs[h][rows_b]) for h in hosts}
+            alphas = {h: bottoms[h].forward(X[h][rows_b]) for h in hosts}
             z_hosts = sum((alphas[h] @ weights[h] for h in hosts), np.zeros((count, params.interactive_units)))
-            out = net.forward(Xs[guest][rows_b], z_hosts)
+            out = net.forward(X[guest][rows_b], z_hosts)
             loss, grad = _head(params.objective, out, y[rows_b])
             losses.append(loss)
             counts.append(count)
@@ -1118,7 +1117,7 @@ def train_reference(parts: dict[str, np.ndarray], y: np.ndarray, params: HeteroN
             for h in hosts:
                 grad_a = delta @ weights[h].T
                 weights[h] = weights[h] - params.interactive_learning_rate / count * (alphas[h].T @ delta)
-                grads, _ = bottoms[h].backward(grad_a)
+                grads, _ = bottoms[h].backward(grad_a, input_grad=False)
                 if grads:
                     adams[h].step(bottoms[h].params(), [g / count for g in grads])
         model.history.append({"epoch": epoch + 1, "loss": float(np.average(losses, weights=counts))})
@@ -1127,9 +1126,9 @@ def train_reference(parts: dict[str, np.ndarray], y: np.ndarray, params: HeteroN
 
 def predict_reference(model: ReferenceModel, parts: dict[str, np.ndarray]) -> np.ndarray:
     """Scores of the centrally trained reference for every party's rows."""
-    Xs = {p: model.scalings[p].apply(np.asarray(parts[p], dtype=np.float64)) for p in parts}
-    rows = Xs[model.guest].shape[0]
+    X = {p: np.asarray(parts[p]) for p in parts}
+    rows = X[model.guest].shape[0]
     z_hosts = np.zeros((rows, model.params.interactive_units))
     for h in model.hosts:
-        z_hosts += model.bottoms[h].forward(Xs[h], keep=False) @ model.weights[h]
-    return _predictions(model.params.objective, model.net.forward(Xs[model.guest], z_hosts, keep=False))
+        z_hosts += model.bottoms[h].forward(X[h], keep=False) @ model.weights[h]
+    return _predictions(model.params.objective, model.net.forward(X[model.guest], z_hosts, keep=False))

@@ -149,6 +149,18 @@ class DenseNetwork:
             self.biases.append(np.zeros(units))
             fan_in = units
         self._cache: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        self.input_mean: np.ndarray | None = None
+        self.input_std: np.ndarray | None = None
+
+    def standardize_inputs(self, mean: np.ndarray, std: np.ndarray) -> None:
+        """Feed raw columns: the first layer computes on ``(x - mean) / std`` without a copy.
+
+        ``(x - m)/s @ W = x @ (W/s) - (m/s) @ W``, and the weight gradient gets the same
+        correction, so a wide float32 table is multiplied in float32 and never standardized
+        (or converted to float64) as a whole.
+        """
+        self.input_mean = np.asarray(mean, dtype=np.float64)
+        self.input_std = np.asarray(std, dtype=np.float64)
 
     @property
     def output_dim(self) -> int:
@@ -163,8 +175,17 @@ class DenseNetwork:
         """The output for rows ``x``; ``keep`` caches what :meth:`backward` needs."""
         cache = []
         a = x
-        for (_, activation), w, b in zip(self.layers, self.weights, self.biases, strict=True):
-            z = a @ w + b
+        scaled = self.input_mean is not None
+        if scaled and not self.layers:
+            return (np.asarray(x, dtype=np.float64) - self.input_mean) / self.input_std
+        for i, ((_, activation), w, b) in enumerate(zip(self.layers, self.weights, self.biases, strict=True)):
+            if i == 0 and scaled:
+                effective = w / self.input_std[:, None]
+                z = (a @ effective.astype(a.dtype, copy=False)).astype(np.float64) + (
+                    b - (self.input_mean / self.input_std) @ w
+                )
+            else:
+                z = a @ w + b
             out = _forward_activation(activation, z)
             cache.append((a, z, out))
             a = out
@@ -172,17 +193,24 @@ class DenseNetwork:
             self._cache = cache
         return a
 
-    def backward(self, grad: np.ndarray) -> tuple[list[np.ndarray], np.ndarray]:
-        """Gradients of (weights..., biases...) and of the input, for ``d loss / d output = grad``."""
+    def backward(self, grad: np.ndarray, input_grad: bool = True) -> tuple[list[np.ndarray], np.ndarray | None]:
+        """Gradients of (weights..., biases...) and of the input (``None`` unless ``input_grad``)."""
         gw: list[np.ndarray] = [np.empty(0)] * len(self.layers)
         gb: list[np.ndarray] = [np.empty(0)] * len(self.layers)
         for i in range(len(self.layers) - 1, -1, -1):
             a_in, z, out = self._cache[i]
             g = _activation_grad(self.layers[i][1], z, out, grad)
-            gw[i] = a_in.T @ g
             gb[i] = g.sum(axis=0)
-            grad = g @ self.weights[i].T
-        return [*gw, *gb], grad
+            if i == 0 and self.input_mean is not None:
+                raw = (a_in.T @ g.astype(a_in.dtype, copy=False)).astype(np.float64)
+                gw[i] = (raw - np.outer(self.input_mean, gb[i])) / self.input_std[:, None]
+            else:
+                gw[i] = a_in.T @ g
+            if i > 0 or input_grad:
+                grad = g @ self.weights[i].T
+        if input_grad and self.input_mean is not None and self.layers:
+            grad = grad / self.input_std
+        return [*gw, *gb], (grad if input_grad else None)
 
     def to_dict(self) -> dict:
         """Layers and weights as a wire-encodable mapping."""
@@ -192,6 +220,7 @@ class DenseNetwork:
             "activations": [a for _, a in self.layers],
             "weights": [w.copy() for w in self.weights],
             "biases": [b.copy() for b in self.biases],
+            **({"input_mean": self.input_mean, "input_std": self.input_std} if self.input_mean is not None else {}),
         }
 
     @classmethod
@@ -201,4 +230,6 @@ class DenseNetwork:
         net = cls(int(data["input_dim"]), layers, np.random.default_rng(0))
         net.weights = [np.asarray(w, dtype=np.float64) for w in data["weights"]]
         net.biases = [np.asarray(b, dtype=np.float64) for b in data["biases"]]
+        if "input_mean" in data:
+            net.standardize_inputs(data["input_mean"], data["input_std"])
         return net
