@@ -123,6 +123,8 @@ class DataSpec(_Strict):
     columns: dict[str, int] | None = None
     overlap: float = Field(0.95, gt=0, le=1)
     id_type: Literal["int", "str"] = "int"
+    #: A vertical job over FL_Data: the column of every party's dataset holding the record ids.
+    id_column: str | None = Field(None, min_length=1, max_length=128)
 
 
 class ProtectionSpec(_Strict):
@@ -230,8 +232,11 @@ class JobSpec(_Strict):
                     f"model.algorithm {self.model.algorithm} runs under protection.mode paillier only, "
                     f"got {self.protection.mode}"
                 )
-            if self.fl_data is not None:
-                raise ValueError(f"model.algorithm {self.model.algorithm} takes the embedded data, not fl_data")
+            if self.fl_data is not None and self.data.id_column is None:
+                raise ValueError(
+                    f"data.id_column: model.algorithm {self.model.algorithm} over fl_data needs the column of every "
+                    f"party's dataset that holds the record ids (PSI aligns the parties on it)"
+                )
             if self.data.guest is not None and self.data.guest not in self.parties:
                 raise ValueError(f"data.guest {self.data.guest!r} is not one of the parties {self.parties}")
         self._check_model()
@@ -293,6 +298,12 @@ class JobSpec(_Strict):
     def vertical(self) -> bool:
         """Whether the parties hold columns (hetero_lr, secureboost, hetero_nn) rather than rows."""
         return self.model.algorithm in ("hetero_lr", "secureboost", "hetero_nn")
+
+    def vertical_layout(self) -> tuple[str, str] | None:
+        """``(guest, id column)`` of a vertical job over FL_Data (for the schema checks), else None."""
+        if self.vertical and self.fl_data is not None and self.data.id_column is not None:
+            return self.guest, self.data.id_column
+        return None
 
     @property
     def guest(self) -> str:

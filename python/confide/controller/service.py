@@ -555,7 +555,7 @@ class Controller:
                 decisions.append({"dataset": f"{party}/{dataset}", "decision": "allow"})
             if problem is None:
                 fl_data = agree_categories(fl_data, schemas)
-                problems = check_schemas(fl_data, schemas)
+                problems = check_schemas(fl_data, schemas, vertical=spec.vertical_layout())
                 if problems:
                     problem = InvalidParameterError(
                         "fl_data does not fit the published schemas:\n  " + "\n  ".join(p.text() for p in problems[:20])

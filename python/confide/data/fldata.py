@@ -37,7 +37,9 @@ __all__ = [
     "Participant",
     "Provisioned",
     "Step",
+    "VerticalRows",
     "is_empty_diff",
+    "localize_step",
     "transform",
 ]
 
@@ -746,6 +748,66 @@ class Provisioned:
     test_rows: np.ndarray | None = None
 
 
+@dataclass
+class VerticalRows:
+    """One party's rows of a vertical job (:meth:`FLData.provision_columns`), before PSI."""
+
+    ids: np.ndarray
+    X: np.ndarray
+    y: np.ndarray | None
+    feature_names: list[str]
+    fitted: list[dict] | None = None
+
+
+def localize_step(step: Step, present: set[str]) -> Step | None:
+    """``step`` at one party of a vertical job: restricted to the columns the party holds.
+
+    A filter on a column the party lacks, or a step whose listed columns it holds none of, does
+    nothing there (None); steps without a column list (impute or scale every numeric feature)
+    apply as they are. Whether every listed column is held by some party is checked at submit
+    (:func:`confide.data.schemas.check_schemas` with ``vertical``).
+    """
+    params = step.params
+    if step.op == "filter":
+        return step if params["column"] in present else None
+    if params.get("columns") is None:
+        return step
+    kept = [c for c in params["columns"] if c in present]
+    if not kept:
+        return None
+    if kept == params["columns"]:
+        return step
+    params["columns"] = kept
+    for key in ("bounds", "categories"):
+        if params.get(key):
+            params[key] = {c: v for c, v in params[key].items() if c in kept}
+            if not params[key]:
+                del params[key]
+    return Step(step.name, step.op, params)
+
+
+def _record_ids(where: str, name: str, values: np.ndarray) -> np.ndarray:
+    """Record ids as int64 or str; missing, fractional or repeated ids are errors naming the column."""
+    if values.dtype == object:
+        if any(v is None for v in values):
+            raise DataProblemError(f"{where}: id column {name!r} has missing ids", columns=[name])
+        ids = values.astype(str)
+    else:
+        x = values.astype(np.float64)
+        if np.isnan(x).any():
+            raise DataProblemError(f"{where}: id column {name!r} has missing ids", columns=[name])
+        if not np.all(x == np.rint(x)) or np.abs(x).max(initial=0) >= 2**53:
+            raise DataProblemError(
+                f"{where}: id column {name!r} must hold integers or text, not fractions",
+                columns=[name],
+                hint="ids are matched exactly; export them as integers or as text",
+            )
+        ids = x.astype(np.int64)
+    if len(np.unique(ids)) != len(ids):
+        raise DataProblemError(f"{where}: id column {name!r} repeats ids", columns=[name], hint="one row per record")
+    return ids
+
+
 def _kind(arr: np.ndarray) -> str:
     return "float" if arr.dtype.kind == "f" else "int" if arr.dtype.kind in "iu" else "str"
 
@@ -1274,6 +1336,54 @@ class FLData:
             ``party`` is not a participant, or the table does not fit the pipeline (the message
             names the party, the step and the column).
         """
+        p, rng, where, last, cols, row_numbers, fitted = self._run_pipeline(party, table)
+        label = self.label
+        features = self._checked_features(
+            where, last, cols, label, "check fl_data.label against the dataset's published schema"
+        )
+        X = np.column_stack([cols[c].astype(np.float64) for c in features])
+        y = cols[label].astype(np.float64)
+        n = X.shape[0]
+        if p.test_fraction == 0.0:
+            return Provisioned(X, y, None, None, features, fitted, row_numbers[:0])
+        n_test = max(1, round(p.test_fraction * n))
+        if n_test >= n:
+            raise InvalidParameterError(
+                f"{where}, {last}: {n} rows are too few for test_fraction {p.test_fraction} (no training rows left)"
+            )
+        is_test = np.zeros(n, dtype=bool)
+        is_test[rng.permutation(n)[:n_test]] = True
+        return Provisioned(X[~is_test], y[~is_test], X[is_test], y[is_test], features, fitted, row_numbers[is_test])
+
+    def provision_columns(self, party: str, table: Table, *, id_column: str, with_label: bool) -> VerticalRows:
+        """``party``'s columns of a vertical job: record ids, features, and the label at the guest.
+
+        The id column is taken out before the pipeline (no step sees it, so a numeric id is never
+        scaled or imputed) and follows the rows that steps keep. Each step applies to the
+        columns this party holds (:func:`localize_step`): the parties of a vertical job hold
+        different columns, and one pipeline describes them all. Rows are not split: a vertical
+        job splits its training and test rows after PSI has aligned the parties. Features must
+        be numeric without missing values, as in :meth:`provision`; ids must be present, unique,
+        and integers or text.
+        """
+        where = f"party {party!r}"
+        columns = table.columns
+        if id_column not in columns:
+            raise DataProblemError(
+                f"{where}: id column {id_column!r} is not in the table; columns: {list(columns)[:50]}",
+                columns=[id_column],
+                hint="set data.id_column to the column holding the record ids",
+            )
+        ids = _record_ids(where, id_column, columns.pop(id_column))
+        p, _rng, where, last, cols, row_numbers, fitted = self._run_pipeline(party, Table(columns), localize=True)
+        label = self.label if with_label else None
+        hint = "the guest holds the label: check fl_data.label against its published schema"
+        features = self._checked_features(where, last, cols, label, hint)
+        X = np.column_stack([cols[c].astype(np.float64) for c in features])
+        y = cols[label].astype(np.float64) if label is not None else None
+        return VerticalRows(ids[row_numbers], X, y, features, fitted)
+
+    def _run_pipeline(self, party: str, table: Table, localize: bool = False):
         parties = self._state.party_map()
         if party not in parties:
             raise InvalidParameterError(
@@ -1297,20 +1407,26 @@ class FLData:
         fitted: list[dict] = []
         for step in self._state.pipeline:
             fitted.append({})
-            cols = _run_step(party, step, cols, self.label, record=fitted[-1])
+            local = localize_step(step, set(cols)) if localize else step
+            if local is not None:
+                cols = _run_step(party, local, cols, self.label, record=fitted[-1])
         last = f"after the pipeline (last step {self.pipeline[-1].name!r})" if self.pipeline else "(empty pipeline)"
-        label = self.label
         row_numbers = cols.pop(ROW)
-        if label not in cols:
+        return p, rng, where, last, cols, row_numbers, fitted
+
+    @staticmethod
+    def _checked_features(where: str, last: str, cols: dict, label: str | None, label_hint: str = "") -> list[str]:
+        """Feature names after the pipeline: numeric, complete; the label (when given) present and so."""
+        if label is not None and label not in cols:
             raise DataProblemError(
                 f"{where}, {last}: label column {label!r} is not in the table; columns: {list(cols)[:50]}",
                 columns=[label],
-                hint="check fl_data.label against the dataset's published schema",
+                hint=label_hint,
             )
         features = [c for c in cols if c != label]
         if not features:
             raise DataProblemError(f"{where}, {last}: no feature columns are left", hint="select fewer columns away")
-        for c in [*features, label]:
+        for c in [*features, *([label] if label is not None else [])]:
             what = "label" if c == label else "feature"
             if _kind(cols[c]) == "str":
                 raise DataProblemError(
@@ -1327,19 +1443,7 @@ class FLData:
                     if c == label
                     else "add an impute step (or a notnull filter)",
                 )
-        X = np.column_stack([cols[c].astype(np.float64) for c in features])
-        y = cols[label].astype(np.float64)
-        n = X.shape[0]
-        if p.test_fraction == 0.0:
-            return Provisioned(X, y, None, None, features, fitted, row_numbers[:0])
-        n_test = max(1, round(p.test_fraction * n))
-        if n_test >= n:
-            raise InvalidParameterError(
-                f"{where}, {last}: {n} rows are too few for test_fraction {p.test_fraction} (no training rows left)"
-            )
-        is_test = np.zeros(n, dtype=bool)
-        is_test[rng.permutation(n)[:n_test]] = True
-        return Provisioned(X[~is_test], y[~is_test], X[is_test], y[is_test], features, fitted, row_numbers[is_test])
+        return features
 
     # -------------------------------------------------- dunder
 

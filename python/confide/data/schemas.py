@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from confide.data.fldata import FLData
+from confide.data.fldata import FLData, localize_step
 
 __all__ = ["SchemaProblem", "agree_categories", "check_schemas"]
 
@@ -49,10 +49,24 @@ class SchemaProblem:
         return f"{where}: {what}; {self.hint}"
 
 
-def _simulate(party: str, dataset: str, fl_data: FLData, schema: list[dict]) -> list[SchemaProblem]:
-    label = fl_data.label
+def _simulate(
+    party: str, dataset: str, fl_data: FLData, schema: list[dict], *, label: str | None, id_column: str | None
+) -> list[SchemaProblem]:
+    """Run the pipeline over the schema (a vertical job's steps localized to this party's columns)."""
     cols = {c["name"]: {"dtype": c["dtype"], "missing": bool(c.get("missing", False))} for c in schema}
     problems: list[SchemaProblem] = []
+    if id_column is not None:  # a vertical job's record ids: taken out before the pipeline
+        ids = cols.pop(id_column, None)
+        if ids is None:
+            problems.append(
+                SchemaProblem(
+                    party, dataset, None, id_column, "is not in the dataset", "set data.id_column to the id column"
+                )
+            )
+        elif ids["missing"]:
+            problems.append(
+                SchemaProblem(party, dataset, None, id_column, "has missing ids", "every record needs its id")
+            )
 
     def problem(step, column, what, hint):
         problems.append(SchemaProblem(party, dataset, step, column, what, hint, label=column == label))
@@ -68,7 +82,10 @@ def _simulate(party: str, dataset: str, fl_data: FLData, schema: list[dict]) -> 
                 ok.append(c)
         return ok
 
-    for step in fl_data.pipeline:
+    for original in fl_data.pipeline:
+        step = localize_step(original, set(cols)) if id_column is not None else original
+        if step is None:
+            continue
         p = step.params
         name = step.name
         if step.op == "filter":
@@ -111,7 +128,9 @@ def _simulate(party: str, dataset: str, fl_data: FLData, schema: list[dict]) -> 
             for c in need(name, names, numeric=True):
                 if step.op == "impute":
                     cols[c]["missing"] = False
-    if label not in cols:
+    if label is None:
+        pass
+    elif label not in cols:
         problem(None, label, "is not in the dataset", f"its columns are {sorted(cols)[:30]}")
     elif cols[label]["dtype"] not in NUMERIC:
         problem(None, label, "is text", "the label must be a number (0/1 for binary jobs)")
@@ -127,12 +146,34 @@ def _simulate(party: str, dataset: str, fl_data: FLData, schema: list[dict]) -> 
     return problems
 
 
-def check_schemas(fl_data: FLData, schemas: Mapping[str, list[dict]]) -> list[SchemaProblem]:
-    """Every problem of ``fl_data`` over the published ``schemas`` ({party: columns}); empty when it fits."""
+def check_schemas(
+    fl_data: FLData, schemas: Mapping[str, list[dict]], *, vertical: tuple[str, str] | None = None
+) -> list[SchemaProblem]:
+    """Every problem of ``fl_data`` over the published ``schemas`` ({party: columns}); empty when it fits.
+
+    ``vertical``: ``(guest, id_column)`` for a vertical job: only the guest holds the label, every
+    party holds the id column (not a feature; present and never missing).
+    """
     datasets = fl_data.datasets()
     out: list[SchemaProblem] = []
     for party in sorted(schemas):
-        out += _simulate(party, datasets[party], fl_data, schemas[party])
+        label = fl_data.label if vertical is None or party == vertical[0] else None
+        id_column = vertical[1] if vertical is not None else None
+        out += _simulate(party, datasets[party], fl_data, schemas[party], label=label, id_column=id_column)
+    if vertical is not None:  # each step runs where its columns are; a column nobody holds is a typo
+        held = {c["name"] for schema in schemas.values() for c in schema}
+        for step in fl_data.pipeline:
+            p = step.params
+            named = [p["column"]] if step.op == "filter" else list(p.get("columns") or [])
+            for column in named:
+                if column not in held and not any(column.startswith(f"{h}=") for h in held):
+                    guest = vertical[0]
+                    out.append(
+                        SchemaProblem(
+                            guest, datasets.get(guest, "?"), step.name, column, "is held by no party",
+                            "check the column name against the published schemas",
+                        )
+                    )  # fmt: skip
     return out
 
 

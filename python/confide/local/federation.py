@@ -180,7 +180,7 @@ def _checked_against_catalogs(spec: JobSpec, catalogs: dict[str, str]) -> JobSpe
             raise JobFailedError(f"party {party}'s catalog has no dataset {dataset!r}; it has {sorted(published)}")
         schemas[party] = published[dataset]["schema"]
     agreed = agree_categories(fl_data, schemas)
-    problems = check_schemas(agreed, schemas)
+    problems = check_schemas(agreed, schemas, vertical=spec.vertical_layout())
     if problems:
         raise JobFailedError(
             "fl_data does not fit the parties' datasets:\n  " + "\n  ".join(p.text() for p in problems[:20])

@@ -347,7 +347,13 @@ def run_party(
         from confide.vertical.runner import run_vertical_party
 
         return run_vertical_party(
-            spec, party_id, aggregator=aggregator, certs_dir=certs_dir, workdir=workdir, runtime_job_id=runtime_job_id
+            spec,
+            party_id,
+            aggregator=aggregator,
+            certs_dir=certs_dir,
+            workdir=workdir,
+            runtime_job_id=runtime_job_id,
+            catalog=catalog,
         )
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)

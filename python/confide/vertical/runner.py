@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from confide.data.vertical import vertical_party_data
+from confide.data.vertical import VerticalPartyData, vertical_party_data
 from confide.errors import ConfideError, JobFailedError
 from confide.party.hooks import load_hooks
 from confide.spec import JobSpec
@@ -144,8 +144,13 @@ def run_vertical_party(
     certs_dir: str | os.PathLike,
     workdir: str | os.PathLike,
     runtime_job_id: str | None = None,
+    catalog=None,
 ) -> dict:
-    """Run this party's side of a vertical job; returns (and writes) its report."""
+    """Run this party's side of a vertical job; returns (and writes) its report.
+
+    ``catalog``: the party's datasets, for jobs whose ``fl_data`` names them (``data.id_column``
+    holds the record ids PSI matches); otherwise the embedded data of ``data.dataset``.
+    """
     if party_id not in spec.parties:
         raise JobFailedError(f"party {party_id!r} is not in the job's parties {spec.parties}")
     workdir = Path(workdir)
@@ -175,19 +180,7 @@ def run_vertical_party(
     channel = _ObservedChannel(client, hooks=load_hooks(), timeout_s=spec.transport.message_timeout_s)
     started = time.perf_counter()
     try:
-        data = vertical_party_data(
-            party_id,
-            list(spec.parties),
-            guest,
-            dataset=d.dataset,
-            samples=d.samples,
-            features=d.features,
-            columns=d.columns,
-            overlap=d.overlap,
-            seed=d.seed,
-            objective="regression" if spec.model.objective == "reg:squarederror" else "classification",
-            id_type=d.id_type,
-        )
+        data = _party_rows(spec, party_id, guest, catalog, report)
         report.update(records=len(data.ids), features=int(data.X.shape[1]), columns=data.columns)
         client.connect()
         psi_stats: dict = {}
@@ -195,6 +188,13 @@ def run_vertical_party(
             channel, data.ids, role=role, guest=guest, hosts=hosts, session=spec.job_id, stats=psi_stats
         )
         report["psi"] = {"intersection": len(rows), **_jsonable(psi_stats)}
+        if "data" in report:  # the join, as a step of this party's data lineage
+            report["data"]["join"] = {
+                "by": spec.data.id_column,
+                "protocol": "ecdh-psi ristretto255",
+                "records": len(data.ids),
+                "common": len(rows),
+            }
         X = data.X[rows]
         y = data.y[rows] if data.y is not None else None
         train, test = _split(len(rows), d.test_fraction, spec.seed)
@@ -224,6 +224,40 @@ def run_vertical_party(
         _write(report_path, report)
         client.close()
     return report
+
+
+def _party_rows(spec: JobSpec, party_id: str, guest: str, catalog, report: dict):
+    """The ids, columns and (at the guest) labels of ``party_id``: FL_Data over its catalog, or embedded."""
+    d = spec.data
+    if spec.fl_data is None:
+        return vertical_party_data(
+            party_id,
+            list(spec.parties),
+            guest,
+            dataset=d.dataset,
+            samples=d.samples,
+            features=d.features,
+            columns=d.columns,
+            overlap=d.overlap,
+            seed=d.seed,
+            objective="regression" if spec.model.objective == "reg:squarederror" else "classification",
+            id_type=d.id_type,
+        )
+    if catalog is None:
+        raise JobFailedError(f"the job provisions data as FL_Data but party {party_id!r} has no dataset catalog")
+    fl_data = spec.fl_data_object()
+    dataset = fl_data.datasets()[party_id]
+    rows = fl_data.provision_columns(
+        party_id, catalog.table(dataset), id_column=d.id_column, with_label=party_id == guest
+    )
+    report["data"] = {
+        "dataset": dataset,
+        "fl_data_version": fl_data.version,
+        "fl_data_fingerprint": fl_data.fingerprint,
+        "id_column": d.id_column,
+    }
+    ids = rows.ids.tolist()
+    return VerticalPartyData(ids=ids, X=rows.X, y=rows.y, columns=list(rows.feature_names))
 
 
 def _secureboost(spec, channel, role, guest, hosts, X, y, train, test, report, on_round) -> dict:
