@@ -57,6 +57,9 @@ demo: setup
 	@echo "== vertical FL: the hospital holds the labels, the lab other columns; PSI, then SecureBoost =="
 	$(VENV)/bin/confide run examples/breast_cancer_secureboost.yaml --workdir reports/demo-vertical
 	@echo
+	@echo "== vertical FL through the controller: two sites' own CSVs, grants, Hetero NN, checkpoints =="
+	$(PYTHON) examples/controller_demo.py --vertical --workdir reports/demo-vertical-controller
+	@echo
 	@echo "== a neural network: a Keras 3 CNN on digits, three hospitals, paillier (one on PyTorch, two on JAX) =="
 	$(VENV)/bin/confide run examples/digits_cnn.yaml --workdir reports/demo-digits-cnn
 

@@ -25,6 +25,7 @@ HERE = Path(__file__).resolve().parent
 
 
 def main() -> None:
+    """Write both files."""
     data = load_breast_cancer()
     names = [n.replace(" ", "_").replace("mean_", "").replace("_error", "_se") for n in data.feature_names]
     X, malignant = data.data, (data.target == 0).astype(int)

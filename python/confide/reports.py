@@ -30,6 +30,8 @@ __all__ = [
     "RoundReport",
     "SessionStatus",
     "SessionSummary",
+    "VerticalPartyReport",
+    "VerticalRound",
 ]
 
 
@@ -132,6 +134,53 @@ class PartyReport(_Report):
     reconnects: int = 0
 
 
+class VerticalRound(_Report):
+    """One tree (SecureBoost) or epoch (Hetero LR, Hetero NN) of a vertical job at one party.
+
+    The fields every algorithm writes are typed; each algorithm adds its own (a tree's splits
+    and depth, an epoch's clipping counts), kept as they are.
+    """
+
+    model_config = ConfigDict(extra="allow")
+    round: int
+    seconds: float
+    loss: float | None = None
+    crypto_seconds: float | None = None
+    bytes_sent: int | None = None
+    bytes_received: int | None = None
+
+
+class VerticalPartyReport(_Report):
+    """A party's side of a vertical job (``confide.vertical.runner``), rewritten after every round."""
+
+    job_id: str
+    runtime_job_id: str | None = None
+    party: str
+    role: Literal["guest", "host"]
+    algorithm: Literal["hetero_lr", "secureboost", "hetero_nn"]
+    status: Literal["starting", "running", "completed", "failed", "stopped"]
+    rounds: list[VerticalRound] = []
+    resumed_after_round: int = 0
+    protection: dict[str, Any] | None = None
+    records: int | None = None
+    features: int | None = None
+    columns: list[str] = []
+    data: dict[str, Any] | None = None
+    psi: dict[str, Any] | None = None
+    samples: int | None = None
+    test_samples: int | None = None
+    setup_seconds: float | None = None
+    #: Test metrics, at the guest only (a host never learns scores or labels).
+    metrics: dict[str, float] | None = None
+    feature_importance: list[dict[str, Any]] | None = None
+    splits_owned: int | None = None
+    error: str | None = None
+    failure: Failure | None = None
+    seconds: float | None = None
+    bytes: dict[str, int] | None = None
+    reconnects: int = 0
+
+
 class PartyResult(_Report):
     """What a party's agent tells the controller of a completed run."""
 
@@ -155,6 +204,21 @@ class PartyResult(_Report):
             test_samples=report.test_samples,
             protection=(report.protection or {}).get("mode"),
             model=report.model.algorithm if report.model else None,
+        )
+
+    @classmethod
+    def of_vertical(cls, report: VerticalPartyReport) -> PartyResult:
+        """The result of a completed vertical report (test metrics at the guest only)."""
+        last = report.rounds[-1] if report.rounds else None
+        metrics = report.metrics or {}
+        return cls(
+            rounds=len(report.rounds),
+            train_loss=last.loss if last else None,
+            test_auc=metrics.get("auc"),
+            test_accuracy=metrics.get("accuracy"),
+            test_samples=report.test_samples,
+            protection=(report.protection or {}).get("ran"),
+            model=report.algorithm,
         )
 
 

@@ -210,7 +210,12 @@ class JobSpec(_Strict):
     @classmethod
     def _parties_from_fl_data(cls, data: Any) -> Any:
         if isinstance(data, dict) and "parties" not in data and isinstance(data.get("fl_data"), dict):
-            participants = data["fl_data"].get("participants")
+            fl_data = data["fl_data"]
+            # Written by hand ({participants, label, pipeline}) or as an FLData value with its
+            # lineage ({format, version, state, lineage}: what the controller stores after it
+            # agreed the encodings' categories).
+            state = fl_data.get("state") if "lineage" in fl_data else fl_data
+            participants = state.get("participants") if isinstance(state, dict) else None
             if isinstance(participants, dict):
                 data = {**data, "parties": sorted(participants)}
         return data

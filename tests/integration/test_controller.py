@@ -19,8 +19,7 @@ from confide.controller.sessions import config_digest
 from confide.errors import ConflictError, TransportUnavailableError
 from confide.local import LocalDeployment
 from tests.fixtures.cli import confide_cli as cli
-from tests.fixtures.cli import wait_for
-from tests.fixtures.faults import with_faults
+from tests.fixtures.cli import interrupted_session, wait_for
 
 PARTIES = ["hospital-a", "hospital-b", "hospital-c"]
 
@@ -141,24 +140,10 @@ def test_resume_after_killing_every_process_reaches_the_uninterrupted_model(depl
         assert deployment.wait_session(reference, "alice")["state"] == "completed"
     expected = final_weights(deployment, reference, 1)
 
-    # The same job again, slowed down so that it can be killed mid-way.
-    deployment.stop()
-    deployment.extra_env.update(with_faults(round_delay_s=0.6))
-    deployment.start()
-    with deployment.client("alice") as alice:
-        token = alice.submit(job("interrupted"))["session"]
-
-        def checkpointed():
-            entries = [e for e in alice.log(token) if e["kind"] == "checkpoint"]
-            return entries if entries and entries[-1]["checkpoint"]["round"] >= 4 else None
-
-        wait_for(checkpointed, 120, "a checkpoint after round 4")
-    deployment.kill_all()  # controller, aggregator, agents and their party processes: SIGKILL
+    # The same job again, slowed down so that it can be killed mid-way (every process: SIGKILL).
+    token = interrupted_session(deployment, "alice", job("interrupted"), after_round=4, delay_s=0.6, timeout_s=120)
 
     # Tamper with one file of the last recorded checkpoint: the resume must refuse it.
-    deployment.extra_env.pop("CONFIDE_FAULT_ROUND_DELAY_S")
-    deployment.extra_env.pop("CONFIDE_PARTY_HOOKS")
-    deployment.start()
     with deployment.client("alice") as alice:
         recorded = alice.status(token)["checkpoint"]
         round_dir = (

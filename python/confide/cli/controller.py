@@ -380,9 +380,14 @@ def _job(args, client) -> int:
                 for key, label in (("test_auc", "AUC"), ("test_accuracy", "accuracy"))
                 if key in aggregate
             )
+            parties, rows = int(aggregate["parties"]), int(aggregate["test_samples"])
             text.append(
-                f"  final model on every party's held-out rows: {shown} (mean over {aggregate['parties']} parties "
-                f"weighted by their {aggregate['test_samples']} held-out rows)"
+                f"  final model on every party's held-out rows: {shown} "
+                + (
+                    f"(mean over {parties} parties weighted by their {rows} held-out rows)"
+                    if parties > 1
+                    else f"(one party's {rows} held-out rows)"
+                )
             )
         _print(args, status, "\n".join(line for line in text if line))
     else:

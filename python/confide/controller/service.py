@@ -1129,6 +1129,9 @@ class Controller:
 
     def _maybe_checkpoint(self, db: Session, session: JobSession, round_number: int) -> None:
         recipients = self._recipients(db, session)
+        if self._head(db, session).spec.get("model", {}).get("algorithm") in VERTICAL:
+            # A vertical job's aggregator only relays: its parties hold the whole state.
+            recipients = {name: p for name, p in recipients.items() if p.role == "party"}
         key = str(round_number)
         if not all(key in p.checkpoints for p in recipients.values()):
             return
@@ -1325,6 +1328,10 @@ class Controller:
         else:
             instruction["command"] = "none"
         return instruction
+
+
+#: Algorithms whose parties hold columns; their aggregator relays and checkpoints nothing.
+VERTICAL = ("hetero_lr", "secureboost", "hetero_nn")
 
 
 def _participant(session_id: int, name: str, role: str) -> Participant:

@@ -22,7 +22,7 @@ import threading
 from pathlib import Path
 
 from confide.controller.agent import RunState
-from confide.reports import PartyReport, PartyResult
+from confide.reports import PartyReport, PartyResult, VerticalPartyReport
 
 __all__ = ["PartyWorker"]
 
@@ -204,8 +204,11 @@ def _state_of(run: int, report: dict, code: int | None, stopping: str | None) ->
     if report.get("failure"):
         state["failure"] = report["failure"]
     if status == "completed":
-        state["status"] = "completed"
-        state["result"] = _result(report)
+        try:
+            state["status"], state["result"] = "completed", _result(report)
+        except ValueError as error:  # pydantic's ValidationError: a report this version cannot read
+            state["status"] = "failed"
+            state["error"] = f"the party's report does not match the report schema: {str(error)[:500]}"
     elif status in ("failed", "stopped"):
         state["status"], state["error"] = status, report.get("error", status)
     elif code is not None and stopping is not None:
@@ -235,4 +238,6 @@ def _last_round(report: dict) -> int:
 
 def _result(report: dict) -> dict:
     """The :class:`PartyResult` of a completed report (what the controller stores and serves)."""
+    if report.get("algorithm") in ("hetero_lr", "secureboost", "hetero_nn"):
+        return PartyResult.of_vertical(VerticalPartyReport.model_validate(report)).model_dump(mode="json")
     return PartyResult.of(PartyReport.model_validate(report)).model_dump(mode="json")

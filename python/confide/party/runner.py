@@ -354,6 +354,8 @@ def run_party(
             workdir=workdir,
             runtime_job_id=runtime_job_id,
             catalog=catalog,
+            checkpoint_dir=checkpoint_dir,
+            resume_round=resume_round,
         )
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)

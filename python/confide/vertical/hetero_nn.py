@@ -738,7 +738,9 @@ def _hello(error: Exception | None, rows: int, columns: int, params: HeteroNNPar
             "params": params.shared(), **extra}  # fmt: skip
 
 
-def _peer_problem(message: dict, sender: str, rows: int, params: HeteroNNParams, me: str) -> Exception | None:
+def _peer_problem(
+    message: dict, sender: str, rows: int, params: HeteroNNParams, me: str, resume_epoch: int = 0
+) -> Exception | None:
     if message.get("error"):
         return ProtocolError(f"{me}: {sender!r} could not start: {message['error']}")
     if message.get("params") != params.shared():
@@ -748,6 +750,11 @@ def _peer_problem(message: dict, sender: str, rows: int, params: HeteroNNParams,
     if message.get("rows") != rows:
         return DataProblemError(
             f"{me}: {sender} has {message.get('rows')} rows, {me} has {rows}: align the records (PSI) first"
+        )
+    if message.get("resume_epoch", 0) != resume_epoch:
+        return ProtocolError(
+            f"{me}: {sender} resumes after epoch {message.get('resume_epoch', 0)}, {me} after epoch {resume_epoch}: "
+            f"every party must resume from the same checkpoint"
         )
     return None
 
@@ -766,10 +773,17 @@ def train_guest(
     y: np.ndarray,
     params: HeteroNNParams,
     session: str,
-    on_epoch: Callable[[dict], None] | None = None,
+    on_epoch: Callable[..., None] | None = None,
+    resume: dict | None = None,
 ) -> HeteroNNGuestModel:
-    """The guest's side of training (module docstring). Returns the guest's model part."""
+    """The guest's side of training (module docstring). Returns the guest's model part.
+
+    ``on_epoch(entry, snapshot)``: after every epoch, with its record and a callable returning
+    the guest's whole training state (for a checkpoint). ``resume``: such a state; training
+    continues with the next epoch (every host must resume from the same epoch).
+    """
     me = f"guest {channel.party!r}"
+    start_epoch = int(resume["epoch"]) if resume else 0
     setup = time.perf_counter()
     meter = _Meter()
     own: Exception | None = None
@@ -786,13 +800,13 @@ def train_guest(
         with meter:
             secret = _generate_keypair(params.key_bits)
         key_bytes = secret.encryption_key.to_bytes()
-    channel.send(
-        hosts, f"hnn/{session}/hello", _hello(own, rows, columns, params, {"key": key_bytes, "hosts": list(hosts)})
-    )
+    extra = {"key": key_bytes, "hosts": list(hosts), "resume_epoch": start_epoch}
+    channel.send(hosts, f"hnn/{session}/hello", _hello(own, rows, columns, params, extra))
     replies = {h: channel.recv(h, f"hnn/{session}/hello") for h in hosts}
-    problems = [p for h in hosts if (p := _peer_problem(replies[h], h, rows, params, me)) is not None]
+    problems = [p for h in hosts if (p := _peer_problem(replies[h], h, rows, params, me, start_epoch)) is not None]
     _raise(own, problems)
-    assert secret is not None  # noqa: S101 - own is None implies a key
+    if secret is None:
+        raise ProtocolError(f"{me}: no key pair was made")
     key = secret.encryption_key
     n = int.from_bytes(key.n_bytes(), "big")
     threads = params.threads
@@ -805,11 +819,18 @@ def train_guest(
     shares: dict[str, np.ndarray] = {}
     for h in hosts:
         half = _to_ring(_interactive_half(rng, d_hs[h], params.interactive_units, 1 + len(hosts)), FW)
-        theirs = _ring_array(replies[h].get("init"), (d_hs[h], params.interactive_units), f"{me}: init share from {h}")
-        shares[h] = half + theirs
+        if resume is None:
+            theirs = _ring_array(replies[h].get("init"), (d_hs[h], params.interactive_units), f"{me}: init from {h}")
+            shares[h] = half + theirs
     model = HeteroNNGuestModel(params, list(hosts), scaling, net, shares, setup_seconds=time.perf_counter() - setup)
+    if resume is not None:
+        model = _resumed_guest(resume, hosts, d_hs, params, me)
+        net, shares, scaling = model.net, model.shares, model.scaling
 
-    for epoch in range(params.epochs):
+    def snapshot(epoch_done: int) -> Callable[[], dict]:
+        return lambda: {"epoch": epoch_done, "model": model.to_dict(), "adam": _adam_state(net.adam)}
+
+    for epoch in range(start_epoch, params.epochs):
         clock = _EpochClock(epoch, channel, meter)
         losses, weights = [], []
         clipped = {"delta": 0}
@@ -853,7 +874,9 @@ def train_guest(
                     u = _guest_back_open(lay, secret, back_v, d_q, shares[h], n, threads, where)
                 channel.send(h, tag + "/u", {"u": u})
                 shares[h] = shares[h] - _scaled_floor(masked, c).reshape(lay.d_h, lay.d_i)
-        clock.close(model.history, on_epoch, loss=float(np.average(losses, weights=weights)), clipped=clipped)
+        model.shares = shares
+        loss = float(np.average(losses, weights=weights))
+        clock.close(model.history, on_epoch, snapshot(epoch + 1), loss=loss, clipped=clipped)
     return model
 
 
@@ -865,7 +888,7 @@ class _EpochClock:
         self.start, self.crypto = time.perf_counter(), meter.seconds
         self.sent, self.received = channel.bytes_sent, channel.bytes_received
 
-    def close(self, history: list[dict], on_epoch: Callable[[dict], None] | None, **extra: Any) -> None:
+    def close(self, history: list[dict], on_epoch: Callable[..., None] | None, snapshot, **extra: Any) -> None:
         entry = {
             "epoch": self.epoch + 1,
             **({"loss": extra.pop("loss")} if "loss" in extra else {}),
@@ -877,7 +900,32 @@ class _EpochClock:
         }
         history.append(entry)
         if on_epoch is not None:
-            on_epoch(entry)
+            on_epoch(entry, snapshot)
+
+
+def _adam_state(adam: Adam) -> dict:
+    return {"t": adam.t, "m": [m.copy() for m in adam.m], "v": [v.copy() for v in adam.v]}
+
+
+def _adam_from(state: dict | None, learning_rate: float) -> Adam:
+    adam = Adam(learning_rate)
+    if state:
+        adam.t = int(state["t"])
+        adam.m = [np.asarray(m, dtype=np.float64) for m in state["m"]]
+        adam.v = [np.asarray(v, dtype=np.float64) for v in state["v"]]
+    return adam
+
+
+def _resumed_guest(state: dict, hosts: list[str], d_hs: dict, params: HeteroNNParams, me: str) -> HeteroNNGuestModel:
+    """The guest's model and optimizer as a checkpoint left them."""
+    model = HeteroNNGuestModel.from_dict(state["model"])
+    if sorted(model.hosts) != sorted(hosts):
+        raise ProtocolError(f"{me}: the checkpoint was made with hosts {model.hosts}, not {hosts}")
+    for h in hosts:
+        if model.shares[h].shape != (d_hs[h], params.interactive_units):
+            raise ProtocolError(f"{me}: the checkpoint's share for {h} does not fit its {d_hs[h]} bottom outputs")
+    model.net.adam = _adam_from(state.get("adam"), params.learning_rate)
+    return model
 
 
 def _ring_array(data: Any, shape: tuple[int, int], where: str) -> np.ndarray:
@@ -893,10 +941,12 @@ def train_host(
     X: np.ndarray,
     params: HeteroNNParams,
     session: str,
-    on_epoch: Callable[[dict], None] | None = None,
+    on_epoch: Callable[..., None] | None = None,
+    resume: dict | None = None,
 ) -> HeteroNNHostModel:
-    """Host h's side of training. Returns the host's model part."""
+    """Host h's side of training. Returns the host's model part (``on_epoch``, ``resume``: as the guest's)."""
     me = f"host {channel.party!r}"
+    start_epoch = int(resume["epoch"]) if resume else 0
     meter = _Meter()
     hello = channel.recv(guest, f"hnn/{session}/hello")
     own: Exception | None = None
@@ -908,7 +958,7 @@ def train_host(
             raise DataProblemError(f"{me}: holds no columns; a host must bring at least one feature")
     except InvalidParameterError as error:
         own = error
-    problem = None if own is not None else _peer_problem(hello, guest, rows, params, me)
+    problem = None if own is not None else _peer_problem(hello, guest, rows, params, me, start_epoch)
     hosts = hello.get("hosts") if isinstance(hello.get("hosts"), list) else []
     if own is None and problem is None and channel.party not in hosts:
         problem = ProtocolError(f"{me}: not in the guest's host list {hosts}")
@@ -928,7 +978,7 @@ def train_host(
         half = _interactive_half(rng, d_h, params.interactive_units, 1 + len(hosts))
         share = _ring_random((d_h, params.interactive_units))
         init = _to_ring(half, FW) - share
-        reply_extra = {"init": init}
+        reply_extra = {"init": init, "resume_epoch": start_epoch} if resume is None else {"resume_epoch": start_epoch}
     channel.send(guest, f"hnn/{session}/hello", _hello(own or problem, rows, columns, params, reply_extra))
     _raise(own, [problem] if problem else [])
     threads = params.threads
@@ -937,8 +987,19 @@ def train_host(
     bottom.standardize_inputs(scaling.mean, scaling.std)
     adam = Adam(params.learning_rate)
     model = HeteroNNHostModel(params, scaling, bottom, share)
+    if resume is not None:
+        model = HeteroNNHostModel.from_dict(resume["model"])
+        bottom, share, scaling = model.bottom, model.share, model.scaling
+        adam = _adam_from(resume.get("adam"), params.learning_rate)
+        if share.shape != (d_h, params.interactive_units) or bottom.input_dim != columns:
+            raise ProtocolError(
+                f"{me}: the checkpoint does not fit this data ({bottom.input_dim} columns, {columns} now)"
+            )
 
-    for epoch in range(params.epochs):
+    def snapshot(epoch_done: int) -> Callable[[], dict]:
+        return lambda: {"epoch": epoch_done, "model": model.to_dict(), "adam": _adam_state(adam)}
+
+    for epoch in range(start_epoch, params.epochs):
         clock = _EpochClock(epoch, channel, meter)
         clipped = {"activation": 0}
         for index_b, rows_b in enumerate(_batches(rows, params.batch_size, params.seed, epoch)):
@@ -974,7 +1035,7 @@ def train_host(
             flat = [v for row in grad_masks for v in row]
             share = share + _scaled_floor(flat, c).reshape(layout.d_h, layout.d_i)
         model.share = share
-        clock.close(model.history, on_epoch, clipped=clipped)
+        clock.close(model.history, on_epoch, snapshot(epoch + 1), clipped=clipped)
     model.share = share
     return model
 

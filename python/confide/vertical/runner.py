@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 
 import numpy as np
 
+from confide import checkpoints as ckpt
 from confide.data.vertical import VerticalPartyData, vertical_party_data
 from confide.errors import ConfideError, JobFailedError
 from confide.party.hooks import load_hooks
@@ -145,11 +147,19 @@ def run_vertical_party(
     workdir: str | os.PathLike,
     runtime_job_id: str | None = None,
     catalog=None,
+    checkpoint_dir: str | os.PathLike | None = None,
+    resume_round: int = 0,
 ) -> dict:
     """Run this party's side of a vertical job; returns (and writes) its report.
 
     ``catalog``: the party's datasets, for jobs whose ``fl_data`` names them (``data.id_column``
     holds the record ids PSI matches); otherwise the embedded data of ``data.dataset``.
+
+    Checkpoints (``checkpoint_interval``): every that many epochs and after the last, the party
+    writes ``<checkpoint_dir>/round-NNNNNN/state.cvw``, its whole training state at that
+    point (Hetero NN: networks, optimizer moments and its weight share); ``resume_round``
+    continues from such a checkpoint (PSI runs again and gives the same rows). SecureBoost and
+    Hetero LR checkpoint their final model only, so a killed run of theirs starts over.
     """
     if party_id not in spec.parties:
         raise JobFailedError(f"party {party_id!r} is not in the job's parties {spec.parties}")
@@ -160,6 +170,7 @@ def run_vertical_party(
     hosts = [p for p in spec.parties if p != guest]
     role = "guest" if party_id == guest else "host"
     d = spec.data
+    checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else workdir / f"{party_id}.checkpoints"
     report: dict = {
         "job_id": spec.job_id,
         "runtime_job_id": runtime_job_id or spec.job_id,
@@ -169,6 +180,7 @@ def run_vertical_party(
         "status": "starting",
         "rounds": [],
         "protection": {"mode": "paillier", "key_bits": spec.protection.key_bits, "ran": "paillier"},
+        "resumed_after_round": resume_round,
     }
     client = AggregatorClient(
         aggregator,
@@ -177,9 +189,12 @@ def run_vertical_party(
         reconnect_timeout_s=spec.transport.reconnect_timeout_s,
         message_timeout_s=spec.transport.message_timeout_s,
     )
-    channel = _ObservedChannel(client, hooks=load_hooks(), timeout_s=spec.transport.message_timeout_s)
+    hooks = load_hooks()
+    channel = _ObservedChannel(client, hooks=hooks, timeout_s=spec.transport.message_timeout_s)
     started = time.perf_counter()
     try:
+        resume_state = _load_state(checkpoint_dir, resume_round) if resume_round else None
+        _drop_later_checkpoints(checkpoint_dir, resume_round)
         data = _party_rows(spec, party_id, guest, catalog, report)
         report.update(records=len(data.ids), features=int(data.X.shape[1]), columns=data.columns)
         client.connect()
@@ -201,17 +216,25 @@ def run_vertical_party(
         report.update(samples=len(train), test_samples=len(test), status="running")
         _write(report_path, report)
 
-        def on_round(entry: dict) -> None:
-            report["rounds"].append(_jsonable(entry))
+        def on_round(entry: dict, snapshot=None) -> None:
+            # "round": the tree or epoch count, the progress the agent forwards to the controller
+            number = resume_round + len(report["rounds"]) + 1
+            report["rounds"].append({"round": number, **_jsonable(entry)})
             _write(report_path, report)
+            interval = spec.checkpoint_interval
+            if snapshot is not None and interval and (number % interval == 0 or number == spec.rounds):
+                _write_state(checkpoint_dir, number, snapshot())
+            hooks.round_done(number)
 
         if spec.model.algorithm == "secureboost":
             part = _secureboost(spec, channel, role, guest, hosts, X, y, train, test, report, on_round)
         elif spec.model.algorithm == "hetero_nn":
-            part = _hetero_nn(spec, channel, role, guest, hosts, X, y, train, test, report, on_round)
+            part = _hetero_nn(spec, channel, role, guest, hosts, X, y, train, test, report, on_round, resume_state)
         else:
             part = _hetero_lr(spec, channel, role, guest, hosts, X, y, train, test, report, on_round)
         (workdir / f"{party_id}.model.cvw").write_bytes(wire.encode(part))
+        if spec.checkpoint_interval and spec.model.algorithm != "hetero_nn":
+            _write_state(checkpoint_dir, spec.rounds, {"final": True, "part": part})
         report["status"] = "completed"
     except ConfideError as error:
         report["status"] = "failed"
@@ -295,19 +318,52 @@ def _hetero_lr(spec, channel, role, guest, hosts, X, y, train, test, report, on_
     return {"algorithm": "hetero_lr", "role": "host", "model": model.to_dict()}
 
 
-def _hetero_nn(spec, channel, role, guest, hosts, X, y, train, test, report, on_round) -> dict:
+def _hetero_nn(spec, channel, role, guest, hosts, X, y, train, test, report, on_round, resume_state) -> dict:
     from confide.vertical import hetero_nn as nn
 
     params = hetero_nn_params(spec)
     if role == "guest":
-        model = nn.train_guest(channel, hosts, X[train], y[train], params, "train", on_epoch=on_round)
+        model = nn.train_guest(
+            channel, hosts, X[train], y[train], params, "train", on_epoch=on_round, resume=resume_state
+        )
         report["setup_seconds"] = model.setup_seconds
         predictions = nn.predict_guest(channel, hosts, X[test], model, "test")
         report["metrics"] = evaluate(params.objective, y[test], predictions)
         return {"algorithm": "hetero_nn", "role": "guest", "model": model.to_dict()}
-    model = nn.train_host(channel, guest, X[train], params, "train", on_epoch=on_round)
+    model = nn.train_host(channel, guest, X[train], params, "train", on_epoch=on_round, resume=resume_state)
     nn.predict_host(channel, guest, X[test], model, "test")
     return {"algorithm": "hetero_nn", "role": "host", "model": model.to_dict()}
+
+
+STATE_FILE = "state.cvw"
+
+
+def _write_state(directory: Path, round_number: int, state: dict) -> None:
+    ckpt.write_checkpoint(directory / ckpt.round_name(round_number), {STATE_FILE: wire.encode(state)})
+
+
+def _load_state(directory: Path, round_number: int) -> dict:
+    """The training state a checkpoint holds; errors name the file."""
+    path = directory / ckpt.round_name(round_number) / STATE_FILE
+    try:
+        state = wire.decode(path.read_bytes())
+    except (OSError, ConfideError) as error:
+        raise JobFailedError(f"cannot resume: checkpoint {path} is unreadable: {error}") from None
+    if state.get("final"):
+        raise JobFailedError(
+            f"cannot resume from {path}: it holds the final model of a completed run, not a training state"
+        )
+    return state
+
+
+def _drop_later_checkpoints(directory: Path, resume_round: int) -> None:
+    """A run that resumes from round R (or starts over) writes rounds after R afresh."""
+    if not directory.exists():
+        return
+    for path in directory.iterdir():
+        number = path.name.removeprefix("round-")
+        if path.is_dir() and path.name.startswith("round-") and number.isdigit() and int(number) > resume_round:
+            shutil.rmtree(path)
 
 
 def _jsonable(value):

@@ -169,3 +169,12 @@ def test_hetero_nn_job_files_parse_and_bad_layers_name_the_field():
         parse_job(_vertical({"algorithm": "hetero_lr", "guest_bottom": [{"units": 3}]}))
     multi = parse_job(_vertical({"algorithm": "hetero_nn", "objective": "multi:softprob", "num_class": 10}))
     assert hetero_nn_params(multi).outputs == 10
+
+
+def test_parties_come_from_an_fl_data_value_with_lineage_too():
+    # What the controller stores once it agreed an encode step's categories: tuning re-parses it.
+    from confide.data import FLData
+
+    fl_data = FLData.create({"b": "d", "a": "d"}, "y", [{"name": "s", "op": "encode", "params": {"columns": ["c"]}}])
+    spec = parse_job({"job_id": "j", "fl_data": fl_data.to_dict(), "protection": {"mode": "secagg"}})
+    assert spec.parties == ["a", "b"]

@@ -1,0 +1,120 @@
+"""A vertical job as a controller session, with real processes: grants, checkpoints, kill, verified resume.
+
+The two sites of ``examples/vertical_csv`` (each its own CSV export, catalog and agent) train the
+example's Hetero NN through the controller: refused without grants; then an uninterrupted run;
+then the same job slowed down, every process killed mid-way, a tampered checkpoint refused by
+its Merkle root, and the resumed run ending with the uninterrupted run's model.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import yaml
+
+from confide.local import LocalDeployment
+from confide.vertical import wire
+from tests.fixtures.cli import confide_cli as cli
+from tests.fixtures.cli import interrupted_session
+from tests.integration.test_vertical import CSV_EXAMPLE
+
+SITES = {"hospital": "records", "lab": "panel"}
+
+
+def job(job_id: str) -> dict:
+    spec = yaml.safe_load((CSV_EXAMPLE / "job.yaml").read_text())
+    return {**spec, "job_id": job_id, "rounds": 8, "checkpoint_interval": 2}
+
+
+@pytest.fixture
+def deployment(tmp_path):
+    catalogs = {}
+    for site in SITES:
+        shutil.copytree(CSV_EXAMPLE / site, tmp_path / site)
+        catalog = yaml.safe_load((tmp_path / site / "catalog.yaml").read_text())
+        for entry in catalog["datasets"].values():
+            entry["path"] = str(tmp_path / site / entry["path"])
+        catalogs[site] = catalog
+    d = LocalDeployment(tmp_path / "deploy", parties=list(SITES), developers=["alice"], catalogs=catalogs)
+    d.start()
+    try:
+        yield d
+    finally:
+        d.stop()
+
+
+def parts(deployment: LocalDeployment, token: str, run: int) -> dict[str, dict]:
+    out = {}
+    for site in SITES:
+        folder = deployment.workdir / "parties" / site / "sessions" / token / f"run-{run}"
+        report = json.loads((folder / f"{site}.report.json").read_text())
+        assert report["status"] == "completed", report.get("error")
+        out[site] = wire.decode((folder / f"{site}.model.cvw").read_bytes())["model"]
+    return out
+
+
+def assert_same_model(got: dict, expected: dict) -> None:
+    """Same networks, and the same interactive weights W = W' + E (each share alone is random)."""
+    for key in ("w", "b"):
+        np.testing.assert_allclose(got["hospital"]["net"][key], expected["hospital"]["net"][key], atol=1e-6)
+    for a, b in zip(got["lab"]["bottom"]["weights"], expected["lab"]["bottom"]["weights"], strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+    joint = {
+        name: (p["hospital"]["shares"]["lab"] + p["lab"]["share"]).view(np.int64) / 2.0**32
+        for name, p in (("got", got), ("expected", expected))
+    }
+    # Masks differ between runs: a share update may round differently by 2^-32, never more.
+    np.testing.assert_allclose(joint["got"], joint["expected"], atol=1e-6)
+
+
+def test_vertical_session_refused_without_grants_then_killed_and_resumed_to_the_same_model(deployment, tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(job("vertical-nogrant")))
+    refused = cli(deployment, "alice", "job", "submit", str(path))
+    assert refused.returncode != 0
+    assert "has no grant for dataset" in refused.stderr and "confide grant add" in refused.stderr
+    for site, dataset in SITES.items():
+        assert cli(deployment, site, "grant", "add", "--dataset", dataset, "--developer", "alice").returncode == 0
+
+    with deployment.client("alice") as alice:
+        reference = alice.submit(job("vertical-reference"))["session"]
+        status = deployment.wait_session(reference, "alice")
+        assert status["state"] == "completed", status
+        recorded = [e for e in alice.log(reference) if e["kind"] == "checkpoint"]
+        # checkpoints every 2 epochs, each the Merkle root over both sites' state files only
+        assert [e["checkpoint"]["round"] for e in recorded] == [2, 4, 6, 8]
+        assert all(e["note"].endswith(": 2 files") for e in recorded), recorded  # one state file per site
+    expected = parts(deployment, reference, 1)
+
+    token = interrupted_session(deployment, "alice", job("vertical-interrupted"), after_round=4, delay_s=1.0)
+    with deployment.client("alice") as alice:
+        recorded = alice.status(token)["checkpoint"]
+        state = (
+            deployment.workdir / "parties" / "lab" / "sessions" / token / "checkpoints"
+            / f"round-{recorded['round']:06d}" / "state.cvw"
+        )  # fmt: skip
+        original = state.read_bytes()
+        state.write_bytes(original[:-1] + bytes([original[-1] ^ 1]))
+        alice.resume(token)
+        refused = deployment.wait_session(token, "alice", states=("refused", "running", "completed"), timeout_s=60)
+        assert refused["state"] == "refused", refused
+        assert f"lab/round-{recorded['round']:06d}/state.cvw: changed" in refused["message"]
+
+        state.write_bytes(original)
+        resumed = cli(deployment, "alice", "job", "resume", token, "--wait")
+        assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+        status = alice.status(token)
+        assert status["state"] == "completed", status
+        run = status["run"]
+    for site in SITES:
+        report = json.loads(
+            (
+                deployment.workdir / "parties" / site / "sessions" / token / f"run-{run}" / f"{site}.report.json"
+            ).read_text()
+        )
+        assert report["resumed_after_round"] == recorded["round"]
+        assert [r["round"] for r in report["rounds"]] == list(range(recorded["round"] + 1, 9))
+    assert_same_model(parts(deployment, token, run), expected)
