@@ -24,9 +24,12 @@ from tests.integration.test_vertical import CSV_EXAMPLE
 SITES = {"hospital": "records", "lab": "panel"}
 
 
-def job(job_id: str) -> dict:
+SECUREBOOST = {"algorithm": "secureboost", "max_depth": 3, "learning_rate": 0.3}
+
+
+def job(job_id: str, model: dict | None = None) -> dict:
     spec = yaml.safe_load((CSV_EXAMPLE / "job.yaml").read_text())
-    return {**spec, "job_id": job_id, "rounds": 8, "checkpoint_interval": 2}
+    return {**spec, "job_id": job_id, "rounds": 8, "checkpoint_interval": 2, **({"model": model} if model else {})}
 
 
 @pytest.fixture
@@ -57,7 +60,15 @@ def parts(deployment: LocalDeployment, token: str, run: int) -> dict[str, dict]:
 
 
 def assert_same_model(got: dict, expected: dict) -> None:
-    """Same networks, and the same interactive weights W = W' + E (each share alone is random)."""
+    """Same trees; or same networks and interactive weights W = W' + E (each share alone is random)."""
+    if "trees" in got["hospital"]:
+        # exact integer histograms: split for split, leaf for leaf (record ids are the lab's own draws)
+        for a, b in zip(got["hospital"]["trees"], expected["hospital"]["trees"], strict=True):
+            assert [(n["owner"], n["feature"], n["bin"], n["weight"]) for n in a] == [
+                (n["owner"], n["feature"], n["bin"], n["weight"]) for n in b
+            ]
+        assert len(got["lab"]["records"]) == len(expected["lab"]["records"])
+        return
     for key in ("w", "b"):
         np.testing.assert_allclose(got["hospital"]["net"][key], expected["hospital"]["net"][key], atol=1e-6)
     for a, b in zip(got["lab"]["bottom"]["weights"], expected["lab"]["bottom"]["weights"], strict=True):
@@ -70,9 +81,10 @@ def assert_same_model(got: dict, expected: dict) -> None:
     np.testing.assert_allclose(joint["got"], joint["expected"], atol=1e-6)
 
 
-def test_vertical_session_refused_without_grants_then_killed_and_resumed_to_the_same_model(deployment, tmp_path):
+@pytest.mark.parametrize("model", [None, SECUREBOOST], ids=["hetero_nn", "secureboost"])
+def test_vertical_session_refused_without_grants_then_killed_and_resumed_to_the_same_model(deployment, tmp_path, model):
     path = tmp_path / "job.yaml"
-    path.write_text(yaml.safe_dump(job("vertical-nogrant")))
+    path.write_text(yaml.safe_dump(job("vertical-nogrant", model)))
     refused = cli(deployment, "alice", "job", "submit", str(path))
     assert refused.returncode != 0
     assert "has no grant for dataset" in refused.stderr and "confide grant add" in refused.stderr
@@ -80,7 +92,7 @@ def test_vertical_session_refused_without_grants_then_killed_and_resumed_to_the_
         assert cli(deployment, site, "grant", "add", "--dataset", dataset, "--developer", "alice").returncode == 0
 
     with deployment.client("alice") as alice:
-        reference = alice.submit(job("vertical-reference"))["session"]
+        reference = alice.submit(job("vertical-reference", model))["session"]
         status = deployment.wait_session(reference, "alice")
         assert status["state"] == "completed", status
         recorded = [e for e in alice.log(reference) if e["kind"] == "checkpoint"]
@@ -89,7 +101,7 @@ def test_vertical_session_refused_without_grants_then_killed_and_resumed_to_the_
         assert all(e["note"].endswith(": 2 files") for e in recorded), recorded  # one state file per site
     expected = parts(deployment, reference, 1)
 
-    token = interrupted_session(deployment, "alice", job("vertical-interrupted"), after_round=4, delay_s=1.0)
+    token = interrupted_session(deployment, "alice", job("vertical-interrupted", model), after_round=4, delay_s=1.0)
     with deployment.client("alice") as alice:
         recorded = alice.status(token)["checkpoint"]
         state = (
@@ -116,5 +128,6 @@ def test_vertical_session_refused_without_grants_then_killed_and_resumed_to_the_
             ).read_text()
         )
         assert report["resumed_after_round"] == recorded["round"]
-        assert [r["round"] for r in report["rounds"]] == list(range(recorded["round"] + 1, 9))
+        if site == "hospital" or model is None:  # a SecureBoost host reports no rounds of its own
+            assert [r["round"] for r in report["rounds"]] == list(range(recorded["round"] + 1, 9))
     assert_same_model(parts(deployment, token, run), expected)

@@ -158,8 +158,9 @@ def run_vertical_party(
     Checkpoints (``checkpoint_interval``): every that many epochs and after the last, the party
     writes ``<checkpoint_dir>/round-NNNNNN/state.cvw``, its whole training state at that
     point (Hetero NN: networks, optimizer moments and its weight share); ``resume_round``
-    continues from such a checkpoint (PSI runs again and gives the same rows). SecureBoost and
-    Hetero LR checkpoint their final model only, so a killed run of theirs starts over.
+    continues from such a checkpoint (PSI runs again and gives the same rows). SecureBoost
+    checkpoints after whole boosting rounds (the guest's trees and margins, a host's lookup
+    table); Hetero LR its final model only, so a killed run of it starts over.
     """
     if party_id not in spec.parties:
         raise JobFailedError(f"party {party_id!r} is not in the job's parties {spec.parties}")
@@ -216,24 +217,33 @@ def run_vertical_party(
         report.update(samples=len(train), test_samples=len(test), status="running")
         _write(report_path, report)
 
-        def on_round(entry: dict, snapshot=None) -> None:
-            # "round": the tree or epoch count, the progress the agent forwards to the controller
-            number = resume_round + len(report["rounds"]) + 1
-            report["rounds"].append({"round": number, **_jsonable(entry)})
-            _write(report_path, report)
+        def checkpoint(number: int, snapshot) -> None:
             interval = spec.checkpoint_interval
             if snapshot is not None and interval and (number % interval == 0 or number == spec.rounds):
                 _write_state(checkpoint_dir, number, snapshot())
+
+        def on_round(entry: dict, snapshot=None) -> None:
+            # "round": the epoch, or boosting round (a multi-class round grows one tree per
+            # class), the progress the agent forwards to the controller
+            if "class" in entry:
+                number = int(entry["round"]) + 1
+            else:
+                number = resume_round + len(report["rounds"]) + 1
+            report["rounds"].append({**_jsonable(entry), "round": number})
+            _write(report_path, report)
+            checkpoint(number, snapshot)
             hooks.round_done(number)
 
         if spec.model.algorithm == "secureboost":
-            part = _secureboost(spec, channel, role, guest, hosts, X, y, train, test, report, on_round)
+            part = _secureboost(
+                spec, channel, role, guest, hosts, X, y, train, test, report, on_round, checkpoint, resume_state
+            )
         elif spec.model.algorithm == "hetero_nn":
             part = _hetero_nn(spec, channel, role, guest, hosts, X, y, train, test, report, on_round, resume_state)
         else:
             part = _hetero_lr(spec, channel, role, guest, hosts, X, y, train, test, report, on_round)
         (workdir / f"{party_id}.model.cvw").write_bytes(wire.encode(part))
-        if spec.checkpoint_interval and spec.model.algorithm != "hetero_nn":
+        if spec.checkpoint_interval and spec.model.algorithm == "hetero_lr":
             _write_state(checkpoint_dir, spec.rounds, {"final": True, "part": part})
         report["status"] = "completed"
     except ConfideError as error:
@@ -283,18 +293,25 @@ def _party_rows(spec: JobSpec, party_id: str, guest: str, catalog, report: dict)
     return VerticalPartyData(ids=ids, X=rows.X, y=rows.y, columns=list(rows.feature_names))
 
 
-def _secureboost(spec, channel, role, guest, hosts, X, y, train, test, report, on_round) -> dict:
+def _secureboost(spec, channel, role, guest, hosts, X, y, train, test, report, on_round, checkpoint, resume) -> dict:
     from confide.vertical import secureboost as sb
 
     params = secureboost_params(spec)
     if role == "guest":
-        model = sb.train_guest(channel, hosts, X[train], y[train], params, "train", on_tree=on_round)
+        model = sb.train_guest(channel, hosts, X[train], y[train], params, "train", on_tree=on_round, resume=resume)
         report["setup_seconds"] = getattr(model, "setup_seconds", None)
         predictions = sb.predict_guest(channel, model, X[test], "test")
         report["metrics"] = evaluate(params.objective, y[test], predictions)
         report["feature_importance"] = model.feature_importance()
         return {"algorithm": "secureboost", "role": "guest", "model": model.to_dict()}
-    lookup = sb.serve_host(channel, guest, X[train], "train", threads=params.threads)
+    per_round = params.classes
+
+    def on_tree(tree: int, snapshot) -> None:  # after a whole boosting round: the lookup table so far
+        if (tree + 1) % per_round == 0:
+            checkpoint((tree + 1) // per_round, lambda: {"lookup": snapshot()})
+
+    start = sb.SecureBoostHostModel.from_dict(resume["lookup"]) if resume is not None else None
+    lookup = sb.serve_host(channel, guest, X[train], "train", threads=params.threads, model=start, on_tree=on_tree)
     sb.serve_host(channel, guest, X[test], "test", model=lookup)
     report["splits_owned"] = len(lookup.lookup)
     return {"algorithm": "secureboost", "role": "host", "model": lookup.to_dict()}

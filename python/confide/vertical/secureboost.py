@@ -526,8 +526,9 @@ class _TreeBuilder:
 
 
 def _boost(
-    params, y, guest_bins, guest_binner, sources, *, encrypt=None, advance=None, on_tree=None
+    params, y, guest_bins, guest_binner, sources, *, encrypt=None, advance=None, on_tree=None, resume=None
 ) -> SecureBoostGuestModel:
+    """Grow the trees; ``resume`` (a :func:`round_state`) continues after its last boosting round."""
     y = _check_labels(y, params)
     if guest_bins.shape[1] != len(y):
         raise InvalidParameterError(f"guest: {guest_bins.shape[1]} rows of features but {len(y)} labels")
@@ -537,7 +538,18 @@ def _boost(
     builder = _TreeBuilder(params, guest_bins, guest_binner, sources)
     trees, history = [], []
     total = params.n_trees * classes
-    for j in range(total):
+    first = 0
+    if resume is not None:
+        trees = [[Node(**n) for n in tree] for tree in resume["trees"]]
+        margin = np.asarray(resume["margin"], dtype=np.float64).reshape(len(y), classes)
+        first = len(trees)
+        if first % classes or first > total:
+            raise InvalidParameterError(f"guest: a checkpoint of {first} trees does not end a round of {classes}")
+
+    def round_state() -> dict:
+        return {"trees": [[n.to_dict() for n in tree] for tree in trees], "margin": margin.copy()}
+
+    for j in range(first, total):
         # Tree j is round j // K for class j % K; a round's K trees share the gradients of its start.
         t, k = divmod(j, classes)
         started = time.perf_counter()
@@ -574,7 +586,8 @@ def _boost(
             entry.update({f"host{k}_{key}": value for key, value in source.tree_stats().items()})
         history.append(entry)
         if on_tree is not None:
-            on_tree(entry)
+            # the state after a whole boosting round (its K trees): what a checkpoint keeps
+            on_tree(entry, round_state if j % classes == classes - 1 else None)
     return SecureBoostGuestModel(
         params=params,
         hosts=[s.name for s in sources],
@@ -698,7 +711,7 @@ class _RemoteSource:
         return {node: (int(records[i]), np.asarray(lefts[i], dtype=bool)) for i, (node, _) in enumerate(items)}
 
     def end_tree(self, tree, last):
-        reply = self.commands.request({"op": "end_tree", "last": last})
+        reply = self.commands.request({"op": "end_tree", "last": last, "tree": tree})
         self.host_stats = {k: float(v) for k, v in reply.items()}
 
     def tree_stats(self):
@@ -735,8 +748,14 @@ def train_guest(
     *,
     key=None,
     on_tree=None,
+    resume: dict | None = None,
 ) -> SecureBoostGuestModel:
-    """Train as the guest (labels holder). ``X`` may have zero columns (a label-only guest)."""
+    """Train as the guest (labels holder). ``X`` may have zero columns (a label-only guest).
+
+    ``on_tree(entry, snapshot)``: after every tree; ``snapshot`` (after a round's last tree,
+    else None) returns the trees and margins so far. ``resume``: such a snapshot; the hosts
+    resume with their lookup tables of the same round (``serve_host(model=...)``).
+    """
     X = np.asarray(X, dtype=np.float64)
     if X.ndim != 2 or X.shape[0] != len(y):
         raise InvalidParameterError(f"guest: features of shape {X.shape} do not match {len(y)} labels")
@@ -771,7 +790,7 @@ def train_guest(
     def advance() -> None:
         channel.round += 1
 
-    model = _boost(params, y, bins, binner, sources, encrypt=encrypt, advance=advance, on_tree=on_tree)
+    model = _boost(params, y, bins, binner, sources, encrypt=encrypt, advance=advance, on_tree=on_tree, resume=resume)
     for c in commands:
         c.request({"op": "done"}, reply=False)
     model.setup_seconds = setup_s
@@ -787,10 +806,14 @@ def serve_host(
     *,
     model: SecureBoostHostModel | None = None,
     threads: int = 0,
+    on_tree=None,
 ) -> SecureBoostHostModel:
     """Answer the guest's training or prediction requests until it says "done".
 
     ``X`` is this host's aligned raw rows. Returns the lookup table (grown during training).
+    ``model``: a lookup table to start from (prediction, or training resumed from a checkpoint).
+    ``on_tree(tree, snapshot)``: after each tree the guest finished, with a callable returning
+    the lookup table so far.
     """
     X = np.asarray(X, dtype=np.float64)
     lookup = dict(model.lookup) if model is not None else {}
@@ -834,6 +857,8 @@ def serve_host(
             state["hists"] = {}
             if not message.get("last"):
                 channel.round += 1
+            if on_tree is not None and isinstance(message.get("tree"), int):
+                on_tree(message["tree"], lambda: SecureBoostHostModel(dict(lookup)).to_dict())
         elif op == "predict":
             channel.send(guest, tag + "/reply", _host_predict(message, X, lookup))
         elif op == "done":

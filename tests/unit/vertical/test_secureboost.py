@@ -215,3 +215,51 @@ def test_packing_is_exact_and_bounded():
     ]
     with pytest.raises(InvalidParameterError, match="too wide"):
         sb.GHPacking.choose(np.array([-1e18, 1e18]), np.ones(2))
+
+
+@pytest.mark.parametrize("objective", ["binary:logistic", "multi:softprob"])
+def test_training_resumes_after_a_boosting_round_to_the_same_trees(objective):
+    from sklearn.datasets import load_digits
+
+    from confide.vertical import wire
+
+    if objective == "multi:softprob":
+        X, y = load_digits(return_X_y=True)
+        X, y = X[:400], (y[:400] % 3).astype(float)
+        params = sb.SecureBoostParams(objective=objective, num_class=3, n_trees=3, max_depth=2)
+    else:
+        X, y = load_breast_cancer(return_X_y=True)
+        X, y = X[:300], y[:300].astype(float)
+        params = sb.SecureBoostParams(n_trees=3, max_depth=2)
+    half = X.shape[1] // 2
+
+    def train(session, resume=None, guest_hook=None, host_hook=None):
+        channels = LocalChannel.group(["g", "h"])
+        start = sb.SecureBoostHostModel.from_dict(resume["h"]) if resume else None
+        return run_parties(
+            {
+                "g": lambda: sb.train_guest(channels["g"], ["h"], X[:, :half], y, params, session,
+                                            on_tree=guest_hook, resume=resume and resume["g"]),
+                "h": lambda: sb.serve_host(channels["h"], "g", X[:, half:], session, model=start, on_tree=host_hook),
+            }
+        )  # fmt: skip
+
+    straight = train("a")
+    saved: dict = {}
+
+    def guest_hook(entry, snapshot):
+        if snapshot is not None and entry["tree"] == params.classes * 2 - 1:  # after boosting round 2
+            saved["g"] = wire.decode(wire.encode(snapshot()))
+
+    def host_hook(tree, snapshot):
+        if tree == params.classes * 2 - 1:
+            saved["h"] = wire.decode(wire.encode(snapshot()))
+
+    train("b", guest_hook=guest_hook, host_hook=host_hook)
+    resumed = train("c", resume=saved)
+    assert len(resumed["g"].trees) == len(straight["g"].trees) == 3 * params.classes
+    # Exact integer histograms: the resumed trees are the uninterrupted ones, split for split.
+    assert resumed["g"].splits() == straight["g"].splits()
+    for a, b in zip(resumed["g"].trees, straight["g"].trees, strict=True):
+        assert [n.weight for n in a] == [n.weight for n in b]
+    assert [h["tree"] for h in resumed["g"].history] == list(range(2 * params.classes, 3 * params.classes))
