@@ -201,7 +201,10 @@ def test_parties_with_different_weight_shapes_fail_before_round_one_naming_party
         model={"algorithm": "custom", "entry": f"{FIXTURES}:federated_model", "network": None, "learning_rate": 0.1},
     )
     job["model"].pop("network")
-    with pytest.raises(JobFailedError, match=r"weight 'lin/w' has shape \(64, 3\), ours \(64, 10\)"):
+    # Whichever party compares first reports it: hospital-a sees (64, 3) against its (64, 10), or
+    # hospital-b the reverse; either way the message names the other party and both shapes.
+    shapes = r"has another model than 'hospital-[ab]': weight 'lin/w' has shape \(64, (3|10)\), ours \(64, (10|3)\)"
+    with pytest.raises(JobFailedError, match=shapes):
         run(
             job,
             tmp_path,
