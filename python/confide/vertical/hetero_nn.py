@@ -86,7 +86,15 @@ import numpy as np
 from confide import _native
 from confide.errors import ConfideError, DataProblemError, InvalidParameterError, ProtocolError
 from confide.vertical.channel import Channel
-from confide.vertical.netlayers import ACTIVATIONS, Adam, DenseNetwork, glorot, parse_layers
+from confide.vertical.netlayers import (
+    ACTIVATIONS,
+    Adam,
+    DenseNetwork,
+    activation_grad,
+    forward_activation,
+    glorot,
+    parse_layers,
+)
 from confide.vertical.paillier_util import Meter as _Meter
 from confide.vertical.paillier_util import elements as _elements
 from confide.vertical.paillier_util import raw_plaintexts as _raw
@@ -423,18 +431,6 @@ def _batches(rows: int, batch_size: int, seed: int, epoch: int) -> list[np.ndarr
     return [np.sort(b) for b in np.array_split(order, max(1, math.ceil(rows / batch_size)))]
 
 
-def _activate(name: str, z: np.ndarray) -> np.ndarray:
-    from confide.vertical.netlayers import _forward_activation
-
-    return _forward_activation(name, z)
-
-
-def _activate_grad(name: str, z: np.ndarray, a: np.ndarray, grad: np.ndarray) -> np.ndarray:
-    from confide.vertical.netlayers import _activation_grad
-
-    return _activation_grad(name, z, a, grad)
-
-
 # ----------------------------------------------------------------------------- the guest's model
 
 
@@ -453,7 +449,7 @@ class _GuestNet:
     def forward(self, x: np.ndarray, z_hosts: np.ndarray, keep: bool = True) -> np.ndarray:
         a = self.bottom.forward(x, keep)
         z = a @ self.w + self.b + z_hosts
-        g = _activate(self.params.interactive_activation, z)
+        g = forward_activation(self.params.interactive_activation, z)
         if keep:
             self._a, self._z, self._g = a, z, g
         return self.top.forward(g, keep)
@@ -461,7 +457,7 @@ class _GuestNet:
     def backward(self, grad_out: np.ndarray, rows: int) -> np.ndarray:
         """Steps every guest parameter on the mean loss; returns delta = d(sum loss)/dz."""
         top_grads, grad_g = self.top.backward(grad_out)
-        delta = _activate_grad(self.params.interactive_activation, self._z, self._g, grad_g)
+        delta = activation_grad(self.params.interactive_activation, self._z, self._g, grad_g)
         bottom_grads, _ = self.bottom.backward(delta @ self.w.T, input_grad=False)
         lr_i = self.params.interactive_learning_rate
         self.w -= lr_i / rows * (self._a.T @ delta)

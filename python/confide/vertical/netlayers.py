@@ -21,7 +21,7 @@ import numpy as np
 
 from confide.errors import InvalidParameterError
 
-__all__ = ["ACTIVATIONS", "Adam", "DenseNetwork", "parse_layers"]
+__all__ = ["ACTIVATIONS", "Adam", "DenseNetwork", "activation_grad", "forward_activation", "parse_layers"]
 
 #: Hidden-layer activations (the head's sigmoid/softmax belongs to the loss).
 ACTIVATIONS = ("linear", "relu", "tanh", "sigmoid")
@@ -82,7 +82,8 @@ def _activation(name: Any, where: str) -> str:
     return str(name)
 
 
-def _forward_activation(name: str, z: np.ndarray) -> np.ndarray:
+def forward_activation(name: str, z: np.ndarray) -> np.ndarray:
+    """``name`` applied to pre-activations ``z``."""
     if name == "relu":
         return np.maximum(z, 0.0)
     if name == "tanh":
@@ -92,7 +93,8 @@ def _forward_activation(name: str, z: np.ndarray) -> np.ndarray:
     return z
 
 
-def _activation_grad(name: str, z: np.ndarray, a: np.ndarray, grad: np.ndarray) -> np.ndarray:
+def activation_grad(name: str, z: np.ndarray, a: np.ndarray, grad: np.ndarray) -> np.ndarray:
+    """Gradient through ``name`` at ``z`` (output ``a``) of the gradient ``grad`` of its output."""
     if name == "relu":
         return grad * (z > 0)
     if name == "tanh":
@@ -186,7 +188,7 @@ class DenseNetwork:
                 )
             else:
                 z = a @ w + b
-            out = _forward_activation(activation, z)
+            out = forward_activation(activation, z)
             cache.append((a, z, out))
             a = out
         if keep:
@@ -199,7 +201,7 @@ class DenseNetwork:
         gb: list[np.ndarray] = [np.empty(0)] * len(self.layers)
         for i in range(len(self.layers) - 1, -1, -1):
             a_in, z, out = self._cache[i]
-            g = _activation_grad(self.layers[i][1], z, out, grad)
+            g = activation_grad(self.layers[i][1], z, out, grad)
             gb[i] = g.sum(axis=0)
             if i == 0 and self.input_mean is not None:
                 raw = (a_in.T @ g.astype(a_in.dtype, copy=False)).astype(np.float64)
