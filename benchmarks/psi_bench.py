@@ -5,7 +5,9 @@ encoded and chunked as on the relay), each running in its own thread with ``--th
 threads (0 = every core). On one machine the parties share its cores, so the wall time is
 about twice what each party would see on a machine of its own with the same cores. Prints
 seconds per phase for every party, wall time, bytes on the wire, and the per-element cost of
-the two primitives on one core.
+the two primitives on one core for the engine this CPU runs (``ifma-8-lane`` with AVX-512 IFMA)
+and, in a child process with ``CONFIDE_DISABLE_IFMA=1``, for curve25519-dalek (the anchor: the
+same bytes from the library we would otherwise use).
 
     .venv/bin/python benchmarks/psi_bench.py                # 1,000,000 ids a side, 50 % common
     .venv/bin/python benchmarks/psi_bench.py --ids 100000 --hosts 2 --write
@@ -14,6 +16,9 @@ the two primitives on one core.
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import subprocess
 import sys
 import threading
 import time
@@ -59,6 +64,16 @@ def primitive_rates(threads: int = 1, n: int = 20_000) -> dict[str, float]:
     return {"hash_and_blind_us": hash_blind / n * 1e6, "blind_us": blind / n * 1e6}
 
 
+def dalek_rates() -> dict[str, float]:
+    """:func:`primitive_rates` with the lane engine turned off, in a child process (the engine is
+    chosen once per process)."""
+    env = dict(os.environ, CONFIDE_DISABLE_IFMA="1")
+    out = subprocess.run(
+        [sys.executable, __file__, "--primitives-only"], env=env, check=True, capture_output=True, text=True
+    )
+    return json.loads(out.stdout)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ids", type=int, default=1_000_000, help="ids per party")
@@ -66,13 +81,20 @@ def main() -> None:
     parser.add_argument("--hosts", type=int, default=1)
     parser.add_argument("--threads", type=int, default=0, help="rayon threads per party (0 = every core)")
     parser.add_argument("--write", action="store_true", help="write benchmarks/results/psi.json")
+    parser.add_argument("--primitives-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.primitives_only:
+        print(json.dumps(dict(primitive_rates(), engine=PsiKey.engine())))
+        return
 
+    engine = PsiKey.engine()
     rates = primitive_rates()
-    print(
-        f"one core: hash_and_blind {rates['hash_and_blind_us']:.1f} us/id, blind {rates['blind_us']:.1f} us/point",
-        flush=True,
-    )
+    anchor = dalek_rates()
+    for name, r in ((engine, rates), ("dalek (anchor)", anchor)):
+        print(
+            f"one core, {name}: hash_and_blind {r['hash_and_blind_us']:.1f} us/id, blind {r['blind_us']:.1f} us/point",
+            flush=True,
+        )
     start = time.perf_counter()
     lists = make_ids(args.ids, args.hosts, args.overlap, seed=7)
     print(f"made {args.hosts + 1} x {args.ids:,} ids in {time.perf_counter() - start:.1f} s", flush=True)
@@ -125,12 +147,33 @@ def main() -> None:
     print(f"bytes on the wire (all parties): {sent:,} ({sent / args.ids:.1f} per id per party)")
 
     if args.write:
-        params = {"ids": args.ids, "overlap": args.overlap, "hosts": args.hosts, "threads": args.threads}
+        params = {
+            "ids": args.ids,
+            "overlap": args.overlap,
+            "hosts": args.hosts,
+            "threads": args.threads,
+            "engine": engine,
+        }
+        dalek = "curve25519-dalek 4.1 (AVX2 backend), same run"
         out = [
             record(f"vertical.psi.{args.ids}.wall_seconds", wall, "s", params=params),
             record(f"vertical.psi.{args.ids}.bytes_total", sent, "bytes", params=params),
-            record("vertical.psi.hash_and_blind.t1", rates["hash_and_blind_us"], "us/id"),
-            record("vertical.psi.blind.t1", rates["blind_us"], "us/point"),
+            record(
+                "vertical.psi.hash_and_blind.t1",
+                rates["hash_and_blind_us"],
+                "us/id",
+                anchor=dalek,
+                anchor_value=anchor["hash_and_blind_us"],
+                params={"engine": engine},
+            ),
+            record(
+                "vertical.psi.blind.t1",
+                rates["blind_us"],
+                "us/point",
+                anchor=dalek,
+                anchor_value=anchor["blind_us"],
+                params={"engine": engine},
+            ),
         ]
         for party in parties:
             for phase, seconds in stats[party]["seconds"].items():

@@ -123,6 +123,8 @@ class PsiKey:
     def match_tags(
         left: bytes, right: bytes, threads: int = 0
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]: ...
+    @staticmethod
+    def engine() -> str: ...
 
 # Aggregation data plane (crates/confide-agg, crates/confide-py/src/agg.rs).
 

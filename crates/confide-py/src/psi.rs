@@ -118,6 +118,17 @@ impl PyPsiKey {
         Ok((PyArray1::from_vec(py, i), PyArray1::from_vec(py, j)))
     }
 
+    /// Which group-arithmetic engine runs here: `"ifma-8-lane"` (AVX-512 IFMA) or `"dalek"`.
+    /// Both give the same bytes.
+    #[staticmethod]
+    fn engine() -> &'static str {
+        if confide_psi::lane_engine() {
+            "ifma-8-lane"
+        } else {
+            "dalek"
+        }
+    }
+
     fn __repr__(&self) -> &'static str {
         "PsiKey(<secret>)"
     }

@@ -200,6 +200,7 @@ def intersect(
     Every party calls this with the same ``guest``, ``hosts`` and ``session`` and its own ``ids``
     (str, int or bytes, one type for all parties). Row k of every party's result is the same
     record; rows follow the guest's id order. ``stats``, when a dict, receives the set sizes,
+    the group-arithmetic engine (``"ifma-8-lane"`` or ``"dalek"``; both give the same bytes),
     seconds per phase and bytes sent and received.
 
     Raises :class:`InvalidParameterError` for bad arguments or ids, for id types that differ
@@ -228,7 +229,7 @@ def intersect(
 
     clock = _Clock()
     sent, received = channel.bytes_sent, channel.bytes_received
-    report: dict[str, Any] = {"role": role, "party": party, "session": session}
+    report: dict[str, Any] = {"role": role, "party": party, "session": session, "engine": PsiKey.engine()}
     try:
         kind, encoded = canonical_ids(ids)
         problem = None

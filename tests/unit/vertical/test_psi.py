@@ -85,6 +85,8 @@ def test_one_host_matches_python_set_intersection():
     assert stats[GUEST]["peer_sizes"] == {"h1": 500} and stats["h1"]["peer_sizes"] == {GUEST: 700}
     assert stats[GUEST]["bytes_sent"] > 700 * 32 and stats["h1"]["bytes_sent"] > 500 * 32 + 700 * 16
     assert {"hash_and_blind", "blind", "total"} <= set(stats[GUEST]["seconds"])
+    assert stats[GUEST]["engine"] == stats["h1"]["engine"] == PsiKey.engine()
+    assert PsiKey.engine() in ("ifma-8-lane", "dalek")
 
 
 def test_two_hosts_intersect_across_all_parties_in_one_order():
