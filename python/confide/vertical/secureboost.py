@@ -8,10 +8,12 @@ Per tree:
    plaintext per row, ``gh = G << 62 | H`` (GH packing), with its own key (CRT encryption).
 2. Layer by layer, the guest tells the hosts which rows sit in which node. Each host sums the
    encrypted rows of each node per (feature, bin) with the Rust histogram kernel
-   (``CiphertextVector.histogram``); of two siblings it builds only the smaller one and gets the
-   other by subtraction from the parent's histogram (histogram subtraction). It folds up to
+   (``CiphertextVector.histogram``) for the smaller of two siblings only, folds up to
    ``(key_bits - 2) // 124`` bin sums into one ciphertext (cipher compression,
-   ``CiphertextVector.fold``) and sends them with the bins' row counts.
+   ``CiphertextVector.fold``) and sends them with the bins' row counts. The guest gets the larger
+   sibling as parent minus smaller from sums it has already decrypted (histogram subtraction in
+   plaintext: the host never builds, folds or sends it, and the guest learns nothing more), and
+   builds its own features' histograms while the hosts build theirs.
 3. The guest decrypts, peels the fields, and scores every candidate "bin <= v" of every party
    with the XGBoost gain, from exact integer sums; the best split of a host is sent back as
    (feature, bin); the host records its threshold under a random record id (its lookup table),
@@ -229,23 +231,54 @@ def int_histograms(bins: np.ndarray, rows: np.ndarray, values: list[np.ndarray],
     np.bincount sums in float64, exact below 2^53: each value is split in a 31-bit low and a high
     part whose sums over < 2^22 rows stay exact, and recombined in int64.
     """
-    features = bins.shape[0]
-    index = (bins[:, rows].astype(np.int64) + (np.arange(features, dtype=np.int64) * n_bins)[:, None]).ravel()
-    size = features * n_bins
-    out = []
-    for value in values:
-        v = np.broadcast_to(value[rows], (features, len(rows))).ravel()
-        low = np.bincount(index, weights=(v & 0x7FFFFFFF).astype(np.float64), minlength=size)
-        high = np.bincount(index, weights=(v >> 31).astype(np.float64), minlength=size)
-        out.append(((high.astype(np.int64) << 31) + low.astype(np.int64)).reshape(features, n_bins))
-    return out
+    return _histograms(bins, rows, values, n_bins)[0]
 
 
 def counts_histogram(bins: np.ndarray, rows: np.ndarray, n_bins: int) -> np.ndarray:
     """Rows per (feature, bin)."""
+    return _histograms(bins, rows, [], n_bins)[1]
+
+
+def _histograms(
+    bins: np.ndarray, rows: np.ndarray, values: list[np.ndarray], n_bins: int
+) -> tuple[list[np.ndarray], np.ndarray]:
+    """:func:`int_histograms` of ``values`` and :func:`counts_histogram` in one pass per feature.
+
+    One bincount per (feature, part) over the gathered rows: no (features x rows) index or
+    broadcast weights (6x faster than one flat bincount at 80,000 rows x 50 features).
+    """
     features = bins.shape[0]
-    index = (bins[:, rows].astype(np.int64) + (np.arange(features, dtype=np.int64) * n_bins)[:, None]).ravel()
-    return np.bincount(index, minlength=features * n_bins).reshape(features, n_bins)
+    parts = []
+    for value in values:
+        v = value[rows]
+        parts.append(((v & 0x7FFFFFFF).astype(np.float64), (v >> 31).astype(np.float64)))
+    sums = [np.empty((features, n_bins), dtype=np.int64) for _ in values]
+    counts = np.empty((features, n_bins), dtype=np.int64)
+    gathered = bins[:, rows]
+    for f in range(features):
+        column = gathered[f]
+        counts[f] = np.bincount(column, minlength=n_bins)
+        for out, (low, high) in zip(sums, parts, strict=True):
+            low_sum = np.bincount(column, weights=low, minlength=n_bins)
+            high_sum = np.bincount(column, weights=high, minlength=n_bins)
+            out[f] = (high_sum.astype(np.int64) << 31) + low_sum.astype(np.int64)
+    return sums, counts
+
+
+def layer_histograms(plan, compute, previous: dict) -> dict:
+    """Histograms of a layer's nodes, built (mode 0) or derived (mode 1).
+
+    ``compute(node)`` gives a directly built node's; the others are parent − sibling. Values are
+    tuples of exact integer arrays, so a derived histogram equals the directly computed one.
+    """
+    current = {}
+    for node_id, mode, _, _ in plan:
+        if mode == 0:
+            current[node_id] = compute(node_id)
+    for node_id, mode, parent, sibling in plan:
+        if mode == 1:
+            current[node_id] = tuple(p - q for p, q in zip(previous[parent], current[sibling], strict=True))
+    return current
 
 
 @dataclass
@@ -460,6 +493,12 @@ class _TreeBuilder:
         plan = [(0, 0, -1, -1)]  # (node, mode: 0 direct / 1 derived, parent, sibling)
         leaf_value = np.zeros(len(G))
         stats = {"layers": 0}
+        own_previous: dict = {}
+
+        def own_histograms(node_id: int) -> tuple:
+            sums, counts = _histograms(self.guest_bins, members[node_id], [G, H], n_bins)
+            return (*sums, counts)
+
         for depth in range(params.max_depth + 1):
             layer = [node_id for node_id, *_ in plan]
             if depth == params.max_depth or not layer:
@@ -470,13 +509,16 @@ class _TreeBuilder:
             node_of_row = np.full(len(G), -1, dtype=np.int32)
             for node_id in layer:
                 node_of_row[members[node_id]] = node_id
-            host_hists = [source.layer(node_of_row, plan) for source in self.sources]
+            for source in self.sources:
+                source.send_layer(node_of_row, plan)
+            # The guest's own histograms are built while the hosts build theirs.
+            own = own_previous = layer_histograms(plan, own_histograms, own_previous)
+            host_hists = [source.layer_result() for source in self.sources]
             decisions: list[dict[int, tuple[int, int]]] = [{} for _ in self.sources]
             chosen: dict[int, Candidate] = {}
-            for position, (node_id, _, _, _) in enumerate(plan):
+            for node_id, _, _, _ in plan:
                 rows = members[node_id]
-                G_own, H_own = int_histograms(self.guest_bins, rows, [G, H], n_bins)
-                count_own = counts_histogram(self.guest_bins, rows, n_bins)
+                G_own, H_own, count_own = own[node_id]
                 G_total, H_total = int(G[rows].sum()), int(H[rows].sum())
                 g_total, h_total = packing.to_float(np.int64(G_total), np.int64(H_total), np.int64(len(rows)))
                 best = None
@@ -484,7 +526,7 @@ class _TreeBuilder:
                     own_g, own_h = packing.to_float(G_own, H_own, count_own)
                     best = best_split(own_g, own_h, float(g_total), float(h_total), params, -1)
                     for k, hists in enumerate(host_hists):
-                        Gh, Hh, ch = hists[position]
+                        Gh, Hh, ch = hists[node_id]
                         hg, hh = packing.to_float(Gh, Hh, ch)
                         candidate = best_split(hg, hh, float(g_total), float(h_total), params, k)
                         if candidate is not None and (best is None or candidate.gain > best.gain):
@@ -607,16 +649,19 @@ class _PlainSource:
         self.records = 0
 
     def begin_tree(self, tree, G, H, packing, ciphertexts):
-        self.G, self.H = G, H
+        self.G, self.H, self.current = G, H, {}
 
-    def layer(self, node_of_row, plan):
-        out = []
-        for node_id, *_ in plan:
+    def send_layer(self, node_of_row, plan):
+        def compute(node_id):
             rows = np.flatnonzero(node_of_row == node_id)
-            Gs, Hs = int_histograms(self.bins, rows, [self.G, self.H], self.n_bins)
-            out.append((Gs, Hs, counts_histogram(self.bins, rows, self.n_bins)))
+            sums, counts = _histograms(self.bins, rows, [self.G, self.H], self.n_bins)
+            return (*sums, counts)
+
+        self.current = layer_histograms(plan, compute, getattr(self, "current", {}))
         self.node_of_row = node_of_row
-        return out
+
+    def layer_result(self):
+        return self.current
 
     def split(self, decisions):
         out = {}
@@ -657,6 +702,10 @@ class _Commands:
             return None
         return self.channel.recv(self.peer, tag + "/reply")
 
+    def receive(self) -> dict:
+        """The reply to the last request sent with ``reply=False``."""
+        return self.channel.recv(self.peer, f"sb/{self.session}/{self.seq - 1}/reply")
+
 
 class _RemoteSource:
     """A host reached over a channel: histograms come back encrypted and folded."""
@@ -668,36 +717,51 @@ class _RemoteSource:
 
     def begin_tree(self, tree, G, H, packing, ciphertexts):
         self.stats = {"decrypt_s": 0.0}
+        self.current = {}
         message = {"op": "tree", "tree": tree, "gh": ciphertexts.to_bytes(), "rows": len(G)}
         if not self.sent_key:
             message["key"] = self.key.encryption_key.to_bytes()
             self.sent_key = True
         self.commands.request(message, reply=False)
 
-    def layer(self, node_of_row, plan):
-        reply = self.commands.request({"op": "layer", "node_of_row": node_of_row, "plan": np.asarray(plan, np.int64)})
+    def send_layer(self, node_of_row, plan):
+        self.plan = plan
+        self.commands.request(
+            {"op": "layer", "node_of_row": node_of_row, "plan": np.asarray(plan, np.int64)}, reply=False
+        )
+
+    def layer_result(self):
+        """The host's histograms of every node of the layer.
+
+        Decrypted for the nodes the host built, parent − sibling in plaintext for the others (the
+        host never builds those).
+        """
+        plan = self.plan
+        direct = [node_id for node_id, mode, *_ in plan if mode == 0]
+        reply = self.commands.receive()
         counts = np.asarray(reply["counts"], dtype=np.int64)
         hists = reply["hist"]
         if (
             counts.ndim != 3
-            or counts.shape[0] != len(plan)
+            or counts.shape[0] != len(direct)
             or counts.shape[2] != self.params.n_bins
-            or len(hists) != len(plan)
+            or len(hists) != len(direct)
         ):
             raise ProtocolError(
                 f"{self.name}: histograms of shape {counts.shape} ({len(hists)} parts) do not match "
-                f"{len(plan)} nodes x {self.params.n_bins} bins"
+                f"{len(direct)} directly built nodes x {self.params.n_bins} bins"
             )
         features, n_bins = counts.shape[1], counts.shape[2]
-        out = []
+        built = {}
         for i, data in enumerate(hists):
             folded = _native.CiphertextVector.from_bytes(data, self.key.encryption_key)
             started = time.perf_counter()
             plains = self.key.decrypt_raw(folded, self.params.threads)
             self.stats["decrypt_s"] += time.perf_counter() - started
             G_sum, H_sum = _unfold(plains, features * n_bins, self.params.slots)
-            out.append((G_sum.reshape(features, n_bins), H_sum.reshape(features, n_bins), counts[i]))
-        return out
+            built[direct[i]] = (G_sum.reshape(features, n_bins), H_sum.reshape(features, n_bins), counts[i])
+        self.current = layer_histograms(plan, built.__getitem__, getattr(self, "current", {}))
+        return self.current
 
     def split(self, decisions):
         items = sorted(decisions.items())
@@ -844,7 +908,6 @@ def serve_host(
                     f"guest sent gradients for {message['rows']} rows, this host holds {state['bins'].shape[1]}"
                 )
             state["gh"] = _native.CiphertextVector.from_bytes(message["gh"], state["key"])
-            state["hists"] = {}
             state["stats"] = {"hist_s": 0.0, "fold_s": 0.0}
         elif op == "layer":
             _host_layer(channel, guest, tag, message, state, threads)
@@ -854,7 +917,6 @@ def serve_host(
         elif op == "end_tree":
             channel.send(guest, tag + "/reply", state.get("stats", {}))
             state.pop("gh", None)
-            state["hists"] = {}
             if not message.get("last"):
                 channel.round += 1
             if on_tree is not None and isinstance(message.get("tree"), int):
@@ -868,6 +930,11 @@ def serve_host(
 
 
 def _host_layer(channel, guest, tag, message, state, threads) -> None:
+    """Encrypted histograms of the layer's directly built nodes (mode 0), folded and re-randomized.
+
+    The guest derives each other node as parent − sibling from sums it has already decrypted, so
+    the host never computes, folds or sends those.
+    """
     params: SecureBoostParams = state["params"]
     bins, n_bins, gh = state["bins"], params.n_bins, state["gh"]
     node_of_row = np.asarray(message["node_of_row"], dtype=np.int32)
@@ -875,29 +942,16 @@ def _host_layer(channel, guest, tag, message, state, threads) -> None:
     if len(node_of_row) != bins.shape[1]:
         raise ProtocolError(f"layer plan names {len(node_of_row)} rows, this host holds {bins.shape[1]}")
     state["node_of_row"] = node_of_row
+    direct = [np.flatnonzero(node_of_row == node_id) for node_id, mode, *_ in plan if mode == 0]
     started = time.perf_counter()
-    previous = state["hists"]
-    current: dict[int, object] = {}
-    for node_id, mode, _, _ in plan:
-        if mode == 0:
-            rows = np.flatnonzero(node_of_row == node_id).astype(np.uint32)
-            current[int(node_id)] = gh.histogram(bins, rows, n_bins, threads)
-    for node_id, mode, parent, sibling in plan:
-        if mode == 1:
-            if int(parent) not in previous or int(sibling) not in current:
-                raise ProtocolError(f"node {node_id}: cannot derive from parent {parent} and sibling {sibling}")
-            current[int(node_id)] = previous[int(parent)].add(current[int(sibling)].negate(threads), threads)
+    hists = [gh.histogram(bins, rows.astype(np.uint32), n_bins, threads) for rows in direct]
     state["stats"]["hist_s"] += time.perf_counter() - started
     started = time.perf_counter()
     # Re-randomized: a product of the guest's own ciphertexts is deterministic, so without fresh
     # randomness the guest could test which rows a sum combines (e.g. a bin holding one row).
-    folded = [
-        current[int(node_id)].fold(2 * FIELD_BITS, params.slots, threads).rerandomize(threads).to_bytes()
-        for node_id, *_ in plan
-    ]
+    folded = [h.fold(2 * FIELD_BITS, params.slots, threads).rerandomize(threads).to_bytes() for h in hists]
     state["stats"]["fold_s"] += time.perf_counter() - started
-    counts = np.stack([counts_histogram(bins, np.flatnonzero(node_of_row == node_id), n_bins) for node_id, *_ in plan])
-    state["hists"] = current
+    counts = np.stack([counts_histogram(bins, rows, n_bins) for rows in direct])
     channel.send(guest, tag + "/reply", {"hist": folded, "counts": counts.astype(np.int32)})
 
 

@@ -167,6 +167,13 @@ def test_privacy_of_what_each_side_receives(breast):
     allowed_guest = {"rows", "error", "hist", "counts", "records", "left", "hist_s", "fold_s"}
     thresholds = {np.float64(t).tobytes() for _, t in lookup.values() if np.isfinite(t)}
     public = KEY.encryption_key
+    # One folded histogram per directly built node: the larger child of every split is derived
+    # by the guest (parent - sibling, in plaintext), so the host never builds or sends it.
+    plans = [m["plan"] for _, _, m in received_by_host if "plan" in m]
+    replies = [m for _, _, m in channels["guest"].received_by("guest") if "hist" in m]
+    assert len(plans) == len(replies) and any((p[:, 1] == 1).any() for p in plans)
+    for plan, reply in zip(plans, replies, strict=True):
+        assert len(reply["hist"]) == len(reply["counts"]) == int((plan[:, 1] == 0).sum())
     for _, tag, message in channels["guest"].received_by("guest"):
         assert set(message) <= allowed_guest, (tag, set(message) - allowed_guest)
         for data in message.get("hist", []):
