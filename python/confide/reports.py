@@ -173,6 +173,11 @@ class VerticalPartyReport(_Report):
     #: Test metrics, at the guest only (a host never learns scores or labels).
     metrics: dict[str, float] | None = None
     feature_importance: list[dict[str, Any]] | None = None
+    #: SecureBoost with a validation set (guest only): the loss after each boosting round, the
+    #: round early stopping kept (None: every round kept) and the trees in the final model.
+    validation_loss: list[float] | None = None
+    best_round: int | None = None
+    trees_kept: int | None = None
     splits_owned: int | None = None
     error: str | None = None
     failure: Failure | None = None

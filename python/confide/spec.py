@@ -92,6 +92,11 @@ class ModelSpec(_Strict):
     min_child_weight: float = Field(1.0, ge=0, le=1e9)
     gamma: float = Field(0.0, ge=0, le=1e9)
     n_bins: int = Field(32, ge=3, le=256)
+    #: secureboost: training rows held out to measure the validation loss after every round.
+    validation_fraction: float = Field(0.0, ge=0, le=0.5)
+    #: secureboost: stop when the validation loss has not improved for this many rounds, keeping
+    #: the best round's model (needs validation_fraction).
+    early_stopping_rounds: int | None = Field(None, ge=1, le=10_000)
     # -- hetero_nn: Dense/Activation layers (Keras form or {units, activation}) and the interactive layer --
     guest_bottom: list[dict[str, Any]] | None = None
     host_bottom: list[dict[str, Any]] | None = None
@@ -288,6 +293,16 @@ class JobSpec(_Strict):
                 raise ValueError(f"model: {error}") from None
         elif nn_fields:
             raise ValueError(f"model.{nn_fields[0]} is for model.algorithm hetero_nn, not {model.algorithm}")
+        if model.algorithm != "secureboost" and (model.validation_fraction or model.early_stopping_rounds):
+            raise ValueError(
+                f"model.validation_fraction and model.early_stopping_rounds are for model.algorithm secureboost, "
+                f"not {model.algorithm}"
+            )
+        if model.early_stopping_rounds is not None and not model.validation_fraction:
+            raise ValueError(
+                f"model.early_stopping_rounds={model.early_stopping_rounds} needs a validation set: "
+                "set model.validation_fraction (e.g. 0.1)"
+            )
         if model.num_class is not None and model.objective != "multi:softprob":
             raise ValueError(f"model.num_class is for objective multi:softprob, not {model.objective}")
         if self.data.dataset == "digits" and self.fl_data is None and model.algorithm == "homo_lr":

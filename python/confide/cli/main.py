@@ -369,6 +369,15 @@ def _print_vertical_summary(report: dict) -> None:
         f"{report['samples']} training, {report['test_samples']} test"
     )
     print(f"test metrics at the guest: {shown}")
+    losses = report.get("validation_loss")
+    if losses:
+        best = report.get("best_round")
+        kept = (
+            f"early stopping kept round {best + 1} of {len(losses)} ({report.get('trees_kept')} trees)"
+            if best is not None
+            else "every round kept"
+        )
+        print(f"validation loss: first {losses[0]:.4f}, last {losses[-1]:.4f}, best {min(losses):.4f}; {kept}")
     print(f"bytes sent (all parties): {sent / 1e6:.2f} MB; job wall time {report['wall_seconds']:.1f} s")
     print(f"report: {report['files']['json']}")
 

@@ -296,6 +296,9 @@ def _follow_vertical(federation: LocalFederation, echo) -> None:
     """Print the guest's progress (PSI, then one line per tree or epoch) until every party exits."""
     spec, shown, psi_shown = federation.spec, 0, False
     unit = "tree" if spec.model.algorithm == "secureboost" else "epoch"
+    # Multi-class SecureBoost grows one tree per class per round.
+    per_round = spec.model.num_class if unit == "tree" and spec.model.objective == "multi:softprob" else 1
+    total = spec.rounds * (per_round or 1)
     while True:
         alive = [p for p in federation.parties.values() if p.poll() is None]
         guest = federation.report_of(spec.guest) or {}
@@ -307,7 +310,11 @@ def _follow_vertical(federation: LocalFederation, echo) -> None:
             shown += 1
             extra = f"  loss {entry['loss']:.4f}" if entry.get("loss") is not None else ""
             extra += f"  splits {entry['splits']}" if "splits" in entry else ""
-            echo(f"{unit} {shown:>3}/{spec.rounds}{extra}  {entry.get('seconds', 0.0):.2f} s")
+            if per_round and per_round > 1 and "class" in entry:
+                extra = f"  round {shown // per_round + (shown % per_round > 0)} class {entry['class']}" + extra
+            if entry.get("validation_loss") is not None:
+                extra += f"  validation loss {entry['validation_loss']:.4f}"
+            echo(f"{unit} {shown:>3}/{total}{extra}  {entry.get('seconds', 0.0):.2f} s")
         if not alive:
             return
         time.sleep(0.2)
@@ -331,6 +338,7 @@ def _vertical_report(federation: LocalFederation, wall_seconds: float) -> dict:
         "samples": guest.get("samples"),
         "test_samples": guest.get("test_samples"),
         "metrics": guest.get("metrics"),
+        **{k: guest[k] for k in ("validation_loss", "best_round", "trees_kept") if guest.get(k) is not None},
         "rounds": guest.get("rounds"),
         "parties": {
             p: {

@@ -68,6 +68,9 @@ def secureboost_params(spec: JobSpec):
         n_bins=m.n_bins,
         key_bits=spec.protection.key_bits,
         num_class=m.num_class,
+        validation_fraction=m.validation_fraction,
+        early_stopping_rounds=m.early_stopping_rounds,
+        seed=spec.seed,
     )
 
 
@@ -303,6 +306,10 @@ def _secureboost(spec, channel, role, guest, hosts, X, y, train, test, report, o
         predictions = sb.predict_guest(channel, model, X[test], "test")
         report["metrics"] = evaluate(params.objective, y[test], predictions)
         report["feature_importance"] = model.feature_importance()
+        if model.validation_loss:
+            report["validation_loss"] = model.validation_loss
+            report["best_round"] = model.best_round
+            report["trees_kept"] = len(model.trees)
         return {"algorithm": "secureboost", "role": "guest", "model": model.to_dict()}
     per_round = params.classes
 

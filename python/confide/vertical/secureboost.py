@@ -92,6 +92,14 @@ class SecureBoostParams:
     threads: int = 0
     #: multi:softprob only: the number of classes (labels 0..num_class-1); one tree per class per round.
     num_class: int | None = None
+    #: Rows held out of training (drawn with ``seed``) to measure the validation loss after every
+    #: boosting round: logloss, mlogloss or RMSE, as XGBoost's default eval metrics. 0: none.
+    validation_fraction: float = 0.0
+    #: Stop when the validation loss has not improved for this many rounds, and keep the model
+    #: of the best round (needs ``validation_fraction``). None: train every round.
+    early_stopping_rounds: int | None = None
+    #: Seed of the validation split.
+    seed: int = 0
 
     def __post_init__(self) -> None:
         checks = [
@@ -117,6 +125,18 @@ class SecureBoostParams:
             ),
             ("key_bits", self.key_bits in (2048, 3072, 4096), "2048, 3072 or 4096"),
             ("threads", _is_int(self.threads) and 0 <= self.threads <= 256, "an int in 0..256"),
+            (
+                "validation_fraction",
+                _is_real(self.validation_fraction) and 0 <= self.validation_fraction <= 0.5,
+                "a number in [0, 0.5]",
+            ),
+            (
+                "early_stopping_rounds",
+                self.early_stopping_rounds is None
+                or (_is_int(self.early_stopping_rounds) and 1 <= self.early_stopping_rounds <= 10_000),
+                "None or an int in 1..10000",
+            ),
+            ("seed", _is_int(self.seed) and 0 <= self.seed < 2**32, "an int in 0..2^32-1"),
         ]
         if self.objective == "multi:softprob":
             checks.append(
@@ -134,6 +154,11 @@ class SecureBoostParams:
         for name, ok, rule in checks:
             if not ok:
                 raise InvalidParameterError(f"secureboost.{name} must be {rule}, got {getattr(self, name)!r}")
+        if self.early_stopping_rounds is not None and not self.validation_fraction:
+            raise InvalidParameterError(
+                f"secureboost.early_stopping_rounds={self.early_stopping_rounds} needs a validation set: "
+                "set secureboost.validation_fraction (e.g. 0.1)"
+            )
         if self.base_score is not None:
             low_ok = self.objective != "binary:logistic" or 0 < self.base_score < 1
             if not (_is_real(self.base_score) and math.isfinite(self.base_score) and low_ok):
@@ -342,6 +367,10 @@ class SecureBoostGuestModel:
     trees: list[list[Node]]
     guest_features: int
     history: list[dict] = field(default_factory=list)
+    #: Validation loss after each boosting round (empty without a validation set).
+    validation_loss: list[float] = field(default_factory=list)
+    #: The round whose model this is, when early stopping kept the best one (else None).
+    best_round: int | None = None
 
     def splits(self) -> list[list[tuple]]:
         """Per tree, (node, owner, feature, bin) of each split: what the lossless test compares."""
@@ -379,6 +408,8 @@ class SecureBoostGuestModel:
             "guest_features": self.guest_features,
             "trees": [[n.to_dict() for n in tree] for tree in self.trees],
             "history": self.history,
+            "validation_loss": list(self.validation_loss),
+            "best_round": self.best_round,
         }
 
     @classmethod
@@ -391,6 +422,8 @@ class SecureBoostGuestModel:
             guest_features=int(data["guest_features"]),
             trees=[[Node(**n) for n in tree] for tree in data["trees"]],
             history=list(data.get("history", [])),
+            validation_loss=[float(v) for v in data.get("validation_loss", [])],
+            best_round=None if data.get("best_round") is None else int(data["best_round"]),
         )
 
 
@@ -441,6 +474,37 @@ def _gradients(objective: str, y: np.ndarray, margin: np.ndarray) -> list[tuple[
     return [(margin[:, 0] - y, np.ones(len(y)))]
 
 
+def validation_loss(objective: str, y: np.ndarray, margin: np.ndarray) -> float:
+    """XGBoost's default eval metric of ``objective`` at ``margin`` ``(n, K)``.
+
+    logloss (binary:logistic), mlogloss (multi:softprob) or RMSE (reg:squarederror).
+    """
+    eps = 1e-15
+    if objective == "multi:softprob":
+        p = np.clip(softmax(margin)[np.arange(len(y)), y.astype(np.int64)], eps, 1.0)
+        return float(-np.log(p).mean())
+    if objective == "binary:logistic":
+        p = np.clip(1.0 / (1.0 + np.exp(-margin[:, 0])), eps, 1 - eps)
+        return float(-(y * np.log(p) + (1 - y) * np.log(1 - p)).mean())
+    return float(np.sqrt(((margin[:, 0] - y) ** 2).mean()))
+
+
+def validation_split(n: int, params: SecureBoostParams) -> tuple[np.ndarray, np.ndarray | None]:
+    """(training rows, validation rows or None): ``validation_fraction`` of the n rows, by ``seed``."""
+    rows = np.arange(n, dtype=np.int64)
+    if not params.validation_fraction:
+        return rows, None
+    held = int(round(n * params.validation_fraction))
+    if held < 1 or n - held < 2:
+        raise InvalidParameterError(
+            f"secureboost.validation_fraction={params.validation_fraction} of {n} rows leaves "
+            f"{held} for validation and {n - held} for training; each needs at least 1 (training 2)"
+        )
+    mask = np.zeros(n, dtype=bool)
+    mask[np.random.default_rng(params.seed).permutation(n)[:held]] = True
+    return rows[~mask], rows[mask]
+
+
 def _base_margin(params: SecureBoostParams, y: np.ndarray) -> float:
     if params.objective == "multi:softprob":
         return 0.0
@@ -484,12 +548,18 @@ class _TreeBuilder:
         self.guest_binner = guest_binner
         self.sources = sources
 
-    def grow(self, G: np.ndarray, H: np.ndarray, packing: GHPacking) -> tuple[list[Node], np.ndarray, dict]:
-        """One tree; returns its nodes, each training row's leaf weight, and timings."""
+    def grow(
+        self, G: np.ndarray, H: np.ndarray, packing: GHPacking, train_rows: np.ndarray, val_rows: np.ndarray | None
+    ) -> tuple[list[Node], np.ndarray, dict]:
+        """One tree on ``train_rows``; returns its nodes, each row's leaf weight, and timings.
+
+        Validation rows (``val_rows``) follow the splits without shaping them, so their leaf
+        weights are filled in too.
+        """
         params, n_bins = self.params, self.params.n_bins
-        rows_all = np.arange(len(G), dtype=np.int64)
         nodes = [Node(id=0, depth=0)]
-        members = {0: rows_all}
+        members = {0: train_rows}
+        val_node = None if val_rows is None else np.zeros(len(val_rows), dtype=np.int32)
         plan = [(0, 0, -1, -1)]  # (node, mode: 0 direct / 1 derived, parent, sibling)
         leaf_value = np.zeros(len(G))
         stats = {"layers": 0}
@@ -537,19 +607,32 @@ class _TreeBuilder:
                 chosen[node_id] = best
                 if best.party >= 0:
                     decisions[best.party][node_id] = (best.feature, best.bin)
-            answers = [source.split(decisions[k]) if decisions[k] else {} for k, source in enumerate(self.sources)]
+            val_node_of_row = None
+            if val_node is not None:
+                val_node_of_row = np.full(len(G), -1, dtype=np.int32)
+                val_node_of_row[val_rows] = val_node
+            answers = [
+                source.split(decisions[k], val_node_of_row) if decisions[k] else {}
+                for k, source in enumerate(self.sources)
+            ]
             next_plan = []
             for node_id, best in sorted(chosen.items()):
                 node, rows = nodes[node_id], members[node_id]
                 node.owner, node.feature, node.bin, node.gain = best.party, best.feature, best.bin, best.gain
+                here = None if val_node is None else np.flatnonzero(val_node == node_id)
                 if best.party < 0:
                     go_left = self.guest_bins[best.feature, rows] <= best.bin
+                    val_left = None if here is None else self.guest_bins[best.feature, val_rows[here]] <= best.bin
                     if self.guest_binner is not None:
                         node.threshold = self.guest_binner.threshold(best.feature, best.bin)
                 else:
-                    record, go_left = answers[best.party][node_id]
+                    record, go_left, val_left = answers[best.party][node_id]
                     node.record = record
                 left, right = Node(id=len(nodes), depth=depth + 1), Node(id=len(nodes) + 1, depth=depth + 1)
+                if here is not None:
+                    if val_left is None or len(val_left) != len(here):
+                        raise ProtocolError(f"node {node_id}: the split of its validation rows is missing or short")
+                    val_node[here] = np.where(val_left, left.id, right.id)
                 nodes.extend([left, right])
                 node.left, node.right = left.id, right.id
                 members[left.id], members[right.id] = rows[go_left], rows[~go_left]
@@ -558,6 +641,9 @@ class _TreeBuilder:
                 next_plan.append((large.id, 1, node_id, small.id))
                 del members[node_id]
             plan = next_plan
+        if val_node is not None:
+            weights = np.array([n.weight if n.owner is None else np.nan for n in nodes])
+            leaf_value[val_rows] = weights[val_node]
         return nodes, leaf_value, stats
 
     def _leaf(self, node: Node, rows: np.ndarray, G, H, packing: GHPacking, leaf_value: np.ndarray) -> None:
@@ -574,24 +660,32 @@ def _boost(
     y = _check_labels(y, params)
     if guest_bins.shape[1] != len(y):
         raise InvalidParameterError(f"guest: {guest_bins.shape[1]} rows of features but {len(y)} labels")
-    base = _base_margin(params, y)
+    train_rows, val_rows = validation_split(len(y), params)
+    base = _base_margin(params, y[train_rows])
     classes = params.classes
     margin = np.full((len(y), classes), base)
     builder = _TreeBuilder(params, guest_bins, guest_binner, sources)
-    trees, history = [], []
+    trees, history, losses = [], [], []
     total = params.n_trees * classes
     first = 0
     if resume is not None:
         trees = [[Node(**n) for n in tree] for tree in resume["trees"]]
         margin = np.asarray(resume["margin"], dtype=np.float64).reshape(len(y), classes)
+        losses = [float(v) for v in resume.get("validation_loss", [])]
         first = len(trees)
         if first % classes or first > total:
             raise InvalidParameterError(f"guest: a checkpoint of {first} trees does not end a round of {classes}")
 
     def round_state() -> dict:
-        return {"trees": [[n.to_dict() for n in tree] for tree in trees], "margin": margin.copy()}
+        return {
+            "trees": [[n.to_dict() for n in tree] for tree in trees],
+            "margin": margin.copy(),
+            "validation_loss": list(losses),
+        }
 
-    for j in range(first, total):
+    patience = params.early_stopping_rounds
+    stopped = patience is not None and len(losses) - 1 - int(np.argmin(losses or [0])) >= patience
+    for j in range(first, total if not stopped else first):
         # Tree j is round j // K for class j % K; a round's K trees share the gradients of its start.
         t, k = divmod(j, classes)
         started = time.perf_counter()
@@ -607,14 +701,19 @@ def _boost(
             crypto["encrypt_s"] = time.perf_counter() - clock
         for source in sources:
             source.begin_tree(j, G, H, packing, ciphertexts)
-        nodes, leaf_value, stats = builder.grow(G, H, packing)
-        last = j == total - 1
+        nodes, leaf_value, stats = builder.grow(G, H, packing, train_rows, val_rows)
+        margin[:, k] += leaf_value
+        trees.append(nodes)
+        entry_extra = {}
+        if val_rows is not None and k == classes - 1:
+            losses.append(validation_loss(params.objective, y[val_rows], margin[val_rows]))
+            entry_extra["validation_loss"] = losses[-1]
+            stopped = patience is not None and len(losses) - 1 - int(np.argmin(losses)) >= patience
+        last = j == total - 1 or stopped
         for source in sources:
             source.end_tree(j, last)
         if advance is not None and not last:
             advance()
-        margin[:, k] += leaf_value
-        trees.append(nodes)
         entry = {
             "tree": j,
             **({"round": t, "class": k} if classes > 1 else {}),
@@ -623,6 +722,7 @@ def _boost(
             "precision_bits": packing.precision,
             **stats,
             **crypto,
+            **entry_extra,
         }
         for k, source in enumerate(sources):
             entry.update({f"host{k}_{key}": value for key, value in source.tree_stats().items()})
@@ -630,6 +730,13 @@ def _boost(
         if on_tree is not None:
             # the state after a whole boosting round (its K trees): what a checkpoint keeps
             on_tree(entry, round_state if j % classes == classes - 1 else None)
+        if stopped:
+            break
+    best_round = None
+    if patience is not None and losses:
+        # Early stopping keeps the model of the round with the lowest validation loss.
+        best_round = int(np.argmin(losses))
+        trees = trees[: (best_round + 1) * classes]
     return SecureBoostGuestModel(
         params=params,
         hosts=[s.name for s in sources],
@@ -637,6 +744,8 @@ def _boost(
         trees=trees,
         guest_features=guest_bins.shape[0],
         history=history,
+        validation_loss=losses,
+        best_round=best_round,
     )
 
 
@@ -663,12 +772,15 @@ class _PlainSource:
     def layer_result(self):
         return self.current
 
-    def split(self, decisions):
+    def split(self, decisions, val_node_of_row=None):
         out = {}
         for node_id, (feature, bin_index) in decisions.items():
             rows = np.flatnonzero(self.node_of_row == node_id)
+            val_left = None
+            if val_node_of_row is not None:
+                val_left = self.bins[feature, np.flatnonzero(val_node_of_row == node_id)] <= bin_index
             self.records += 1
-            out[node_id] = (self.records, self.bins[feature, rows] <= bin_index)
+            out[node_id] = (self.records, self.bins[feature, rows] <= bin_index, val_left)
         return out
 
     def end_tree(self, tree, last):
@@ -763,16 +875,25 @@ class _RemoteSource:
         self.current = layer_histograms(plan, built.__getitem__, getattr(self, "current", {}))
         return self.current
 
-    def split(self, decisions):
+    def split(self, decisions, val_node_of_row=None):
         items = sorted(decisions.items())
-        reply = self.commands.request(
-            {"op": "split", "decisions": np.asarray([(n, f, b) for n, (f, b) in items], np.int64)}
-        )
+        message = {"op": "split", "decisions": np.asarray([(n, f, b) for n, (f, b) in items], np.int64)}
+        if val_node_of_row is not None:
+            message["val_node_of_row"] = val_node_of_row
+        reply = self.commands.request(message)
         records = np.asarray(reply["records"], dtype=np.int64)
         lefts = reply["left"]
-        if len(records) != len(items) or len(lefts) != len(items):
+        val_lefts = reply.get("val_left") if val_node_of_row is not None else [None] * len(items)
+        if len(records) != len(items) or len(lefts) != len(items) or len(val_lefts or ()) != len(items):
             raise ProtocolError(f"{self.name}: {len(records)} split answers for {len(items)} decisions")
-        return {node: (int(records[i]), np.asarray(lefts[i], dtype=bool)) for i, (node, _) in enumerate(items)}
+        return {
+            node: (
+                int(records[i]),
+                np.asarray(lefts[i], dtype=bool),
+                None if val_lefts[i] is None else np.asarray(val_lefts[i], dtype=bool),
+            )
+            for i, (node, _) in enumerate(items)
+        }
 
     def end_tree(self, tree, last):
         reply = self.commands.request({"op": "end_tree", "last": last, "tree": tree})
@@ -958,7 +1079,12 @@ def _host_layer(channel, guest, tag, message, state, threads) -> None:
 def _host_split(message, state, lookup) -> dict:
     decisions = np.asarray(message["decisions"], dtype=np.int64).reshape(-1, 3)
     bins, binner, node_of_row = state["bins"], state["binner"], state["node_of_row"]
-    records, lefts = [], []
+    val_node_of_row = message.get("val_node_of_row")
+    if val_node_of_row is not None:
+        val_node_of_row = np.asarray(val_node_of_row, dtype=np.int32)
+        if len(val_node_of_row) != bins.shape[1]:
+            raise ProtocolError(f"split names {len(val_node_of_row)} validation rows, this host holds {bins.shape[1]}")
+    records, lefts, val_lefts = [], [], []
     for node_id, feature, bin_index in decisions:
         if not (0 <= feature < bins.shape[0] and 0 <= bin_index < state["params"].n_bins - 1):
             raise ProtocolError(f"split on feature {feature}, bin {bin_index} is out of range")
@@ -969,7 +1095,12 @@ def _host_split(message, state, lookup) -> dict:
         lookup[record] = (int(feature), binner.threshold(int(feature), int(bin_index)))
         records.append(record)
         lefts.append(bins[feature, rows] <= bin_index)
-    return {"records": np.asarray(records, dtype=np.int64), "left": lefts}
+        if val_node_of_row is not None:
+            val_lefts.append(bins[feature, np.flatnonzero(val_node_of_row == node_id)] <= bin_index)
+    reply = {"records": np.asarray(records, dtype=np.int64), "left": lefts}
+    if val_node_of_row is not None:
+        reply["val_left"] = val_lefts
+    return reply
 
 
 def _host_predict(message, X, lookup) -> dict:
