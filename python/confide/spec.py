@@ -97,10 +97,11 @@ class ModelSpec(_Strict):
     #: secureboost: stop when the validation loss has not improved for this many rounds, keeping
     #: the best round's model (needs validation_fraction).
     early_stopping_rounds: int | None = Field(None, ge=1, le=10_000)
-    # -- hetero_nn: Dense/Activation layers (Keras form or {units, activation}) and the interactive layer --
-    guest_bottom: list[dict[str, Any]] | None = None
-    host_bottom: list[dict[str, Any]] | None = None
-    top: list[dict[str, Any]] | None = None
+    # -- hetero_nn: sub-networks (Dense/Activation layers in numpy, a Keras network on the torch
+    #    backend, or {torch: "file.py:factory"}: confide.vertical.netlayers) and the interactive layer --
+    guest_bottom: list[dict[str, Any]] | dict[str, Any] | None = None
+    host_bottom: list[dict[str, Any]] | dict[str, Any] | None = None
+    top: list[dict[str, Any]] | dict[str, Any] | None = None
     interactive_units: int = Field(8, ge=1, le=64)
     interactive_activation: Literal["linear", "relu", "tanh", "sigmoid"] = "relu"
     interactive_learning_rate: float = Field(0.1, gt=0, le=10)
@@ -371,12 +372,21 @@ def _resolve_paths(data: Any, base: Path) -> Any:
     network_file = model.get("network_file")
     if isinstance(network_file, str) and not Path(network_file).is_absolute():
         model["network_file"] = str((base / network_file).resolve())
-    entry = model.get("entry")
+    model["entry"] = _resolve_entry(model.get("entry"), base)
+    for name in ("guest_bottom", "host_bottom", "top"):  # hetero_nn: {torch: "file.py:factory"}
+        net = model.get(name)
+        if isinstance(net, dict) and "torch" in net:
+            model[name] = {**net, "torch": _resolve_entry(net["torch"], base)}
+    return {**data, "model": model}
+
+
+def _resolve_entry(entry: Any, base: Path) -> Any:
+    """``file.py:name`` relative to the job file's folder (``package.module:name`` as it is)."""
     if isinstance(entry, str) and ":" in entry:
         location, _, attribute = entry.rpartition(":")
         if location.endswith(".py") and not Path(location).is_absolute():
-            model["entry"] = f"{(base / location).resolve()}:{attribute}"
-    return {**data, "model": model}
+            return f"{(base / location).resolve()}:{attribute}"
+    return entry
 
 
 def parse_job(data: dict) -> JobSpec:

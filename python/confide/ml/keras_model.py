@@ -35,7 +35,7 @@ from confide.errors import InvalidParameterError
 from confide.ml.base import FitConfig, FitResult, Weights, glorot_like
 from confide.ml.keras_spec import validate_network
 
-__all__ = ["KerasModel", "build", "import_keras"]
+__all__ = ["KerasModel", "build", "build_layers", "import_keras"]
 
 
 def import_keras(backend: str, *, who: str = "this party"):
@@ -66,6 +66,21 @@ def import_keras(backend: str, *, who: str = "this party"):
     if keras.backend.backend() != backend:
         raise InvalidParameterError(f"{who}: Keras chose backend {keras.backend.backend()!r}, not {backend!r}")
     return keras
+
+
+def build_layers(keras, network: dict, *, who: str, where: str) -> list:
+    """The layer objects of a validated network description; a layer Keras refuses is named."""
+    layers = []
+    for i, layer in enumerate(network["layers"]):
+        config = dict(layer.get("config") or {})
+        config.setdefault("name", f"{layer['class_name'].lower()}_{i}")
+        try:
+            layers.append(getattr(keras.layers, layer["class_name"])(**config))
+        except (TypeError, ValueError) as error:
+            raise InvalidParameterError(
+                f"{who}: {where}.layers[{i}] ({layer['class_name']}) cannot be built: {error}"
+            ) from None
+    return layers
 
 
 class KerasModel:
@@ -104,16 +119,7 @@ class KerasModel:
                 f"{self.who}: model.network.input_shape is {list(shape)} but the data's examples have shape "
                 f"{list(example_shape)}"
             )
-        layers = []
-        for i, layer in enumerate(self.network["layers"]):
-            config = dict(layer.get("config") or {})
-            config.setdefault("name", f"{layer['class_name'].lower()}_{i}")
-            try:
-                layers.append(getattr(keras.layers, layer["class_name"])(**config))
-            except (TypeError, ValueError) as error:
-                raise InvalidParameterError(
-                    f"{self.who}: model.network.layers[{i}] ({layer['class_name']}) cannot be built: {error}"
-                ) from None
+        layers = build_layers(keras, self.network, who=self.who, where="model.network")
         try:
             model = keras.Sequential([keras.Input(shape=shape), *layers], name="network")
             model.compile(

@@ -42,10 +42,11 @@ import numpy as np
 from confide.errors import InvalidParameterError
 from confide.ml.base import DTYPES, FitConfig, FitResult, Weights
 
-__all__ = ["TorchModel"]
+__all__ = ["TorchModel", "import_torch"]
 
 
-def _torch():
+def import_torch():
+    """PyTorch, or a clear error naming the extra that installs it."""
     try:
         import torch
     except ImportError as error:
@@ -68,7 +69,7 @@ class TorchModel:
         epochs: int = 1,
         input_transform: Callable[[np.ndarray], Any] | None = None,
     ) -> None:
-        torch = _torch()
+        torch = import_torch()
         if not isinstance(module, torch.nn.Module):
             raise InvalidParameterError(f"TorchModel needs a torch.nn.Module, got {type(module).__name__}")
         if not callable(train):

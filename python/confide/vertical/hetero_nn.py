@@ -90,10 +90,13 @@ from confide.vertical.netlayers import (
     ACTIVATIONS,
     Adam,
     DenseNetwork,
+    NetSpec,
     activation_grad,
+    build_network,
     forward_activation,
     glorot,
-    parse_layers,
+    network_from_dict,
+    parse_network,
 )
 from confide.vertical.paillier_util import Meter as _Meter
 from confide.vertical.paillier_util import elements as _elements
@@ -142,9 +145,9 @@ class HeteroNNParams:
     key_bits: int = 2048
     seed: int = 0
     threads: int = 0
-    guest_layers: tuple = field(init=False, repr=False, compare=False)
-    host_layers: tuple = field(init=False, repr=False, compare=False)
-    top_layers: tuple = field(init=False, repr=False, compare=False)
+    guest_net: NetSpec = field(init=False, repr=False, compare=False)
+    host_net: NetSpec = field(init=False, repr=False, compare=False)
+    top_net: NetSpec = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:
@@ -171,22 +174,23 @@ class HeteroNNParams:
             raise InvalidParameterError(
                 f"interactive_activation {self.interactive_activation!r} is not one of {list(ACTIVATIONS)}"
             )
-        object.__setattr__(self, "guest_layers", tuple(parse_layers(list(self.guest_bottom), "guest_bottom")))
-        object.__setattr__(self, "host_layers", tuple(parse_layers(list(self.host_bottom), "host_bottom")))
-        object.__setattr__(self, "top_layers", tuple(parse_layers(list(self.top), "top")))
+        object.__setattr__(self, "guest_net", parse_network(self.guest_bottom, "guest_bottom"))
+        object.__setattr__(self, "host_net", parse_network(self.host_bottom, "host_bottom"))
+        object.__setattr__(self, "top_net", parse_network(self.top, "top"))
 
     @property
     def outputs(self) -> int:
         """Width of the output layer (1, or num_class)."""
         return self.num_class if self.objective == "multi:softprob" else 1
 
-    def host_dim(self, columns: int) -> int:
-        """Width of a host's bottom output for ``columns`` input columns."""
-        return self.host_layers[-1][0] if self.host_layers else columns
+    def host_dim(self, columns: int) -> int | None:
+        """Width of a host's numpy bottom output for ``columns`` input columns.
 
-    def guest_dim(self, columns: int) -> int:
-        """Width of the guest's bottom output for ``columns`` input columns."""
-        return self.guest_layers[-1][0] if self.guest_layers else columns
+        None for a framework bottom: the host builds it and says its width in its hello.
+        """
+        if self.host_net.kind != "dense":
+            return None
+        return self.host_net.layers[-1][0] if self.host_net.layers else columns
 
     def shared(self) -> dict:
         """What every party must agree on."""
@@ -197,7 +201,7 @@ class HeteroNNParams:
             "batch_size": self.batch_size,
             "interactive_units": self.interactive_units,
             "interactive_learning_rate": float(self.interactive_learning_rate),
-            "host_layers": [[u, a] for u, a in self.host_layers],
+            "host_layers": self.host_net.shared(),
             "key_bits": self.key_bits,
             "seed": self.seed,
         }
@@ -439,11 +443,11 @@ class _GuestNet:
 
     def __init__(self, params: HeteroNNParams, columns: int, parts: int, rng: np.random.Generator) -> None:
         self.params = params
-        self.bottom = DenseNetwork(columns, list(params.guest_layers), rng)
+        self.bottom = build_network(params.guest_net, columns, rng, seed=_seed(params, 0, 1), who="guest_bottom")
         d_i = params.interactive_units
-        self.w = glorot(rng, params.guest_dim(columns), d_i) / math.sqrt(parts)
+        self.w = glorot(rng, self.bottom.output_dim, d_i) / math.sqrt(parts)
         self.b = np.zeros(d_i)
-        self.top = DenseNetwork(d_i, [*params.top_layers, (params.outputs, "linear")], rng)
+        self.top = build_network(params.top_net, d_i, rng, seed=_seed(params, 0, 2), outputs=params.outputs, who="top")
         self.adam = Adam(params.learning_rate)
 
     def forward(self, x: np.ndarray, z_hosts: np.ndarray, keep: bool = True) -> np.ndarray:
@@ -473,10 +477,10 @@ class _GuestNet:
         return {"bottom": self.bottom.to_dict(), "w": self.w.copy(), "b": self.b.copy(), "top": self.top.to_dict()}
 
     def load(self, data: dict) -> None:
-        self.bottom = DenseNetwork.from_dict(data["bottom"])
+        self.bottom = network_from_dict(data["bottom"])
         self.w = np.asarray(data["w"], dtype=np.float64)
         self.b = np.asarray(data["b"], dtype=np.float64)
-        self.top = DenseNetwork.from_dict(data["top"])
+        self.top = network_from_dict(data["top"])
 
 
 def _interactive_half(rng: np.random.Generator, d_part: int, d_i: int, parts: int) -> np.ndarray:
@@ -486,6 +490,15 @@ def _interactive_half(rng: np.random.Generator, d_part: int, d_i: int, parts: in
 
 def _host_rng(params: HeteroNNParams, host_index: int) -> np.random.Generator:
     return np.random.default_rng([params.seed, 1 + host_index])
+
+
+def _seed(params: HeteroNNParams, party: int, net: int) -> int:
+    """The initialisation seed of a framework sub-network (party 0: the guest, 1 + i: host i)."""
+    return int(np.random.default_rng([params.seed, party, 0x6E6574, net]).integers(2**31))
+
+
+def _host_bottom(params: HeteroNNParams, columns: int, rng: np.random.Generator, host_index: int, me: str):
+    return build_network(params.host_net, columns, rng, seed=_seed(params, 1 + host_index, 1), who=f"{me}: host_bottom")
 
 
 @dataclass
@@ -530,7 +543,7 @@ class HeteroNNHostModel:
 
     params: HeteroNNParams
     scaling: _Scaling
-    bottom: DenseNetwork
+    bottom: Any  # DenseNetwork or a framework network (nettorch)
     share: np.ndarray  # E_h (uint64, d_h x d_i)
     history: list[dict] = field(default_factory=list)
 
@@ -551,7 +564,7 @@ class HeteroNNHostModel:
         return cls(
             _params_from(data["params"]),
             _Scaling(np.asarray(data["mean"]), np.asarray(data["std"])),
-            DenseNetwork.from_dict(data["bottom"]),
+            network_from_dict(data["bottom"]),
             np.asarray(data["share"], dtype=np.uint64),
         )
 
@@ -565,7 +578,8 @@ _PARAM_FIELDS = (
 def _params_dict(params: HeteroNNParams) -> dict:
     out = {name: getattr(params, name) for name in _PARAM_FIELDS}
     for name in ("guest_bottom", "host_bottom", "top"):
-        out[name] = [dict(layer) for layer in out[name]]
+        value = out[name]
+        out[name] = dict(value) if isinstance(value, dict) else [dict(layer) for layer in value]
     out["num_class"] = out["num_class"] or 0
     return out
 
@@ -574,7 +588,8 @@ def _params_from(data: dict) -> HeteroNNParams:
     values = {name: data[name] for name in _PARAM_FIELDS if name in data}
     values["num_class"] = int(values.get("num_class") or 0) or None
     for name in ("guest_bottom", "host_bottom", "top"):
-        values[name] = tuple(values.get(name) or ())
+        value = values.get(name) or ()
+        values[name] = dict(value) if isinstance(value, dict) else tuple(value)
     for name in ("epochs", "batch_size", "interactive_units", "key_bits", "seed"):
         values[name] = int(values[name])
     return HeteroNNParams(**values)
@@ -755,6 +770,17 @@ def _peer_problem(
     return None
 
 
+def _bottom_dim(reply: dict, host: str, params: HeteroNNParams, me: str) -> int:
+    """The width of a host's bottom output, as its hello says (checked against a numpy spec)."""
+    d_h = reply.get("bottom_dim")
+    if not isinstance(d_h, int) or isinstance(d_h, bool) or not 1 <= d_h <= 65536:
+        raise ProtocolError(f"{me}: {host} gave no valid bottom_dim (its bottom model's output width): {d_h!r}")
+    expected = params.host_dim(int(reply.get("columns", 0)))
+    if expected is not None and d_h != expected:
+        raise ProtocolError(f"{me}: {host}'s bottom model has {d_h} outputs, host_bottom says {expected}")
+    return d_h
+
+
 def _raise(own: Exception | None, problems: list[Exception]) -> None:
     if own is not None:
         raise own
@@ -784,10 +810,14 @@ def train_guest(
     meter = _Meter()
     own: Exception | None = None
     rows = columns = -1
+    rng = np.random.default_rng([params.seed, 0])
+    net = None
     try:
         X = _check_features(X, me)
         rows, columns = X.shape
         y = _check_labels(y, rows, params, me)
+        # Built before the hello, so a network that cannot be built stops every party at once.
+        net = _GuestNet(params, columns, 1 + len(hosts), rng)
     except InvalidParameterError as error:
         own = error
     key_bytes = b""
@@ -801,15 +831,13 @@ def train_guest(
     replies = {h: channel.recv(h, f"hnn/{session}/hello") for h in hosts}
     problems = [p for h in hosts if (p := _peer_problem(replies[h], h, rows, params, me, start_epoch)) is not None]
     _raise(own, problems)
-    if secret is None:
-        raise ProtocolError(f"{me}: no key pair was made")
+    if secret is None or net is None:
+        raise ProtocolError(f"{me}: no key pair or network was made")
     key = secret.encryption_key
     n = int.from_bytes(key.n_bytes(), "big")
     threads = params.threads
     scaling = _Scaling.fit(X)
-    d_hs = {h: params.host_dim(int(replies[h]["columns"])) for h in hosts}
-    rng = np.random.default_rng([params.seed, 0])
-    net = _GuestNet(params, columns, 1 + len(hosts), rng)
+    d_hs = {h: _bottom_dim(replies[h], h, params, me) for h in hosts}
     net.bottom.standardize_inputs(scaling.mean, scaling.std)
     layouts = {h: _Layout(params, d_hs[h], n) for h in hosts}
     shares: dict[str, np.ndarray] = {}
@@ -907,8 +935,9 @@ def _adam_from(state: dict | None, learning_rate: float) -> Adam:
     adam = Adam(learning_rate)
     if state:
         adam.t = int(state["t"])
-        adam.m = [np.asarray(m, dtype=np.float64) for m in state["m"]]
-        adam.v = [np.asarray(v, dtype=np.float64) for v in state["v"]]
+        # The saved moments keep their dtype (float32 for a framework network's parameters).
+        adam.m = [np.array(m) for m in state["m"]]
+        adam.v = [np.array(v) for v in state["v"]]
     return adam
 
 
@@ -961,25 +990,30 @@ def train_host(
     init = np.zeros((0, 0), dtype=np.uint64)
     share = np.zeros((0, 0), dtype=np.uint64)
     reply_extra: dict = {}
+    bottom = None
     if own is None and problem is None:
         try:
             key = _public_key(hello.get("key"), guest, me)
             n = int.from_bytes(key.n_bytes(), "big")
-            layout = _Layout(params, params.host_dim(columns), n)
+            d_h = params.host_dim(columns)
+            if d_h is None:  # a framework bottom: build it now to learn its width
+                bottom = _host_bottom(params, columns, None, hosts.index(channel.party), me)
+                d_h = bottom.output_dim
+            layout = _Layout(params, d_h, n)
         except ConfideError as error:
             problem = error
     if own is None and problem is None:
-        d_h = params.host_dim(columns)
         rng = _host_rng(params, hosts.index(channel.party))
         half = _interactive_half(rng, d_h, params.interactive_units, 1 + len(hosts))
         share = _ring_random((d_h, params.interactive_units))
         init = _to_ring(half, FW) - share
-        reply_extra = {"init": init, "resume_epoch": start_epoch} if resume is None else {"resume_epoch": start_epoch}
+        reply_extra = {"resume_epoch": start_epoch, "bottom_dim": d_h, **({"init": init} if resume is None else {})}
     channel.send(guest, f"hnn/{session}/hello", _hello(own or problem, rows, columns, params, reply_extra))
     _raise(own, [problem] if problem else [])
     threads = params.threads
     scaling = _Scaling.fit(X)
-    bottom = DenseNetwork(columns, list(params.host_layers), rng)
+    if bottom is None:
+        bottom = _host_bottom(params, columns, rng, hosts.index(channel.party), me)
     bottom.standardize_inputs(scaling.mean, scaling.std)
     adam = Adam(params.learning_rate)
     model = HeteroNNHostModel(params, scaling, bottom, share)
@@ -1146,7 +1180,14 @@ def train_reference(parts: dict[str, np.ndarray], y: np.ndarray, params: HeteroN
     rows = X[guest].shape[0]
     y = _check_labels(y, rows, params, guest)
     scalings = {p: _Scaling.fit(X[p]) for p in parts}
-    d_hs = {h: params.host_dim(X[h].shape[1]) for h in hosts}
+    # Framework bottoms are built first (their width is known once built); numpy ones below, in
+    # the order of the secure run's draws.
+    early = {
+        h: _host_bottom(params, X[h].shape[1], None, i, f"host {h!r}")
+        for i, h in enumerate(hosts)
+        if params.host_dim(X[h].shape[1]) is None
+    }
+    d_hs = {h: early[h].output_dim if h in early else params.host_dim(X[h].shape[1]) for h in hosts}
     parts_count = 1 + len(hosts)
     rng = np.random.default_rng([params.seed, 0])
     net = _GuestNet(params, X[guest].shape[1], parts_count, rng)
@@ -1156,7 +1197,7 @@ def train_reference(parts: dict[str, np.ndarray], y: np.ndarray, params: HeteroN
     for i, h in enumerate(hosts):
         host_rng = _host_rng(params, i)
         weights[h] = guest_halves[h] + _interactive_half(host_rng, d_hs[h], params.interactive_units, parts_count)
-        bottoms[h] = DenseNetwork(X[h].shape[1], list(params.host_layers), host_rng)
+        bottoms[h] = early[h] if h in early else _host_bottom(params, X[h].shape[1], host_rng, i, f"host {h!r}")
         bottoms[h].standardize_inputs(scalings[h].mean, scalings[h].std)
         adams[h] = Adam(params.learning_rate)
     model = ReferenceModel(params, guest, hosts, scalings, net, bottoms, weights)

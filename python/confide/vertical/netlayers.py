@@ -1,15 +1,30 @@
-"""Small dense networks in numpy: the bottom and top models of Hetero NN.
+"""The bottom and top models of Hetero NN: small dense networks in numpy, or a framework's.
 
-A network is described as Keras 3 ``Dense``/``Activation`` layers (the same form as a job's
-``model.network.layers``), or in short form::
+A sub-network (``guest_bottom``, ``host_bottom``, ``top``) is described in one of three forms:
 
-    [{units: 16, activation: relu}, {units: 8, activation: tanh}]
-    [{class_name: Dense, config: {units: 16, activation: relu}}]
+* Keras 3 ``Dense``/``Activation`` layers (the same form as a job's ``model.network.layers``)
+  or their short form, run here in numpy (:class:`DenseNetwork`)::
 
-Only what split learning needs from a framework is here: forward with a cache, backward that
-returns the gradient of the input (the cut layer), and Adam. Weights are Glorot-uniform,
-biases zero, so the plaintext reference and the secure protocol start from the same numbers
-for the same seed.
+      [{units: 16, activation: relu}, {units: 8, activation: tanh}]
+      [{class_name: Dense, config: {units: 16, activation: relu}}]
+
+* a Keras 3 network description with any of the layers of :mod:`confide.ml.keras_spec`, built
+  by the party with Keras on the PyTorch backend (``backend: torch``)::
+
+      {backend: torch, layers: [{class_name: Dense, config: {units: 16}},
+                                {class_name: BatchNormalization}, {class_name: Activation,
+                                config: {activation: relu}}, {class_name: Dropout, config: {rate: 0.1}}]}
+
+* the party's own PyTorch code: ``{torch: "file.py:factory", options: {...}}``, a callable
+  ``factory(input_dim, outputs=None, **options) -> torch.nn.Module`` (``outputs``: the width
+  the top model must end with; None for a bottom model).
+
+Only what split learning needs from a framework is used: forward with a cache, backward from a
+given output gradient that returns the gradient of the input (the cut layer), and the
+parameters as arrays for Adam (:mod:`confide.vertical.nettorch` for the framework forms). The
+numpy networks' weights are Glorot-uniform, biases zero, so the plaintext reference and the
+secure protocol start from the same numbers for the same seed; framework networks are built
+under a seed too.
 """
 
 from __future__ import annotations
@@ -21,7 +36,18 @@ import numpy as np
 
 from confide.errors import InvalidParameterError
 
-__all__ = ["ACTIVATIONS", "Adam", "DenseNetwork", "activation_grad", "forward_activation", "parse_layers"]
+__all__ = [
+    "ACTIVATIONS",
+    "Adam",
+    "DenseNetwork",
+    "NetSpec",
+    "activation_grad",
+    "build_network",
+    "forward_activation",
+    "network_from_dict",
+    "parse_layers",
+    "parse_network",
+]
 
 #: Hidden-layer activations (the head's sigmoid/softmax belongs to the loss).
 ACTIVATIONS = ("linear", "relu", "tanh", "sigmoid")
@@ -56,7 +82,8 @@ def parse_layers(spec: Any, where: str) -> list[tuple[int, str]]:
                 continue
             if name != "Dense":
                 raise InvalidParameterError(
-                    f"{at}.class_name {name!r}: bottom and top models of hetero_nn take Dense and Activation layers"
+                    f"{at}.class_name {name!r}: a numpy network takes Dense and Activation layers; for other "
+                    "Keras layers write {backend: torch, layers: [...]}, for own code {torch: 'file.py:factory'}"
                 )
             extra = set(config) - {"units", "activation", "use_bias", "name"}
             if extra:
@@ -73,6 +100,99 @@ def parse_layers(spec: Any, where: str) -> list[tuple[int, str]]:
             raise InvalidParameterError(f"{at}.units must be an integer in 1..{MAX_UNITS}, got {units!r}")
         layers.append((units, _activation(config.get("activation", "linear"), f"{at}.activation")))
     return layers
+
+
+@dataclass(frozen=True)
+class NetSpec:
+    """A parsed sub-network description (:func:`parse_network`)."""
+
+    #: ``dense`` (numpy), ``keras`` (Keras 3 on the PyTorch backend) or ``torch`` (own code).
+    kind: str
+    #: dense: ``((units, activation), ...)``.
+    layers: tuple = ()
+    #: keras: the validated network description (``{"layers": [...]}``).
+    network: dict | None = None
+    #: torch: ``file.py:factory`` or ``package.module:factory``, and its keyword arguments.
+    entry: str | None = None
+    options: dict = field(default_factory=dict)
+
+    def shared(self) -> Any:
+        """The form every party compares (the guest and hosts must agree on the host bottom)."""
+        if self.kind == "dense":
+            return [[u, a] for u, a in self.layers]
+        if self.kind == "keras":
+            return {"backend": "torch", "layers": self.network["layers"] if self.network else []}
+        return {"torch": self.entry, "options": self.options}
+
+
+def parse_network(spec: Any, where: str) -> NetSpec:
+    """A sub-network description in any of the module's three forms; errors name ``where``."""
+    if spec is None or isinstance(spec, (list, tuple)):
+        return NetSpec("dense", tuple(parse_layers(list(spec or ()), where)))
+    if not isinstance(spec, dict):
+        raise InvalidParameterError(
+            f"{where} must be a list of Dense layers, a Keras network {{backend: torch, layers}} or "
+            f"{{torch: 'file.py:factory'}}, got {type(spec).__name__}"
+        )
+    if "torch" in spec:
+        extra = sorted(set(spec) - {"torch", "options"})
+        if extra:
+            raise InvalidParameterError(f"{where}: unknown keys {extra} next to torch (allowed: torch, options)")
+        entry, options = spec["torch"], spec.get("options") or {}
+        location, _, attribute = entry.rpartition(":") if isinstance(entry, str) else ("", "", "")
+        if not location or not attribute.replace(".", "").replace("_", "").isalnum():
+            raise InvalidParameterError(
+                f"{where}.torch must name a factory as 'file.py:name' or 'package.module:name', got {entry!r}"
+            )
+        if not isinstance(options, dict) or not all(isinstance(k, str) for k in options):
+            raise InvalidParameterError(f"{where}.options must be a mapping of keyword arguments, got {options!r}")
+        return NetSpec("torch", entry=entry, options=dict(options))
+    if "layers" not in spec:
+        raise InvalidParameterError(f"{where} must hold 'layers' (a Keras network) or 'torch' (a factory)")
+    backend = spec.get("backend", "numpy")
+    if backend == "numpy":
+        extra = sorted(set(spec) - {"layers", "backend"})
+        if extra:
+            raise InvalidParameterError(f"{where}: unknown keys {extra} (allowed: layers, backend)")
+        return NetSpec("dense", tuple(parse_layers(spec["layers"], f"{where}.layers")))
+    if backend != "torch":
+        raise InvalidParameterError(
+            f"{where}.backend {backend!r}: Hetero NN sub-networks run in numpy (Dense/Activation) or on "
+            "Keras 3's torch backend (any Keras layer); jax and tensorflow are not supported here"
+        )
+    from confide.ml.keras_spec import validate_network
+
+    extra = sorted(set(spec) - {"layers", "backend"})
+    if extra:
+        raise InvalidParameterError(f"{where}: unknown keys {extra} (allowed: layers, backend)")
+    network = validate_network({"layers": spec["layers"]}, where=where)
+    return NetSpec("keras", network={"layers": [dict(layer) for layer in network["layers"]]})
+
+
+def build_network(
+    spec: NetSpec, input_dim: int, rng: np.random.Generator, *, seed: int, outputs: int | None = None, who: str
+):
+    """The network of ``spec`` on ``input_dim`` inputs.
+
+    ``outputs``: a top model's output width (numpy: a linear layer of that width is appended;
+    frameworks: the network must end with it). Numpy networks draw from ``rng``; framework
+    networks are initialised under ``seed``.
+    """
+    if spec.kind == "dense":
+        layers = [*spec.layers, *([(outputs, "linear")] if outputs else [])]
+        return DenseNetwork(input_dim, layers, rng)
+    from confide.vertical.nettorch import build
+
+    return build(spec, input_dim, seed=seed, outputs=outputs, who=who)
+
+
+def network_from_dict(data: dict):
+    """A network from any network's ``to_dict`` mapping."""
+    if data.get("kind") in ("torch", "keras"):
+        from confide.vertical.nettorch import from_dict
+
+        return from_dict(data)
+    return DenseNetwork.from_dict(data)
 
 
 def _activation(name: Any, where: str) -> str:

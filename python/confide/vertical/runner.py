@@ -90,6 +90,13 @@ def hetero_lr_params(spec: JobSpec):
     )
 
 
+def _net(value, default):
+    """A hetero_nn sub-network as the job gives it: a layer list (as a tuple) or a mapping."""
+    if value is None:
+        return default
+    return dict(value) if isinstance(value, dict) else tuple(value)
+
+
 def hetero_nn_params(spec: JobSpec):
     """Hetero NN hyper-parameters of a job (``rounds`` counts epochs)."""
     from confide.vertical.hetero_nn import HeteroNNParams
@@ -103,9 +110,9 @@ def hetero_nn_params(spec: JobSpec):
         batch_size=m.batch_size,
         learning_rate=m.learning_rate,
         interactive_learning_rate=m.interactive_learning_rate,
-        guest_bottom=tuple(m.guest_bottom) if m.guest_bottom is not None else default["guest_bottom"].default,
-        host_bottom=tuple(m.host_bottom) if m.host_bottom is not None else default["host_bottom"].default,
-        top=tuple(m.top or ()),
+        guest_bottom=_net(m.guest_bottom, default["guest_bottom"].default),
+        host_bottom=_net(m.host_bottom, default["host_bottom"].default),
+        top=_net(m.top, ()),
         interactive_units=m.interactive_units,
         interactive_activation=m.interactive_activation,
         key_bits=spec.protection.key_bits,

@@ -160,7 +160,7 @@ def test_hetero_nn_job_files_parse_and_bad_layers_name_the_field():
     from confide.vertical.runner import hetero_nn_params
 
     params = hetero_nn_params(spec)
-    assert params.epochs == spec.rounds and params.top_layers == ((4, "relu"),)
+    assert params.epochs == spec.rounds and params.top_net.layers == ((4, "relu"),)
     with pytest.raises(ValueError, match=r"host_bottom\[0\]\.class_name 'Conv2D'"):
         parse_job(_vertical({"algorithm": "hetero_nn", "host_bottom": [{"class_name": "Conv2D", "config": {}}]}))
     with pytest.raises(ValueError, match=r"top\[0\]\.units"):
@@ -169,6 +169,18 @@ def test_hetero_nn_job_files_parse_and_bad_layers_name_the_field():
         parse_job(_vertical({"algorithm": "hetero_lr", "guest_bottom": [{"units": 3}]}))
     multi = parse_job(_vertical({"algorithm": "hetero_nn", "objective": "multi:softprob", "num_class": 10}))
     assert hetero_nn_params(multi).outputs == 10
+    # Framework forms: validated at submit without importing a framework; own code is found
+    # next to the job file.
+    with pytest.raises(ValueError, match="host_bottom.backend 'jax'"):
+        parse_job(_vertical({"algorithm": "hetero_nn", "host_bottom": {"backend": "jax", "layers": []}}))
+    with pytest.raises(ValueError, match=r"top.layers\[0\].class_name: 'Dense2'"):
+        parse_job(
+            _vertical({"algorithm": "hetero_nn", "top": {"backend": "torch", "layers": [{"class_name": "Dense2"}]}})
+        )
+    own = load_job(EXAMPLE.parent / "hetero_nn_pytorch" / "job.yaml")
+    bottom = hetero_nn_params(own).host_net
+    assert bottom.kind == "torch" and bottom.options == {"width": 8}
+    assert bottom.entry == f"{(EXAMPLE.parent / 'hetero_nn_pytorch' / 'nets.py').resolve()}:lab_bottom"
 
 
 def test_parties_come_from_an_fl_data_value_with_lineage_too():
