@@ -226,6 +226,36 @@ class JobSpec(_Strict):
                 data = {**data, "parties": sorted(participants)}
         return data
 
+    @model_validator(mode="before")
+    @classmethod
+    def _psi_join_in_fl_data(cls, data: Any) -> Any:
+        """A vertical job's record join is a step of its FL_Data: the last one, ``psi-join``.
+
+        Given ``data.id_column`` and an FL_Data without a join, the join is appended (one more
+        lineage entry, so the session's FL_Data shows how its rows were aligned); given a join
+        and no ``data.id_column``, the id column is the join's ``by``.
+        """
+        if not (isinstance(data, dict) and isinstance(data.get("fl_data"), dict)):
+            return data
+        model, spec_data = data.get("model"), data.get("data")
+        if not (isinstance(model, dict) and model.get("algorithm") in VERTICAL_ALGORITHMS):
+            return data
+        spec_data = spec_data if isinstance(spec_data, dict) else {}
+        try:
+            fl_data = _fl_data_of(data["fl_data"])
+        except InvalidParameterError:
+            return data  # reported by the checks after parsing, with the field
+        id_column = spec_data.get("id_column")
+        if id_column is None and fl_data.join_column is not None:
+            return {**data, "data": {**spec_data, "id_column": fl_data.join_column}}
+        if isinstance(id_column, str) and fl_data.join_column is None and not fl_data.frozen:
+            step = {"name": "psi-join", "op": "join", "params": {"by": id_column}}
+            try:
+                return {**data, "fl_data": fl_data.pipeline_shaping(append=[step]).to_dict()}
+            except InvalidParameterError:
+                return data
+        return data
+
     @model_validator(mode="after")
     def _consistent(self) -> JobSpec:
         if self.fl_data is not None:
@@ -235,6 +265,14 @@ class JobSpec(_Strict):
                     f"parties {sorted(self.parties)} differ from the fl_data participants "
                     f"{sorted(fl_data.participants)}"
                 )
+            join = fl_data.join_column
+            if join is not None and not self.vertical:
+                raise ValueError(
+                    f"fl_data: step {fl_data.pipeline[-1].name!r} (join) aligns the records of a vertical job; "
+                    f"model.algorithm {self.model.algorithm} is horizontal"
+                )
+            if join is not None and self.data.id_column is not None and join != self.data.id_column:
+                raise ValueError(f"data.id_column {self.data.id_column!r} differs from the fl_data join's by {join!r}")
         if len(set(self.parties)) != len(self.parties):
             raise ValueError("parties must be distinct")
         if self.vertical:
@@ -318,7 +356,7 @@ class JobSpec(_Strict):
     @property
     def vertical(self) -> bool:
         """Whether the parties hold columns (hetero_lr, secureboost, hetero_nn) rather than rows."""
-        return self.model.algorithm in ("hetero_lr", "secureboost", "hetero_nn")
+        return self.model.algorithm in VERTICAL_ALGORITHMS
 
     def vertical_layout(self) -> tuple[str, str] | None:
         """``(guest, id column)`` of a vertical job over FL_Data (for the schema checks), else None."""
@@ -335,16 +373,8 @@ class JobSpec(_Strict):
         """The :class:`confide.data.fldata.FLData` of ``fl_data`` (None without one)."""
         if self.fl_data is None:
             return None
-        from confide.data.fldata import FLData
-
         try:
-            if "lineage" in self.fl_data:
-                return FLData.from_dict(self.fl_data)
-            return FLData.create(
-                self.fl_data.get("participants", {}),
-                self.fl_data.get("label", ""),
-                self.fl_data.get("pipeline", ()),
-            )
+            return _fl_data_of(self.fl_data)
         except InvalidParameterError as error:
             raise ValueError(f"fl_data: {error}") from None
 
@@ -352,6 +382,18 @@ class JobSpec(_Strict):
         """Party -> dataset name under FL_Data (empty for the embedded data)."""
         fl_data = self.fl_data_object()
         return fl_data.datasets() if fl_data is not None else {}
+
+
+VERTICAL_ALGORITHMS = ("hetero_lr", "secureboost", "hetero_nn")
+
+
+def _fl_data_of(value: dict):
+    """An FLData from a job's ``fl_data``: an export with its lineage, or {participants, label, pipeline}."""
+    from confide.data.fldata import FLData
+
+    if "lineage" in value:
+        return FLData.from_dict(value)
+    return FLData.create(value.get("participants", {}), value.get("label", ""), value.get("pipeline", ()))
 
 
 def _read_network(path: str) -> dict:

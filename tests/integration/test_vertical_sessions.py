@@ -99,6 +99,14 @@ def test_vertical_session_refused_without_grants_then_killed_and_resumed_to_the_
         # checkpoints every 2 epochs, each the Merkle root over both sites' state files only
         assert [e["checkpoint"]["round"] for e in recorded] == [2, 4, 6, 8]
         assert all(e["note"].endswith(": 2 files") for e in recorded), recorded  # one state file per site
+        # The session's FL_Data records the PSI join as its last step, in its lineage.
+        stored = alice.entry(reference, 1)["spec"]["fl_data"]
+        assert stored["state"]["pipeline"][-1] == {
+            "name": "psi-join",
+            "op": "join",
+            "params": {"by": "patient_id", "protocol": "ecdh-psi-ristretto255"},
+        }
+        assert "pipeline_shaping" in [e["operation"] for e in stored["lineage"]]
     expected = parts(deployment, reference, 1)
 
     token = interrupted_session(deployment, "alice", job("vertical-interrupted", model), after_round=4, delay_s=1.0)
@@ -131,3 +139,25 @@ def test_vertical_session_refused_without_grants_then_killed_and_resumed_to_the_
         if site == "hospital" or model is None:  # a SecureBoost host reports no rounds of its own
             assert [r["round"] for r in report["rounds"]] == list(range(recorded["round"] + 1, 9))
     assert_same_model(parts(deployment, token, run), expected)
+
+
+def test_a_secureboost_session_that_stops_early_completes_with_its_last_rounds_checkpoint(deployment):
+    for site, dataset in SITES.items():
+        assert cli(deployment, site, "grant", "add", "--dataset", dataset, "--developer", "alice").returncode == 0
+    # A learning rate this large overfits within a few rounds: the validation loss turns up.
+    model = {**SECUREBOOST, "learning_rate": 1.5, "validation_fraction": 0.3, "early_stopping_rounds": 1}
+    with deployment.client("alice") as alice:
+        token = alice.submit({**job("vertical-early", model), "rounds": 12, "checkpoint_interval": 5})["session"]
+        status = deployment.wait_session(token, "alice")
+        assert status["state"] == "completed", status
+        recorded = [e["checkpoint"]["round"] for e in alice.log(token) if e["kind"] == "checkpoint"]
+    report = json.loads(
+        (
+            deployment.workdir / "parties" / "hospital" / "sessions" / token / "run-1" / "hospital.report.json"
+        ).read_text()
+    )
+    stopped = len(report["validation_loss"])
+    assert stopped < 12 and report["best_round"] == stopped - 2 and report["trees_kept"] == stopped - 1
+    # Checkpoints every 5 rounds and after the round training stopped at, recorded by both sites.
+    assert recorded == [r for r in (5, 10) if r < stopped] + [stopped]
+    assert status["message"].endswith(f"checkpoint of round {stopped} recorded"), status["message"]

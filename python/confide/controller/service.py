@@ -1209,13 +1209,17 @@ class Controller:
             )
         elif parties and all(p.run == session.run and p.status == "completed" for p in parties):
             spec = self._head(db, session).spec
+            last_round = spec["rounds"]
+            if spec.get("model", {}).get("algorithm") in VERTICAL:
+                # Early stopping (SecureBoost) may end a vertical job before its last round.
+                last_round = min(last_round, max(p.round for p in parties)) or last_round
             latest = self._latest_checkpoint(db, session)
             final = latest is not None and latest.checkpoint["run"] == session.run
-            if spec.get("checkpoint_interval") and not (final and latest.checkpoint["round"] == spec["rounds"]):
+            if spec.get("checkpoint_interval") and not (final and latest.checkpoint["round"] == last_round):
                 return  # completed once the last round's checkpoint is recorded (every recipient reported it)
             session.state = "completed"
             session.message = f"run {session.run} completed" + (
-                f"; checkpoint of round {spec['rounds']} recorded" if spec.get("checkpoint_interval") else ""
+                f"; checkpoint of round {last_round} recorded" if spec.get("checkpoint_interval") else ""
             )
 
     def _digest(self, db: Session, session: JobSession, name: str) -> str | None:

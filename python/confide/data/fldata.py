@@ -45,7 +45,9 @@ __all__ = [
 
 FORMAT = "confide.fldata"
 FORMAT_VERSION = 1
-OPS = ("filter", "select", "drop", "impute", "scale", "clip", "log1p", "encode")
+OPS = ("filter", "select", "drop", "impute", "scale", "clip", "log1p", "encode", "join")
+#: The record join of a vertical job (its ``join`` step): ECDH private set intersection.
+JOIN_PROTOCOL = "ecdh-psi-ristretto255"
 ENCODINGS = ("onehot", "ordinal")
 #: At most this many categories per encoded column.
 MAX_CATEGORIES = 1_000
@@ -314,6 +316,12 @@ def _step_params(where: str, op: str, params: Any) -> dict[str, Any]:
                 checked[col] = list(values)
             out["categories"] = checked
         return out
+    if op == "join":
+        p = _keys(where, params, ("by",), ("protocol",))
+        protocol = p.get("protocol", JOIN_PROTOCOL)
+        if protocol != JOIN_PROTOCOL:
+            raise InvalidParameterError(f"{where}.protocol must be {JOIN_PROTOCOL!r}, got {protocol!r}")
+        return {"by": _column(f"{where}.by", p["by"]), "protocol": protocol}
     raise InvalidParameterError(f"{where}.op must be one of {', '.join(OPS)}, got {op!r}")
 
 
@@ -427,6 +435,14 @@ def _make_state(participants: Mapping[str, Participant], label: str, pipeline: S
     for s in pipeline:
         if s.op == "drop" and label in s._params["columns"]:
             raise InvalidParameterError(f"step {s.name!r} (drop): columns must not include the label {label!r}")
+    joins = [s for s in pipeline if s.op == "join"]
+    if joins and (len(joins) > 1 or pipeline[-1].op != "join"):
+        raise InvalidParameterError(
+            f"step {joins[0].name!r} (join): a vertical job joins its parties' records once, as the last step "
+            "(every other step runs on each party's own rows before the join)"
+        )
+    if joins and joins[0]._params["by"] == label:
+        raise InvalidParameterError(f"step {joins[0].name!r} (join): by must not be the label {label!r}")
     return _State(tuple(sorted(participants.items())), label, tuple(pipeline), bool(frozen))
 
 
@@ -768,6 +784,8 @@ def localize_step(step: Step, present: set[str]) -> Step | None:
     (:func:`confide.data.schemas.check_schemas` with ``vertical``).
     """
     params = step.params
+    if step.op == "join":
+        return None  # the parties run it together (PSI), after their own steps
     if step.op == "filter":
         return step if params["column"] in present else None
     if params.get("columns") is None:
@@ -1021,7 +1039,8 @@ def transform(pipeline: Sequence[Step], label: str, fitted: Sequence[dict], tabl
     cols = dict(table.columns)
     cols[ROW] = np.arange(table.rows, dtype=np.int64)
     for step, stats in zip(pipeline, fitted, strict=True):
-        cols = _run_step("(new records)", step, cols, label, fitted=stats)
+        if step.op != "join":  # the join aligned the training records across parties; new ones come aligned
+            cols = _run_step("(new records)", step, cols, label, fitted=stats)
     missing = [c for c in features if c not in cols]
     if missing:
         raise InvalidParameterError(f"the records lack the model's feature columns {missing[:10]}")
@@ -1110,6 +1129,12 @@ class FLData:
     def frozen(self) -> bool:
         """Whether :meth:`freeze` was called; a frozen FLData refuses every change."""
         return self._state.frozen
+
+    @property
+    def join_column(self) -> str | None:
+        """The id column of the pipeline's ``join`` step (a vertical job's PSI), or None."""
+        last = self._state.pipeline[-1] if self._state.pipeline else None
+        return last._params["by"] if last is not None and last.op == "join" else None
 
     @property
     def version(self) -> int:
@@ -1367,6 +1392,10 @@ class FLData:
         and integers or text.
         """
         where = f"party {party!r}"
+        if self.join_column is not None and self.join_column != id_column:
+            raise InvalidParameterError(
+                f"{where}: the pipeline joins by {self.join_column!r} but the job's id column is {id_column!r}"
+            )
         columns = table.columns
         if id_column not in columns:
             raise DataProblemError(
@@ -1395,6 +1424,11 @@ class FLData:
         index = sorted(parties).index(party)
         rng = np.random.default_rng([p.seed, index])
         where = f"party {party!r}"
+        if not localize and self.join_column is not None:
+            raise InvalidParameterError(
+                f"{where}: step {self.pipeline[-1].name!r} (join) joins the records of a vertical job "
+                "(provision_columns); a horizontal job's FL_Data cannot hold one"
+            )
         n = table.rows
         if n == 0:
             raise InvalidParameterError(f"{where}: dataset {p.dataset!r} has no rows")

@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from confide import checkpoints as ckpt
+from confide.data.fldata import JOIN_PROTOCOL
 from confide.data.vertical import VerticalPartyData, vertical_party_data
 from confide.errors import ConfideError, JobFailedError
 from confide.party.hooks import load_hooks
@@ -217,7 +218,7 @@ def run_vertical_party(
         if "data" in report:  # the join, as a step of this party's data lineage
             report["data"]["join"] = {
                 "by": spec.data.id_column,
-                "protocol": "ecdh-psi ristretto255",
+                "protocol": JOIN_PROTOCOL,
                 "records": len(data.ids),
                 "common": len(rows),
             }
@@ -227,9 +228,10 @@ def run_vertical_party(
         report.update(samples=len(train), test_samples=len(test), status="running")
         _write(report_path, report)
 
-        def checkpoint(number: int, snapshot) -> None:
+        def checkpoint(number: int, snapshot, final: bool = False) -> None:
+            # every interval, and after the last round (``final``: early stopping ended training)
             interval = spec.checkpoint_interval
-            if snapshot is not None and interval and (number % interval == 0 or number == spec.rounds):
+            if snapshot is not None and interval and (number % interval == 0 or number == spec.rounds or final):
                 _write_state(checkpoint_dir, number, snapshot())
 
         def on_round(entry: dict, snapshot=None) -> None:
@@ -241,7 +243,7 @@ def run_vertical_party(
                 number = resume_round + len(report["rounds"]) + 1
             report["rounds"].append({**_jsonable(entry), "round": number})
             _write(report_path, report)
-            checkpoint(number, snapshot)
+            checkpoint(number, snapshot, final=bool(entry.get("stopped_early")))
             hooks.round_done(number)
 
         if spec.model.algorithm == "secureboost":
@@ -320,9 +322,9 @@ def _secureboost(spec, channel, role, guest, hosts, X, y, train, test, report, o
         return {"algorithm": "secureboost", "role": "guest", "model": model.to_dict()}
     per_round = params.classes
 
-    def on_tree(tree: int, snapshot) -> None:  # after a whole boosting round: the lookup table so far
+    def on_tree(tree: int, snapshot, last: bool) -> None:  # after a whole boosting round: the lookup table so far
         if (tree + 1) % per_round == 0:
-            checkpoint((tree + 1) // per_round, lambda: {"lookup": snapshot()})
+            checkpoint((tree + 1) // per_round, lambda: {"lookup": snapshot()}, final=last)
 
     start = sb.SecureBoostHostModel.from_dict(resume["lookup"]) if resume is not None else None
     lookup = sb.serve_host(channel, guest, X[train], "train", threads=params.threads, model=start, on_tree=on_tree)

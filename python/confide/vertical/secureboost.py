@@ -723,6 +723,7 @@ def _boost(
             **stats,
             **crypto,
             **entry_extra,
+            **({"stopped_early": True} if stopped else {}),
         }
         for k, source in enumerate(sources):
             entry.update({f"host{k}_{key}": value for key, value in source.tree_stats().items()})
@@ -997,8 +998,9 @@ def serve_host(
 
     ``X`` is this host's aligned raw rows. Returns the lookup table (grown during training).
     ``model``: a lookup table to start from (prediction, or training resumed from a checkpoint).
-    ``on_tree(tree, snapshot)``: after each tree the guest finished, with a callable returning
-    the lookup table so far.
+    ``on_tree(tree, snapshot, last)``: after each tree the guest finished, with a callable
+    returning the lookup table so far, and whether it was the last (early stopping may end
+    training before ``n_trees``).
     """
     X = np.asarray(X, dtype=np.float64)
     lookup = dict(model.lookup) if model is not None else {}
@@ -1041,7 +1043,9 @@ def serve_host(
             if not message.get("last"):
                 channel.round += 1
             if on_tree is not None and isinstance(message.get("tree"), int):
-                on_tree(message["tree"], lambda: SecureBoostHostModel(dict(lookup)).to_dict())
+                on_tree(
+                    message["tree"], lambda: SecureBoostHostModel(dict(lookup)).to_dict(), bool(message.get("last"))
+                )
         elif op == "predict":
             channel.send(guest, tag + "/reply", _host_predict(message, X, lookup))
         elif op == "done":

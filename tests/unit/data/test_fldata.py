@@ -318,7 +318,7 @@ def test_create_errors_name_the_field(participants, label, pipeline, match):
     "name, op, params, match",
     [
         ("bad name", "drop", {"columns": ["a"]}, "step name must be 1..64 characters"),
-        ("s", "join", {}, "step 's': op must be one of filter"),
+        ("s", "merge", {}, "step 's': op must be one of filter"),
         ("s", "filter", {"column": "a", "op": "~", "value": 1}, r"step 's' \(filter\) params.op must be one of"),
         ("s", "filter", {"column": "a", "op": "<"}, r"params.value is required for op '<'"),
         ("s", "filter", {"column": "a", "op": "<", "value": "x"}, r"params.value must be a finite real number"),
@@ -626,7 +626,7 @@ def _tamper(path, value):
         (_tamper(["lineage"], []), "lineage must be a non-empty list"),
         (_tamper(["format"], "other"), "format must be 'confide.fldata'"),
         (_tamper(["version"], 2), "version must be 1"),
-        (_tamper(["lineage", 2, "arguments", "step", "op"], "join"), r"lineage\[2\].*op must be one of"),
+        (_tamper(["lineage", 2, "arguments", "step", "op"], "union"), r"lineage\[2\].*op must be one of"),
         ({"format": "confide.fldata"}, "FLData export.version is required"),
     ],
 )

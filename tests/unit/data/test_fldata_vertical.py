@@ -111,15 +111,70 @@ def test_schema_check_of_a_vertical_job():
     assert sum("column 'mrn' is not in the dataset" in t for t in problems) == 2
 
 
-def test_a_vertical_job_over_fl_data_names_its_id_column():
-    job = {
+def vertical_job(**extra) -> dict:
+    return {
         "job_id": "v",
         "parties": ["clinic", "lab"],
         "model": {"algorithm": "secureboost"},
         "fl_data": fl_data().to_dict(),
         "protection": {"mode": "paillier"},
+        **extra,
     }
+
+
+def test_a_vertical_job_over_fl_data_names_its_id_column():
+    job = vertical_job()
     with pytest.raises(InvalidParameterError, match="data.id_column"):
         parse_job(job)
     spec = parse_job({**job, "data": {"guest": "clinic", "id_column": "id"}})
     assert spec.vertical_layout() == ("clinic", "id")
+
+
+def test_the_psi_join_is_the_last_step_of_a_vertical_jobs_fl_data():
+    job = vertical_job(data={"guest": "clinic", "id_column": "id"})
+    spec = parse_job(job)
+    joined = spec.fl_data_object()
+    # One more lineage entry: the session's FL_Data says how its rows were aligned.
+    assert joined.version == fl_data().version + 1
+    assert joined.lineage()[-1]["operation"] == "pipeline_shaping"
+    assert joined.pipeline[-1].to_dict() == {
+        "name": "psi-join",
+        "op": "join",
+        "params": {"by": "id", "protocol": "ecdh-psi-ristretto255"},
+    }
+    assert joined.join_column == "id"
+    # Idempotent: re-parsing the stored specification adds nothing.
+    again = parse_job(spec.model_dump(mode="json"))
+    assert again.fl_data_object().version == joined.version
+    # The join alone names the id column; the two must agree when both are given.
+    assert parse_job({**job, "fl_data": joined.to_dict(), "data": {"guest": "clinic"}}).data.id_column == "id"
+    with pytest.raises(InvalidParameterError, match="data.id_column 'mrn' differs from the fl_data join's by 'id'"):
+        parse_job({**job, "fl_data": joined.to_dict(), "data": {"guest": "clinic", "id_column": "mrn"}})
+    # Provisioning skips it (PSI runs it, together), and checks it against the job's id column.
+    rows = joined.provision_columns("clinic", clinic_table(), id_column="id", with_label=True)
+    assert rows.ids.tolist() == ["p1", "p3"] and len(rows.fitted) == len(joined.pipeline)
+    with pytest.raises(InvalidParameterError, match="joins by 'id' but the job's id column is 'mrn'"):
+        joined.provision_columns("clinic", clinic_table(), id_column="mrn", with_label=True)
+    assert check_schemas(joined, SCHEMAS, vertical=("clinic", "id")) == []
+
+
+def test_join_steps_are_checked():
+    join = {"name": "j", "op": "join", "params": {"by": "id"}}
+    with pytest.raises(InvalidParameterError, match="as the last step"):
+        fl_data([join, *PIPELINE])
+    with pytest.raises(InvalidParameterError, match="as the last step"):
+        fl_data([*PIPELINE, join, {**join, "name": "k"}])
+    with pytest.raises(InvalidParameterError, match="by must not be the label"):
+        fl_data([{"name": "j", "op": "join", "params": {"by": "outcome"}}])
+    with pytest.raises(InvalidParameterError, match="protocol must be 'ecdh-psi-ristretto255'"):
+        fl_data([{"name": "j", "op": "join", "params": {"by": "id", "protocol": "plain"}}])
+    with pytest.raises(InvalidParameterError, match=r"step 'j'.*by"):
+        fl_data([{"name": "j", "op": "join", "params": {}}])
+    joined = fl_data([*PIPELINE, join])
+    # A horizontal job cannot hold one, at submit or at a party.
+    horizontal = {"job_id": "h", "fl_data": joined.to_dict(), "protection": {"mode": "secagg"}}
+    with pytest.raises(InvalidParameterError, match=r"step 'j' \(join\) aligns the records of a vertical job"):
+        parse_job(horizontal)
+    with pytest.raises(InvalidParameterError, match="a horizontal job's FL_Data cannot hold one"):
+        joined.provision("clinic", clinic_table())
+    assert localize_step(joined.pipeline[-1], {"id"}) is None

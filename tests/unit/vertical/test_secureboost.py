@@ -258,7 +258,7 @@ def test_training_resumes_after_a_boosting_round_to_the_same_trees(objective):
         if snapshot is not None and entry["tree"] == params.classes * 2 - 1:  # after boosting round 2
             saved["g"] = wire.decode(wire.encode(snapshot()))
 
-    def host_hook(tree, snapshot):
+    def host_hook(tree, snapshot, last):
         if tree == params.classes * 2 - 1:
             saved["h"] = wire.decode(wire.encode(snapshot()))
 

@@ -120,7 +120,7 @@ def test_resume_carries_the_validation_history(breast):
         if snapshot is not None and entry["tree"] == 1:
             saved["guest"] = wire.decode(wire.encode(snapshot()))
 
-    def host_hook(tree, snapshot):
+    def host_hook(tree, snapshot, last):
         if tree == 1:
             saved["host"] = wire.decode(wire.encode(snapshot()))
 
