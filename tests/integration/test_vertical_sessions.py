@@ -151,6 +151,9 @@ def test_a_secureboost_session_that_stops_early_completes_with_its_last_rounds_c
         status = deployment.wait_session(token, "alice")
         assert status["state"] == "completed", status
         recorded = [e["checkpoint"]["round"] for e in alice.log(token) if e["kind"] == "checkpoint"]
+        # The aggregator only relayed: its row shows the settled session, not a run still going.
+        rows = {p["role"]: p["status"] for p in status["participants"]}
+        assert rows == {"party": "completed", "aggregator": "completed"}, status["participants"]
     report = json.loads(
         (
             deployment.workdir / "parties" / "hospital" / "sessions" / token / "run-1" / "hospital.report.json"

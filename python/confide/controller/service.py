@@ -948,6 +948,7 @@ class Controller:
             participants = db.scalars(
                 select(Participant).where(Participant.session_id == session.id).order_by(Participant.name)
             ).all()
+            relay_only = self._head(db, session).spec.get("model", {}).get("algorithm") in VERTICAL
             return {
                 "session": token,
                 "job_id": session.job_id,
@@ -970,7 +971,7 @@ class Controller:
                     {
                         "name": p.name,
                         "role": p.role,
-                        "status": p.status,
+                        "status": _shown_status(p, session, relay_only),
                         "run": p.run,
                         "round": p.round,
                         "applied_seq": p.applied_seq,
@@ -1336,6 +1337,20 @@ class Controller:
 
 #: Algorithms whose parties hold columns; their aggregator relays and checkpoints nothing.
 VERTICAL = ("hetero_lr", "secureboost", "hetero_nn")
+
+
+def _shown_status(participant: Participant, session: JobSession, relay_only: bool) -> str:
+    """A participant's status as ``job status`` shows it.
+
+    An aggregator reports ``running`` for every run it was given (it cannot tell when its parties
+    are done): once the session has settled its row shows the session's state, and for a vertical
+    job, where it only relays the parties' messages, ``relaying`` while the session runs.
+    """
+    if participant.role != "aggregator" or participant.status != "running" or participant.run != session.run:
+        return participant.status
+    if session.state not in ACTIVE:
+        return session.state
+    return "relaying" if relay_only else participant.status
 
 
 def _participant(session_id: int, name: str, role: str) -> Participant:

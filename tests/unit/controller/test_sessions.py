@@ -193,3 +193,19 @@ def test_tuning_a_running_session_restarts_it(controller, token):
     assert answer["restarted"] is True
     status = controller.status(DEV, token)
     assert status["run"] == 2 and status["state"] == "running"
+
+
+def test_an_aggregators_row_follows_the_session_it_serves():
+    from types import SimpleNamespace
+
+    from confide.controller.service import _shown_status
+
+    aggregator = SimpleNamespace(role="aggregator", status="running", run=2)
+    party = SimpleNamespace(role="party", status="running", run=2)
+    running, done = SimpleNamespace(state="running", run=2), SimpleNamespace(state="completed", run=2)
+    assert _shown_status(aggregator, running, relay_only=True) == "relaying"  # a vertical job: it relays
+    assert _shown_status(aggregator, running, relay_only=False) == "running"
+    assert _shown_status(aggregator, done, relay_only=False) == "completed"
+    assert _shown_status(aggregator, SimpleNamespace(state="failed", run=2), relay_only=True) == "failed"
+    assert _shown_status(party, done, relay_only=True) == "running"  # a party speaks for itself
+    assert _shown_status(SimpleNamespace(role="aggregator", status="running", run=1), done, True) == "running"
