@@ -522,6 +522,17 @@ class _Optimizer:
         self.v = np.zeros(size)
         self.t = 0
 
+    def state(self) -> dict:
+        """Adam's moments and step count (unused by sgd)."""
+        return {"t": self.t, "m": self.m.copy(), "v": self.v.copy()}
+
+    def load(self, state: dict) -> None:
+        """The moments :meth:`state` returned."""
+        if state:
+            self.t = int(state["t"])
+            self.m = np.asarray(state["m"], dtype=np.float64).reshape(self.m.shape)
+            self.v = np.asarray(state["v"], dtype=np.float64).reshape(self.v.shape)
+
     def step(self, weights: np.ndarray, gradient: np.ndarray, epoch: int) -> np.ndarray:
         rate = self.params.learning_rate / (1.0 + self.params.decay * epoch)
         if self.params.optimizer == "sgd":
@@ -726,7 +737,9 @@ def _int_field(message: dict, name: str, sender: str, tag: str) -> int:
 # ------------------------------------------------------------------------------ training
 
 
-def _hello(party_error: Exception | None, rows: int, columns: int, params: HeteroLRParams, key: bytes) -> dict:
+def _hello(
+    party_error: Exception | None, rows: int, columns: int, params: HeteroLRParams, key: bytes, resume_epoch: int
+) -> dict:
     return {
         "protocol": PROTOCOL,
         "n_rows": rows,
@@ -734,10 +747,13 @@ def _hello(party_error: Exception | None, rows: int, columns: int, params: Heter
         "params": params.shared(),
         "key": key,
         "error": "" if party_error is None else str(party_error),
+        "resume_epoch": resume_epoch,
     }
 
 
-def _peer_problems(message: dict, sender: str, rows: int, params: HeteroLRParams, me: str) -> list[Exception]:
+def _peer_problems(
+    message: dict, sender: str, rows: int, params: HeteroLRParams, me: str, resume_epoch: int
+) -> list[Exception]:
     """Everything wrong in a peer's hello (row counts first: the most common mistake)."""
     problems: list[Exception] = []
     if message.get("protocol") != PROTOCOL:
@@ -757,7 +773,35 @@ def _peer_problems(message: dict, sender: str, rows: int, params: HeteroLRParams
                 f"shared parameters differ: {me} has {params.shared()}, {sender} has {message.get('params')}"
             )
         )
+    if message.get("resume_epoch", 0) != resume_epoch:
+        problems.append(
+            ProtocolError(
+                f"{sender} resumes after epoch {message.get('resume_epoch', 0)}, {me} after epoch {resume_epoch}: "
+                "every party must resume from the same checkpoint"
+            )
+        )
     return problems
+
+
+def _snapshot(epoch_done: int, weights: np.ndarray, optimizer: _Optimizer, losses: list[float] | None) -> dict:
+    """A party's whole training state after ``epoch_done`` epochs (what a checkpoint keeps).
+
+    The keys are not in it: every run draws fresh ones, and no state depends on them.
+    """
+    state = {"epoch": epoch_done, "weights": weights.copy(), "optimizer": optimizer.state()}
+    if losses is not None:
+        state["losses"] = np.asarray(losses, dtype=np.float64)
+    return state
+
+
+def _resumed(state: dict, size: int, params: HeteroLRParams, me: str) -> tuple[np.ndarray, _Optimizer, list[float]]:
+    """Weights, optimizer and epoch losses as a checkpoint left them; checked against this data."""
+    weights = np.asarray(state.get("weights"), dtype=np.float64)
+    if weights.shape != (size,):
+        raise ProtocolError(f"{me}: the checkpoint holds {weights.size} weights, this data needs {size}")
+    optimizer = _Optimizer(params, size)
+    optimizer.load(state.get("optimizer") or {})
+    return weights, optimizer, [float(v) for v in np.asarray(state.get("losses", []), dtype=np.float64)]
 
 
 def _raise_first(own: Exception | None, problems: list[Exception]) -> None:
@@ -782,13 +826,25 @@ def _epoch_record(epoch: int, loss: float | None, start: float, crypto: float, c
 
 
 def train_guest(
-    channel: Channel, hosts: list[str], X: np.ndarray, y: np.ndarray, params: HeteroLRParams, session: str
+    channel: Channel,
+    hosts: list[str],
+    X: np.ndarray,
+    y: np.ndarray,
+    params: HeteroLRParams,
+    session: str,
+    *,
+    on_epoch=None,
+    resume: dict | None = None,
 ) -> HeteroLRGuestModel:
     """Run the guest's side of training (see the module docstring for the protocol).
 
     ``X`` holds the guest's columns (rows aligned with every host's), ``y`` the 0/1 labels;
     ``hosts[0]`` is the key host. Returns the guest's model; the hosts return theirs.
+    ``on_epoch(entry, snapshot)``: after every epoch, with its record and a callable returning
+    the guest's training state (for a checkpoint). ``resume``: such a state; training continues
+    with the next epoch (every host must resume from the same one).
     """
+    start_epoch = int(resume["epoch"]) if resume else 0
     if not isinstance(params, HeteroLRParams):
         raise InvalidParameterError(f"params must be a HeteroLRParams, got {type(params).__name__}")
     me = f"guest {channel.party!r}"
@@ -812,7 +868,7 @@ def train_guest(
         with meter:
             secret = _generate_keypair(params.key_bits)
         key_bytes = secret.encryption_key.to_bytes()
-    hello = _hello(own_error, rows, columns, params, key_bytes)
+    hello = _hello(own_error, rows, columns, params, key_bytes, start_epoch)
     hello["hosts"] = list(hosts)
     channel.send(hosts, f"hlr-hello/{session}", hello)
 
@@ -821,7 +877,7 @@ def train_guest(
     host_key = None
     for host in hosts:
         message = channel.recv(host, f"hlr-hello/{session}")
-        problems += _peer_problems(message, host, rows, params, me)
+        problems += _peer_problems(message, host, rows, params, me, start_epoch)
         host_columns[host] = message.get("n_features") if isinstance(message.get("n_features"), int) else -1
         if host_columns[host] < 1 and not message.get("error"):
             problems.append(ProtocolError(f"hello from {host}: field 'n_features' must be a positive integer"))
@@ -847,14 +903,16 @@ def train_guest(
     signs = 2.0 * y - 1.0
     weights = np.zeros(columns + 1)  # [w_G..., b]
     optimizer = _Optimizer(params, columns + 1)
+    losses: list[float] = []
+    if resume:
+        weights, optimizer, losses = _resumed(resume, columns + 1, params, me)
     model = HeteroLRGuestModel(
         weights=weights[:-1].copy(), intercept=0.0, scaling=scaling, hosts=list(hosts), history=[]
     )
     model.setup_seconds = time.perf_counter() - setup_start
 
     base_round = channel.round
-    losses: list[float] = []
-    for epoch in range(params.epochs):
+    for epoch in range(start_epoch, params.epochs):
         channel.round = base_round + 1 + epoch
         start, crypto0 = time.perf_counter(), meter.seconds
         sent0, got0 = channel.bytes_sent, channel.bytes_received
@@ -914,6 +972,11 @@ def train_guest(
         stop = epoch == params.epochs - 1 or _converged(losses, params.tol)
         channel.send(hosts, f"hlr-ctl/{session}/{epoch}", {"stop": bool(stop)})
         model.history.append(_epoch_record(epoch, losses[-1], start, meter.seconds - crypto0, channel, sent0, got0))
+        if stop and epoch < params.epochs - 1:
+            model.history[-1]["stopped_early"] = True  # converged: a checkpoint of this epoch ends the job
+        if on_epoch is not None:
+            state = _snapshot(epoch + 1, weights, optimizer, losses)
+            on_epoch(model.history[-1], lambda state=state: state)
         if stop:
             model.converged = _converged(losses, params.tol)
             break
@@ -924,13 +987,22 @@ def train_guest(
 
 
 def train_host(
-    channel: Channel, guest: str, hosts: list[str], X: np.ndarray, params: HeteroLRParams, session: str
+    channel: Channel,
+    guest: str,
+    hosts: list[str],
+    X: np.ndarray,
+    params: HeteroLRParams,
+    session: str,
+    *,
+    on_epoch=None,
+    resume: dict | None = None,
 ) -> HeteroLRHostModel:
     """Run one host's side of training.
 
     ``hosts`` is the same ordered list the guest got: ``hosts[0]`` draws K_H and decrypts the
-    guest's masked values.
+    guest's masked values. ``on_epoch``, ``resume``: as the guest's.
     """
+    start_epoch = int(resume["epoch"]) if resume else 0
     if not isinstance(params, HeteroLRParams):
         raise InvalidParameterError(f"params must be a HeteroLRParams, got {type(params).__name__}")
     if not isinstance(guest, str) or not guest:
@@ -959,12 +1031,12 @@ def train_host(
         with meter:
             secret = _generate_keypair(params.key_bits)
         key_bytes = secret.encryption_key.to_bytes()
-    hello = _hello(own_error, rows, columns, params, key_bytes)
+    hello = _hello(own_error, rows, columns, params, key_bytes, start_epoch)
     channel.send([guest, *others] if is_key_host else [guest], f"hlr-hello/{session}", hello)
 
     problems: list[Exception] = []
     message = channel.recv(guest, f"hlr-hello/{session}")
-    problems += _peer_problems(message, guest, rows, params, me)
+    problems += _peer_problems(message, guest, rows, params, me, start_epoch)
     if message.get("hosts", hosts) != hosts:
         problems.append(InvalidParameterError(f"hosts differ: {me} has {hosts}, the guest has {message.get('hosts')}"))
     guest_key = None
@@ -1001,12 +1073,14 @@ def train_host(
     codes = _quantize(standard, scaling)
     weights = np.zeros(columns)
     optimizer = _Optimizer(params, columns)
+    if resume:
+        weights, optimizer, _ = _resumed(resume, columns, params, me)
     model = HeteroLRHostModel(weights=weights.copy(), scaling=scaling, guest=guest, hosts=list(hosts))
     model.setup_seconds = time.perf_counter() - setup_start
     position = hosts.index(channel.party)
 
     base_round = channel.round
-    for epoch in range(params.epochs):
+    for epoch in range(start_epoch, params.epochs):
         channel.round = base_round + 1 + epoch
         start, crypto0 = time.perf_counter(), meter.seconds
         sent0, got0 = channel.bytes_sent, channel.bytes_received
@@ -1084,6 +1158,11 @@ def train_host(
 
         control = channel.recv(guest, f"hlr-ctl/{session}/{epoch}")
         model.history.append(_epoch_record(epoch, None, start, meter.seconds - crypto0, channel, sent0, got0))
+        if control.get("stop") is not False and epoch < params.epochs - 1:
+            model.history[-1]["stopped_early"] = True
+        if on_epoch is not None:
+            state = _snapshot(epoch + 1, weights, optimizer, None)
+            on_epoch(model.history[-1], lambda state=state: state)
         if control.get("stop") is not False:
             break
 

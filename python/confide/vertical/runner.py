@@ -168,10 +168,12 @@ def run_vertical_party(
 
     Checkpoints (``checkpoint_interval``): every that many epochs and after the last, the party
     writes ``<checkpoint_dir>/round-NNNNNN/state.cvw``, its whole training state at that
-    point (Hetero NN: networks, optimizer moments and its weight share); ``resume_round``
-    continues from such a checkpoint (PSI runs again and gives the same rows). SecureBoost
-    checkpoints after whole boosting rounds (the guest's trees and margins, a host's lookup
-    table); Hetero LR its final model only, so a killed run of it starts over.
+    point (Hetero NN: networks, optimizer moments and its weight share; Hetero LR: its weights,
+    optimizer moments and, at the guest, the epoch losses); ``resume_round`` continues from such
+    a checkpoint (PSI runs again and gives the same rows). SecureBoost checkpoints after whole
+    boosting rounds (the guest's trees and margins, a host's lookup table). A job that stops
+    early (SecureBoost's early stopping, Hetero LR's convergence) checkpoints the round it
+    stopped at.
     """
     if party_id not in spec.parties:
         raise JobFailedError(f"party {party_id!r} is not in the job's parties {spec.parties}")
@@ -253,10 +255,8 @@ def run_vertical_party(
         elif spec.model.algorithm == "hetero_nn":
             part = _hetero_nn(spec, channel, role, guest, hosts, X, y, train, test, report, on_round, resume_state)
         else:
-            part = _hetero_lr(spec, channel, role, guest, hosts, X, y, train, test, report, on_round)
+            part = _hetero_lr(spec, channel, role, guest, hosts, X, y, train, test, report, on_round, resume_state)
         (workdir / f"{party_id}.model.cvw").write_bytes(wire.encode(part))
-        if spec.checkpoint_interval and spec.model.algorithm == "hetero_lr":
-            _write_state(checkpoint_dir, spec.rounds, {"final": True, "part": part})
         report["status"] = "completed"
     except ConfideError as error:
         report["status"] = "failed"
@@ -333,20 +333,18 @@ def _secureboost(spec, channel, role, guest, hosts, X, y, train, test, report, o
     return {"algorithm": "secureboost", "role": "host", "model": lookup.to_dict()}
 
 
-def _hetero_lr(spec, channel, role, guest, hosts, X, y, train, test, report, on_round) -> dict:
+def _hetero_lr(spec, channel, role, guest, hosts, X, y, train, test, report, on_round, resume_state) -> dict:
     from confide.vertical import hetero_lr as lr
 
     params = hetero_lr_params(spec)
     if role == "guest":
-        model = lr.train_guest(channel, hosts, X[train], y[train], params, "train")
-        for entry in getattr(model, "history", []) or []:
-            on_round(entry)
+        model = lr.train_guest(
+            channel, hosts, X[train], y[train], params, "train", on_epoch=on_round, resume=resume_state
+        )
         predictions = lr.predict_guest(channel, hosts, X[test], model, "test")
         report["metrics"] = evaluate("binary:logistic", y[test], predictions)
         return {"algorithm": "hetero_lr", "role": "guest", "model": model.to_dict()}
-    model = lr.train_host(channel, guest, hosts, X[train], params, "train")
-    for entry in getattr(model, "history", []) or []:
-        on_round(entry)
+    model = lr.train_host(channel, guest, hosts, X[train], params, "train", on_epoch=on_round, resume=resume_state)
     lr.predict_host(channel, guest, X[test], model, "test")
     return {"algorithm": "hetero_lr", "role": "host", "model": model.to_dict()}
 

@@ -249,6 +249,54 @@ def test_convergence_stops_every_party_at_the_same_epoch(breast):
     assert len(models["g"].history) == len(models["h1"].history) == len(reference.loss) < 6
 
 
+def test_training_resumes_from_an_epoch_snapshot_to_the_uninterrupted_model(breast):
+    from confide.vertical import wire
+
+    X_train, _, y_train, _, _ = breast
+    X_g, X_h, y = X_train[:240, :10], [X_train[:240, 10:20], X_train[:240, 20:]], y_train[:240]
+    params = hlr.HeteroLRParams(learning_rate=0.05, epochs=4, batch_size=80)
+    straight, errors, _ = secure_fit(X_g, X_h, y, params, session="a")
+    assert not errors, errors
+    saved: dict = {}
+
+    def keep(party):
+        def hook(entry, snapshot):
+            if entry["epoch"] == 1:  # after two epochs: what a checkpoint file holds, through the wire
+                saved[party] = wire.decode(wire.encode(snapshot()))
+
+        return hook
+
+    def train(session, hooks=None, resume=None):
+        channels = LocalChannel.group(["g", "h1", "h2"], timeout_s=30.0)
+        hooks, resume = hooks or {}, resume or {}
+        jobs = {
+            "g": lambda: hlr.train_guest(
+                channels["g"], ["h1", "h2"], X_g, y, params, session, on_epoch=hooks.get("g"), resume=resume.get("g")
+            )
+        }
+        for k, name in enumerate(["h1", "h2"]):
+            jobs[name] = lambda c=channels[name], X=X_h[k], n=name: hlr.train_host(
+                c, "g", ["h1", "h2"], X, params, session, on_epoch=hooks.get(n), resume=resume.get(n)
+            )
+        return run_parties(jobs)
+
+    _, errors = train("b", hooks={p: keep(p) for p in ("g", "h1", "h2")})
+    assert not errors, errors
+    assert saved["g"]["epoch"] == saved["h1"]["epoch"] == 2 and len(saved["g"]["losses"]) == 2
+    resumed, errors = train("c", resume=saved)
+    assert not errors, errors
+    assert [e["epoch"] for e in resumed["g"].history] == [2, 3]
+    # Fresh keys and masks, the same fixed-point values: the weights of the uninterrupted run.
+    np.testing.assert_allclose(resumed["g"].weights, straight["g"].weights, atol=1e-9)
+    assert resumed["g"].intercept == pytest.approx(straight["g"].intercept, abs=1e-9)
+    for name in ("h1", "h2"):
+        np.testing.assert_allclose(resumed[name].weights, straight[name].weights, atol=1e-9)
+    assert resumed["g"].history[-1]["loss"] == pytest.approx(straight["g"].history[-1]["loss"], abs=1e-9)
+    # Parties resuming from different epochs are refused, naming both.
+    _, errors = train("d", resume={**saved, "h2": {**saved["h2"], "epoch": 1}})
+    assert errors and any("resumes after epoch 1" in str(e) for e in errors.values()), errors
+
+
 # ------------------------------------------------------------------------------ privacy
 
 
