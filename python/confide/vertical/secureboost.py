@@ -100,6 +100,10 @@ class SecureBoostParams:
     early_stopping_rounds: int | None = None
     #: Seed of the validation split.
     seed: int = 0
+    #: multi:softprob: encrypt a row's K classes in one ciphertext per round ("always"), one per
+    #: class and tree ("never"), or decide each round from the last round's measured encryption
+    #: and decryption costs ("auto"; round 0 never packs).
+    pack_classes: str = "auto"
 
     def __post_init__(self) -> None:
         checks = [
@@ -137,6 +141,7 @@ class SecureBoostParams:
                 "None or an int in 1..10000",
             ),
             ("seed", _is_int(self.seed) and 0 <= self.seed < 2**32, "an int in 0..2^32-1"),
+            ("pack_classes", self.pack_classes in ("auto", "always", "never"), "auto, always or never"),
         ]
         if self.objective == "multi:softprob":
             checks.append(
@@ -175,7 +180,14 @@ class SecureBoostParams:
     @property
     def slots(self) -> int:
         """Bin sums folded into one ciphertext."""
-        return max(1, (self.key_bits - 2) // (2 * FIELD_BITS))
+        return self.cells_per_ciphertext(1)
+
+    def cells_per_ciphertext(self, classes: int) -> int:
+        """(feature, bin) cells per folded ciphertext, each cell carrying ``classes`` (G, H) fields.
+
+        0: not even one cell fits.
+        """
+        return (self.key_bits - 2) // (2 * FIELD_BITS * classes)
 
 
 def _is_int(value) -> bool:
@@ -474,6 +486,43 @@ def _gradients(objective: str, y: np.ndarray, margin: np.ndarray) -> list[tuple[
     return [(margin[:, 0] - y, np.ones(len(y)))]
 
 
+def packed_plaintexts(encoded: list[tuple[np.ndarray, np.ndarray]]) -> list[bytes]:
+    """One plaintext per row holding every class's ``G << 62 | H``, class k at bit ``124 k``."""
+    fields = 2 * FIELD_BITS
+    size = (fields * len(encoded) + 7) // 8
+    out = []
+    for row in zip(*(zip(G.tolist(), H.tolist(), strict=True) for G, H in encoded), strict=True):
+        value = 0
+        for k, (g, h) in enumerate(row):
+            value |= ((g << FIELD_BITS) | h) << (fields * k)
+        out.append(value.to_bytes(size, "big"))
+    return out
+
+
+def _pack_this_round(params: SecureBoostParams, history: list[dict], rows: int) -> bool:
+    """Whether a multi-class round encrypts a row's classes together (``pack_classes``).
+
+    Packing saves (K - 1) encryptions per row and round; it costs decryptions, because a folded
+    ciphertext then holds ``slots / K`` cells instead of ``slots``. "auto" weighs the two with
+    the previous round's measured seconds per encryption and per decryption and its cell count.
+    """
+    K = params.classes
+    if K < 2 or params.pack_classes == "never" or params.cells_per_ciphertext(K) < 1:
+        return False
+    if params.pack_classes == "always":
+        return True
+    previous = history[-K:] if len(history) >= K else []
+    encryptions = rows * (1 if previous and previous[0].get("packed_classes") else K)
+    encrypt_s = sum(e.get("encrypt_s", 0.0) for e in previous)
+    decrypt_s = sum(v for e in previous for name, v in e.items() if name.endswith("_decrypt_s"))
+    decrypted = sum(v for e in previous for name, v in e.items() if name.endswith("_decrypted"))
+    cells = sum(v for e in previous for name, v in e.items() if name.endswith("_cells"))
+    if not previous or not encrypt_s or not decrypted:
+        return False
+    extra = cells * (1 / params.cells_per_ciphertext(K) - 1 / params.slots) * decrypt_s / decrypted
+    return (K - 1) * rows * encrypt_s / encryptions > extra
+
+
 def validation_loss(objective: str, y: np.ndarray, margin: np.ndarray) -> float:
     """XGBoost's default eval metric of ``objective`` at ``margin`` ``(n, K)``.
 
@@ -689,18 +738,27 @@ def _boost(
         # Tree j is round j // K for class j % K; a round's K trees share the gradients of its start.
         t, k = divmod(j, classes)
         started = time.perf_counter()
+        crypto, ciphertexts = {}, None
         if k == 0:
             gradients = _gradients(params.objective, y, margin)
-        g, h = gradients[k]
-        packing = GHPacking.choose(g, h)
-        G, H = packing.encode(g, h)
-        crypto, ciphertexts = {}, None
-        if encrypt is not None:
+            packings = [GHPacking.choose(g_k, h_k) for g_k, h_k in gradients]
+            encoded = [p.encode(g_k, h_k) for p, (g_k, h_k) in zip(packings, gradients, strict=True)]
+            packed = encrypt is not None and _pack_this_round(params, history, len(y))
+            if packed:
+                clock = time.perf_counter()
+                round_ciphertexts = encrypt(packed_plaintexts(encoded))
+                crypto["encrypt_s"] = time.perf_counter() - clock
+        packing = packings[k]
+        G, H = encoded[k]
+        if packed:
+            ciphertexts = round_ciphertexts if k == 0 else None
+            crypto["packed_classes"] = classes
+        elif encrypt is not None:
             clock = time.perf_counter()
             ciphertexts = encrypt(packing.plaintexts(G, H))
             crypto["encrypt_s"] = time.perf_counter() - clock
         for source in sources:
-            source.begin_tree(j, G, H, packing, ciphertexts)
+            source.begin_tree(j, G, H, packing, ciphertexts, (k, classes) if packed else None)
         nodes, leaf_value, stats = builder.grow(G, H, packing, train_rows, val_rows)
         margin[:, k] += leaf_value
         trees.append(nodes)
@@ -725,8 +783,8 @@ def _boost(
             **entry_extra,
             **({"stopped_early": True} if stopped else {}),
         }
-        for k, source in enumerate(sources):
-            entry.update({f"host{k}_{key}": value for key, value in source.tree_stats().items()})
+        for i, source in enumerate(sources):
+            entry.update({f"host{i}_{key}": value for key, value in source.tree_stats().items()})
         history.append(entry)
         if on_tree is not None:
             # the state after a whole boosting round (its K trees): what a checkpoint keeps
@@ -758,7 +816,7 @@ class _PlainSource:
         self.name, self.bins, self.n_bins = name, bins, n_bins
         self.records = 0
 
-    def begin_tree(self, tree, G, H, packing, ciphertexts):
+    def begin_tree(self, tree, G, H, packing, ciphertexts, slot=None):
         self.G, self.H, self.current = G, H, {}
 
     def send_layer(self, node_of_row, plan):
@@ -828,10 +886,18 @@ class _RemoteSource:
         self.sent_key = False
         self.stats: dict[str, float] = {}
 
-    def begin_tree(self, tree, G, H, packing, ciphertexts):
-        self.stats = {"decrypt_s": 0.0}
+    def begin_tree(self, tree, G, H, packing, ciphertexts, slot=None):
+        """Tell the host a tree begins.
+
+        ``slot``: (class k, K) when a row's K classes share one ciphertext (sent with the round's
+        first tree; the others reuse it).
+        """
+        self.stats = {"decrypt_s": 0.0, "decrypted": 0, "cells": 0}
         self.current = {}
-        message = {"op": "tree", "tree": tree, "gh": ciphertexts.to_bytes(), "rows": len(G)}
+        self.slot = slot
+        message = {"op": "tree", "tree": tree, "rows": len(G), "fields": slot[1] if slot else 1}
+        if ciphertexts is not None:
+            message["gh"] = ciphertexts.to_bytes()
         if not self.sent_key:
             message["key"] = self.key.encryption_key.to_bytes()
             self.sent_key = True
@@ -865,13 +931,17 @@ class _RemoteSource:
                 f"{len(direct)} directly built nodes x {self.params.n_bins} bins"
             )
         features, n_bins = counts.shape[1], counts.shape[2]
+        fields, field = (self.slot[1], self.slot[0]) if self.slot else (1, 0)
         built = {}
         for i, data in enumerate(hists):
             folded = _native.CiphertextVector.from_bytes(data, self.key.encryption_key)
             started = time.perf_counter()
             plains = self.key.decrypt_raw(folded, self.params.threads)
             self.stats["decrypt_s"] += time.perf_counter() - started
-            G_sum, H_sum = _unfold(plains, features * n_bins, self.params.slots)
+            self.stats["decrypted"] += len(plains)
+            self.stats["cells"] += features * n_bins
+            per = self.params.cells_per_ciphertext(fields)
+            G_sum, H_sum = _unfold(plains, features * n_bins, per, fields=fields, field=field)
             built[direct[i]] = (G_sum.reshape(features, n_bins), H_sum.reshape(features, n_bins), counts[i])
         self.current = layer_histograms(plan, built.__getitem__, getattr(self, "current", {}))
         return self.current
@@ -904,9 +974,16 @@ class _RemoteSource:
         return {**self.stats, **getattr(self, "host_stats", {})}
 
 
-def _unfold(plains: list[bytes], count: int, slots: int) -> tuple[np.ndarray, np.ndarray]:
+def _unfold(
+    plains: list[bytes], count: int, slots: int, *, fields: int = 1, field: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
+    """The (G, H) sums of ``count`` cells folded ``slots`` to a ciphertext.
+
+    Each cell holds ``fields`` packed classes, of which class ``field`` is returned.
+    """
     mask = (1 << FIELD_BITS) - 1
-    width = 2 * FIELD_BITS
+    pair = 2 * FIELD_BITS
+    width = pair * fields
     G = np.empty(count, dtype=np.int64)
     H = np.empty(count, dtype=np.int64)
     i = 0
@@ -915,9 +992,9 @@ def _unfold(plains: list[bytes], count: int, slots: int) -> tuple[np.ndarray, np
         for _ in range(slots):
             if i == count:
                 break
-            field = value & ((1 << width) - 1)
+            cell = (value & ((1 << width) - 1)) >> (pair * field)
             value >>= width
-            G[i], H[i] = field >> FIELD_BITS, field & mask
+            G[i], H[i] = (cell >> FIELD_BITS) & mask, cell & mask
             i += 1
     if i != count or value:
         raise ProtocolError(f"folded histogram holds a different number of sums than the {count} expected")
@@ -1030,7 +1107,14 @@ def serve_host(
                 raise ProtocolError(
                     f"guest sent gradients for {message['rows']} rows, this host holds {state['bins'].shape[1]}"
                 )
-            state["gh"] = _native.CiphertextVector.from_bytes(message["gh"], state["key"])
+            fields = message.get("fields", 1)
+            if not _is_int(fields) or state["params"].cells_per_ciphertext(fields) < 1:
+                raise ProtocolError(f"tree {message.get('tree')}: {fields!r} packed classes do not fit a plaintext")
+            state["fields"] = fields
+            if "gh" in message:
+                state["gh"] = _native.CiphertextVector.from_bytes(message["gh"], state["key"])
+            elif "gh" not in state:
+                raise ProtocolError(f"tree {message.get('tree')}: no encrypted gradients to reuse")
             state["stats"] = {"hist_s": 0.0, "fold_s": 0.0}
         elif op == "layer":
             _host_layer(channel, guest, tag, message, state, threads)
@@ -1039,7 +1123,8 @@ def serve_host(
             channel.send(guest, tag + "/reply", replies)
         elif op == "end_tree":
             channel.send(guest, tag + "/reply", state.get("stats", {}))
-            state.pop("gh", None)
+            if message.get("last"):
+                state.pop("gh", None)  # kept until then: a round's classes may share one vector
             if not message.get("last"):
                 channel.round += 1
             if on_tree is not None and isinstance(message.get("tree"), int):
@@ -1074,7 +1159,11 @@ def _host_layer(channel, guest, tag, message, state, threads) -> None:
     started = time.perf_counter()
     # Re-randomized: a product of the guest's own ciphertexts is deterministic, so without fresh
     # randomness the guest could test which rows a sum combines (e.g. a bin holding one row).
-    folded = [h.fold(2 * FIELD_BITS, params.slots, threads).rerandomize(threads).to_bytes() for h in hists]
+    fields = state.get("fields", 1)
+    per = params.cells_per_ciphertext(fields)
+    folded = [
+        (h.fold(2 * FIELD_BITS * fields, per, threads) if per > 1 else h).rerandomize(threads).to_bytes() for h in hists
+    ]
     state["stats"]["fold_s"] += time.perf_counter() - started
     counts = np.stack([counts_histogram(bins, rows, n_bins) for rows in direct])
     channel.send(guest, tag + "/reply", {"hist": folded, "counts": counts.astype(np.int32)})

@@ -152,7 +152,7 @@ def test_privacy_of_what_each_side_receives(breast):
     results, channels = secure_fit(X[:, :10], [X[:, 10:]], y, params)
     lookup = results["host0"].lookup
     received_by_host = channels["guest"].received_by("host0")
-    allowed_host = {"op", "rows", "params", "tree", "gh", "key", "node_of_row", "plan", "decisions", "last"}
+    allowed_host = {"op", "rows", "params", "tree", "gh", "key", "node_of_row", "plan", "decisions", "last", "fields"}
     for _, tag, message in received_by_host:
         assert set(message) <= allowed_host, (tag, set(message) - allowed_host)
         for field in ("node_of_row", "plan", "decisions"):
