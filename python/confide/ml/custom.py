@@ -18,6 +18,7 @@ something the controller or the developer can push into a hospital.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import importlib.util
 import sys
@@ -29,20 +30,20 @@ from confide.errors import InvalidParameterError
 __all__ = ["build", "load_entry"]
 
 
-def load_entry(entry: str, *, who: str = "this party") -> Any:
-    """The object ``entry`` names (``module:attr`` or ``file.py:attr``)."""
+def load_entry(entry: str, *, who: str = "this party", field: str = "model.entry") -> Any:
+    """The object ``entry`` names (``module:attr`` or ``file.py:attr``); errors name ``field``."""
     location, _, attribute = entry.rpartition(":")
     if not location or not attribute:
-        raise InvalidParameterError(f"{who}: model.entry must look like 'package.module:attribute', got {entry!r}")
+        raise InvalidParameterError(f"{who}: {field} must look like 'package.module:attribute', got {entry!r}")
     try:
         if location.endswith(".py"):
             path = Path(location)
             if not path.is_file():
-                raise InvalidParameterError(f"{who}: model.entry file {str(path)!r} does not exist")
+                raise InvalidParameterError(f"{who}: {field} file {str(path)!r} does not exist")
             name = f"confide_user_{abs(hash(str(path.resolve())))}"
             spec = importlib.util.spec_from_file_location(name, path)
             if spec is None or spec.loader is None:
-                raise InvalidParameterError(f"{who}: model.entry file {str(path)!r} is not a Python module")
+                raise InvalidParameterError(f"{who}: {field} file {str(path)!r} is not a Python module")
             module = importlib.util.module_from_spec(spec)
             sys.modules[name] = module
             spec.loader.exec_module(module)
@@ -52,12 +53,14 @@ def load_entry(entry: str, *, who: str = "this party") -> Any:
         raise
     except Exception as error:  # noqa: BLE001 - the user's module failed to import: say so, with its message
         raise InvalidParameterError(
-            f"{who}: model.entry {entry!r} cannot be imported: {type(error).__name__}: {error}"
+            f"{who}: {field} {entry!r} cannot be imported: {type(error).__name__}: {error}"
         ) from None
     target: Any = module
     for part in attribute.split("."):
         if not hasattr(target, part):
-            raise InvalidParameterError(f"{who}: model.entry {entry!r}: {location} has no attribute {attribute!r}")
+            close = difflib.get_close_matches(part, [n for n in dir(target) if not n.startswith("_")], n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise InvalidParameterError(f"{who}: {field} {entry!r}: {location} has no attribute {attribute!r}{hint}")
         target = getattr(target, part)
     return target
 

@@ -203,7 +203,7 @@ def build(spec: NetSpec, input_dim: int, *, seed: int, outputs: int | None, who:
     else:
         from confide.ml.custom import load_entry
 
-        factory = load_entry(spec.entry or "", who=who)
+        factory = load_entry(spec.entry or "", who=who, field="torch")
         if not callable(factory):
             raise InvalidParameterError(f"{who}: {spec.entry} is not callable")
         extra = {"outputs": outputs} if outputs is not None else {}
