@@ -828,13 +828,19 @@ impl IfmaCrt {
         let ctx = &table_p.modulus;
         let c_p = table_p.power_times_lanes(exponents, factors_p);
         let c_q = table_q.power_times_lanes(exponents, factors_q);
-        // AMM(c, (q²)⁻¹·R) = c·(q²)⁻¹ mod p², in [0, 2p²): c_p < 2p² and c_q < 2q² < R/2,
+        // The q side must enter fully reduced: c_q may hold r_q + q² (lanes end in [0, 2q²)),
+        // and q² is not 0 mod p², so the unreduced lane would give t − 1 and c − q². (That
+        // happens with probability ≈ q²/(4R) per value: 2^-14 for 4096-bit keys, whose q² has
+        // 12 bits of headroom in R; it made one of eleven decryptions wrong, once, in CI.)
+        let residues_q = table_q.modulus.unpack(&c_q, exponents.len());
+        let mut reduced_q = ctx.zero_lanes();
+        ctx.pack(&residues_q.iter().collect::<Vec<_>>(), &mut reduced_q);
+        // AMM(c, (q²)⁻¹·R) = c·(q²)⁻¹ mod p², in [0, 2p²): c_p < 2p² and r_q < q² < R/2,
         // so a·b/R < p² for both.
         let mut x = ctx.zero_lanes();
         let mut y = ctx.zero_lanes();
         ctx.mul_broadcast(&c_p, &self.inverse_r, &mut x);
-        ctx.mul_broadcast(&c_q, &self.inverse_r, &mut y);
-        let residues_q = table_q.modulus.unpack(&c_q, exponents.len());
+        ctx.mul_broadcast(&reduced_q, &self.inverse_r, &mut y);
         let digits = ctx.digits;
         residues_q
             .into_iter()
@@ -964,6 +970,43 @@ mod tests {
                 assert_eq!(*c, rho * &g[i] % public.n_squared(), "lane {i}");
             }
         }
+    }
+
+    /// A prime of `bits` bits whose two top bits are set: p² then fills its radix-2^52
+    /// digits almost to the top, so lanes often end in [q², 2q²) (the case Garner must reduce).
+    fn tight_prime(bits: u32, seed: u64) -> Integer {
+        // A fixed pseudo-random pattern (splitmix64) below the two top bits.
+        let mut state = seed;
+        let limbs: Vec<u64> = (0..bits.div_ceil(64))
+            .map(|_| {
+                state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+                let mut z = state;
+                z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+                z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+                z ^ (z >> 31)
+            })
+            .collect();
+        let mut x = Integer::from_digits(&limbs, Order::Lsf);
+        x.keep_bits_mut(bits - 2);
+        x |= Integer::from(3) << (bits - 2);
+        x.next_prime()
+    }
+
+    #[test]
+    fn key_holder_encryption_reduces_the_q_side_before_garner() {
+        use crate::keys::DecryptionKey;
+        use crate::ops::Randomizer;
+        if !available() {
+            return;
+        }
+        // 1039-bit primes: q² has 2078 bits in 40 digits (R = 2^2080), so about 6 % of the
+        // lanes end above q². Before the fix those values decrypted wrong mod p.
+        let (p, q) = (tight_prime(1039, 1), tight_prime(1039, 2));
+        let key = DecryptionKey::from_primes(p, q, None).unwrap();
+        let public = key.encryption_key();
+        let plaintexts: Vec<Integer> = (1..=200u32).map(|i| (Integer::from(public.n()) >> 3u32) * i % public.n()).collect();
+        let ciphertexts = key.encrypt_many(&plaintexts, Randomizer::FixedBase).unwrap();
+        assert_eq!(key.decrypt_many(&ciphertexts).unwrap(), plaintexts);
     }
 }
 
