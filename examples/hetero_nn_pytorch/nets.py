@@ -21,13 +21,15 @@ class ResidualBottom(nn.Module):
         self.norm = nn.LayerNorm(width)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Gated tanh features plus a linear skip, normalised."""
         return self.norm(torch.tanh(self.hidden(x)) * torch.sigmoid(self.gate(x)) + self.skip(x))
 
 
 def lab_bottom(input_dim: int, width: int = 8) -> nn.Module:
+    """The lab's bottom model (``bottom: {torch: nets.py:lab_bottom}``)."""
     return ResidualBottom(input_dim, width)
 
 
 def hospital_top(input_dim: int, outputs: int) -> nn.Module:
-    # Ends with `outputs` linear units (logits): the head applies the sigmoid.
+    """The hospital's top model; it ends with ``outputs`` linear units (logits): the head applies the sigmoid."""
     return nn.Sequential(nn.Linear(input_dim, 8), nn.ReLU(), nn.Dropout(0.1), nn.Linear(8, outputs))

@@ -1,0 +1,33 @@
+"""The ``confide`` command settles the numeric libraries' threads before numpy loads."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from confide.cli.main import NUMERIC_ENVIRONMENT, settle_numeric_threads
+
+
+def test_defaults_fill_only_what_the_operator_left_unset():
+    environ = {"OPENBLAS_THREAD_TIMEOUT": "12"}
+    settle_numeric_threads(environ)
+    assert environ["OPENBLAS_THREAD_TIMEOUT"] == "12"
+    empty: dict[str, str] = {}
+    settle_numeric_threads(empty)
+    assert empty == NUMERIC_ENVIRONMENT
+
+
+def test_every_confide_process_sets_them_before_numpy_is_imported():
+    probe = (
+        "import os, sys\n"
+        "from confide.cli.main import main\n"
+        "try:\n"
+        "    main(['--help'])\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "print(os.environ.get('OPENBLAS_THREAD_TIMEOUT'), 'numpy' in sys.modules)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in NUMERIC_ENVIRONMENT}
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split()[-2:] == [NUMERIC_ENVIRONMENT["OPENBLAS_THREAD_TIMEOUT"], "False"]
