@@ -174,6 +174,109 @@ class LogEntryRecord(_Record):
     config_digests: dict[str, str]
 
 
+class HealthReply(_Record):
+    """``GET /v1/health``: liveness and the store's dialect."""
+
+    status: str
+    store: str
+
+
+class WhoamiReply(_Record):
+    """``GET /v1/whoami``: the identity in the caller's certificate."""
+
+    name: str
+    role: str
+
+
+class RegisterReply(_Record):
+    """``POST /v1/register``: who registered and the datasets now published."""
+
+    name: str
+    role: str
+    datasets: list[str]
+
+
+class GrantReply(_Record):
+    """``POST /v1/grants``: the grant as it now stands."""
+
+    dataset: str
+    developer: str
+    active: bool
+    expires_at: str | None
+    job_id: str | None
+    approval: bool
+
+
+class RevokeReply(_Record):
+    """``DELETE /v1/grants/{dataset}/{developer}``: the grant, inactive, and the sessions it stopped."""
+
+    dataset: str
+    developer: str
+    active: bool
+    stopped: list[str]
+
+
+class ApproveReply(_Record):
+    """``POST /v1/sessions/{token}/approve``: the session's state and the approvals still missing."""
+
+    session: str
+    state: str
+    pending: list[str]
+
+
+class SubmitReply(_Record):
+    """``POST /v1/jobs``: the new session (its log starts at entry 1)."""
+
+    session: str
+    job_id: str
+    seq: int
+    state: str
+
+
+class TuneReply(_Record):
+    """``POST /v1/sessions/{token}/tune``: the tuning entry, its deltas, whether the run restarted."""
+
+    session: str
+    seq: int
+    deltas: dict[str, Any]
+    restarted: bool
+
+
+class ResumeReply(_Record):
+    """``POST /v1/sessions/{token}/resume``: the resume entry and the round the new run starts from."""
+
+    session: str
+    seq: int
+    run: int
+    resume_round: int | None = None
+    state: str
+
+
+class CancelReply(_Record):
+    """``POST /v1/sessions/{token}/cancel``: the cancel entry."""
+
+    session: str
+    seq: int
+    state: str
+
+
+class EntryRecord(_Record):
+    """``GET /v1/sessions/{token}/entries/{seq}``: one log entry in full."""
+
+    seq: int
+    kind: str
+    spec: dict[str, Any] | None = None
+    configs: dict[str, Any] | None = None
+    deltas: dict[str, Any] | None = None
+    checkpoint: dict[str, Any] | None = None
+
+
+class SyncReply(_Record):
+    """``POST /v1/agent/sync``: the deltas and commands for the calling agent."""
+
+    instructions: list[dict[str, Any]]
+
+
 class SyncRequest(_Body):
     """An agent's heartbeat with its per-session reports."""
 
@@ -271,17 +374,17 @@ def create_app(controller: Controller, *, ca_pem: bytes, max_request_bytes: int 
         # The store is synchronous (SQLAlchemy); keep the event loop free.
         return await run_in_threadpool(function, *args, **kwargs)
 
-    @app.get("/v1/health", tags=["meta"])
+    @app.get("/v1/health", tags=["meta"], response_model=HealthReply)
     async def health() -> dict:
         """Liveness and the store's dialect."""
         return {"status": "ok", "store": controller.store.dialect}
 
-    @app.get("/v1/whoami", tags=["meta"])
+    @app.get("/v1/whoami", tags=["meta"], response_model=WhoamiReply)
     async def whoami(who: Who) -> dict:
         """The identity the controller sees in the caller's certificate."""
         return {"name": who.name, "role": who.role}
 
-    @app.post("/v1/register", tags=["parties"])
+    @app.post("/v1/register", tags=["parties"], response_model=RegisterReply)
     async def register(body: RegisterRequest, request: Request, who: Who) -> dict:
         """Register the caller; a party publishes its datasets' metadata (never rows)."""
         return await call(
@@ -302,7 +405,7 @@ def create_app(controller: Controller, *, ca_pem: bytes, max_request_bytes: int 
         """Published dataset metadata and whether the caller may use each."""
         return await call(controller.datasets, who)
 
-    @app.post("/v1/grants", tags=["data"])
+    @app.post("/v1/grants", tags=["data"], response_model=GrantReply)
     async def grant(body: GrantRequest, who: Who) -> dict:
         """The owner grants a developer the use of one of its datasets (optionally scoped, expiring)."""
         return await call(
@@ -315,7 +418,7 @@ def create_app(controller: Controller, *, ca_pem: bytes, max_request_bytes: int 
             approval=body.approval,
         )
 
-    @app.delete("/v1/grants/{dataset}/{developer}", tags=["data"])
+    @app.delete("/v1/grants/{dataset}/{developer}", tags=["data"], response_model=RevokeReply)
     async def revoke(dataset: str, developer: str, who: Who) -> dict:
         """The owner revokes a grant; sessions using it stop at the next round boundary."""
         return await call(controller.revoke, who, dataset=dataset, developer=developer)
@@ -325,7 +428,7 @@ def create_app(controller: Controller, *, ca_pem: bytes, max_request_bytes: int 
         """Sessions using the caller's datasets (party), the caller's own (developer), or all (admin)."""
         return await call(controller.uses, who)
 
-    @app.post("/v1/sessions/{token}/approve", tags=["data"])
+    @app.post("/v1/sessions/{token}/approve", tags=["data"], response_model=ApproveReply)
     async def approve(token: str, who: Who) -> dict:
         """The owner approves a session's use of its datasets (grants given with approval)."""
         return await call(controller.approve, who, token)
@@ -340,7 +443,7 @@ def create_app(controller: Controller, *, ca_pem: bytes, max_request_bytes: int 
         """Access decisions and changes, oldest first."""
         return await call(controller.audit, who, after=after, limit=limit)
 
-    @app.post("/v1/jobs", tags=["sessions"])
+    @app.post("/v1/jobs", tags=["sessions"], response_model=SubmitReply)
     async def submit(body: SubmitRequest, who: Who) -> dict:
         """Validate a job, check its data access, start it as a session."""
         return await call(controller.submit, who, body.spec)
@@ -360,12 +463,12 @@ def create_app(controller: Controller, *, ca_pem: bytes, max_request_bytes: int 
         """The committed log with deltas and checkpoint roots."""
         return await call(controller.log, who, token)
 
-    @app.get("/v1/sessions/{token}/entries/{seq}", tags=["sessions"])
+    @app.get("/v1/sessions/{token}/entries/{seq}", tags=["sessions"], response_model=EntryRecord)
     async def session_entry(token: str, seq: int, who: Who) -> dict:
         """One log entry in full."""
         return await call(controller.entry, who, token, seq)
 
-    @app.post("/v1/sessions/{token}/tune", tags=["sessions"])
+    @app.post("/v1/sessions/{token}/tune", tags=["sessions"], response_model=TuneReply)
     async def tune(token: str, body: TuneRequest, who: Who) -> dict:
         """Append a tuning entry; the deltas go to the recipients whose configuration changed."""
         return await call(
@@ -378,17 +481,17 @@ def create_app(controller: Controller, *, ca_pem: bytes, max_request_bytes: int 
             base_seq=body.base_seq,
         )
 
-    @app.post("/v1/sessions/{token}/resume", tags=["sessions"])
+    @app.post("/v1/sessions/{token}/resume", tags=["sessions"], response_model=ResumeReply)
     async def resume(token: str, who: Who) -> dict:
         """Continue from the last checkpoint once every file matches its recorded Merkle root."""
         return await call(controller.resume, who, token)
 
-    @app.post("/v1/sessions/{token}/cancel", tags=["sessions"])
+    @app.post("/v1/sessions/{token}/cancel", tags=["sessions"], response_model=CancelReply)
     async def cancel(token: str, who: Who) -> dict:
         """Stop the session's processes (resumable)."""
         return await call(controller.cancel, who, token)
 
-    @app.post("/v1/agent/sync", tags=["agents"])
+    @app.post("/v1/agent/sync", tags=["agents"], response_model=SyncReply)
     async def sync(body: SyncRequest, who: Who) -> dict:
         """An agent's heartbeat and reports; returns deltas and commands for it."""
         return await call(controller.sync, who, body.reports)

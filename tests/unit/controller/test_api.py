@@ -288,3 +288,28 @@ def test_httpx_without_certificate_is_refused(server, certs):
     with httpx.Client(verify=_context(certs[0]), timeout=5) as client:
         with pytest.raises(httpx.HTTPError):
             client.get(f"https://127.0.0.1:{server.port}/v1/whoami")
+
+
+def test_every_endpoint_declares_its_reply_model(clients):
+    """No route answers with an undeclared mapping: /openapi.json describes every 200 body."""
+    document = clients["dev"].request("GET", "/openapi.json")
+    undeclared = []
+    for path, methods in document["paths"].items():
+        for method, operation in methods.items():
+            schema = operation["responses"]["200"]["content"]["application/json"]["schema"]
+            ref = schema.get("$ref") or schema.get("items", {}).get("$ref")
+            if not ref:
+                undeclared.append(f"{method.upper()} {path}")
+    assert undeclared == []
+    replies = {
+        ("post", "/v1/jobs"): "SubmitReply",
+        ("post", "/v1/grants"): "GrantReply",
+        ("delete", "/v1/grants/{dataset}/{developer}"): "RevokeReply",
+        ("post", "/v1/sessions/{token}/tune"): "TuneReply",
+        ("post", "/v1/sessions/{token}/resume"): "ResumeReply",
+        ("post", "/v1/sessions/{token}/cancel"): "CancelReply",
+        ("post", "/v1/agent/sync"): "SyncReply",
+    }
+    for (method, path), model in replies.items():
+        schema = document["paths"][path][method]["responses"]["200"]["content"]["application/json"]["schema"]
+        assert schema == {"$ref": f"#/components/schemas/{model}"}, path
