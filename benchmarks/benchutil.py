@@ -130,3 +130,36 @@ def phe_per_value(sample) -> dict[str, float]:
     if not np.allclose(decrypted, 2 * sample, atol=1e-9):
         raise SystemExit("python-paillier sample did not decrypt to its sum")
     return {"encrypt": t_encrypt, "add": t_add, "decrypt": t_decrypt}
+
+
+def per_ciphertext_costs(parties: int, count: int = 400) -> dict:
+    """One core's seconds to encrypt and to decrypt one packed 2048-bit ciphertext (16-bit codes).
+
+    The E and D of the benches' crypto bound: with every party encrypting its C ciphertexts and
+    the m parties sharing the C decryptions on one machine's cores, a ``paillier`` round cannot
+    take less than plain + (m·E + D)·C / cores.
+    """
+    import numpy as np
+
+    from confide.crypto import BatchCryptCodec, DecryptionKey, decrypt_packed, encrypt_packed
+
+    key = DecryptionKey.generate(2048)
+    key.precompute()
+    codec = BatchCryptCodec(bits=16, max_parties=parties, alpha=0.04)
+    probe = encrypt_packed(np.zeros(1000), codec, key, threads=1)
+    per = -(-1000 // probe.num_ciphertexts)
+    values = np.random.default_rng(2).normal(0, 0.01, per * count)
+    started = time.perf_counter()
+    vector = encrypt_packed(values, codec, key, threads=1)
+    encrypt = (time.perf_counter() - started) / vector.num_ciphertexts
+    started = time.perf_counter()
+    decrypt_packed(vector, key, threads=1)
+    decrypt = (time.perf_counter() - started) / vector.num_ciphertexts
+    return {"encrypt": encrypt, "decrypt": decrypt, "values_per_ciphertext": vector.length // vector.num_ciphertexts}
+
+
+def crypto_floor(costs: dict, parties: int, values: int, cores: int | None = None) -> tuple[int, float]:
+    """(ciphertexts per party, seconds of crypto a paillier round needs on ``cores`` shared cores)."""
+    ciphertexts = -(-values // costs["values_per_ciphertext"])
+    cores = cores or os.cpu_count() or 1
+    return ciphertexts, (parties * costs["encrypt"] + costs["decrypt"]) * ciphertexts / cores

@@ -20,6 +20,11 @@ peer), unprotect (``decode_s``). Bytes per iteration: every party's sent + recei
 measured on a sample of the same update in the same run and scaled linearly: baseline = plain
 iteration + n (t_encrypt + t_decrypt) + (m - 1) n t_add. The output says so.
 
+**Crypto bound** (``nn.<model>.paillier.bound_vs_plain``): one core's cost to encrypt (E) and
+decrypt (D) one packed ciphertext, measured in the same run; with each of the m parties encrypting
+its C ciphertexts and the parties sharing the C decryptions on this machine's cores, an iteration
+cannot take less than plain + (m·E + D)·C / cores.
+
 **BatchCrypt's ratios**, derived from its convergence table (seed 001: time and epochs to
 converge): per epoch, batch / plain = (8.9 h / 68) / (3.2 h / 40) = 1.64 for FMNIST,
 (131.3 / 279) / (34.2 / 285) = 3.92 for CIFAR, (105.2 / 23) / (12.3 / 20) = 7.44 for LSTM.
@@ -45,7 +50,16 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchutil import machine, phe_per_value, record, results_table, write, write_markdown_block  # noqa: E402
+from benchutil import (  # noqa: E402
+    crypto_floor,
+    machine,
+    per_ciphertext_costs,
+    phe_per_value,
+    record,
+    results_table,
+    write,
+    write_markdown_block,
+)
 
 from confide.local import run_local  # noqa: E402
 from confide.spec import parse_job  # noqa: E402
@@ -174,7 +188,7 @@ def _party(directory: Path, party: str) -> dict:
     return json.loads((directory / "parties" / f"{party}.report.json").read_text())
 
 
-def iteration_records(model: str, measured: dict, per_value: dict, notes: list[str]) -> list[dict]:
+def iteration_records(model: str, measured: dict, per_value: dict, costs: dict, notes: list[str]) -> list[dict]:
     config = MODELS[model]
     params = {"parties": len(PARTIES), "batch": config["batch"], "weights": config["weights"], "backend": "jax"}
     out = []
@@ -223,6 +237,29 @@ def iteration_records(model: str, measured: dict, per_value: dict, notes: list[s
             params,
         )
         out.append(versus)
+        ciphertexts, crypto_seconds = crypto_floor(costs, m, n)
+        floor = plain["seconds"] + crypto_seconds
+        bound = record(
+            f"nn.{model}.paillier.bound_vs_plain",
+            floor,
+            "ratio",
+            "plain",
+            plain["seconds"],
+            {
+                **params,
+                "ciphertexts_per_party": ciphertexts,
+                "encrypt_ms": round(costs["encrypt"] * 1e3, 4),
+                "decrypt_ms": round(costs["decrypt"] * 1e3, 4),
+                "crypto_floor_seconds": round(crypto_seconds, 4),
+            },
+        )
+        bound["value"] = bound["ratio"]
+        out.append(bound)
+        notes.append(
+            f"{model}: the crypto alone ({m} x {ciphertexts:,} encryptions + {ciphertexts:,} decryptions on the "
+            f"shared cores) bounds paillier at {floor:.3f} s = {floor / plain['seconds']:.2f}x plain; measured "
+            f"{ours:.2f}x, {(paillier['seconds'] - floor) / paillier['seconds']:.0%} of the iteration above the bound"
+        )
         faster, heavier = baseline / paillier["seconds"], paillier["bytes"] / plain["bytes"]
         notes.append(
             f"{model}: paillier/plain per iteration {ours:.2f} vs BatchCrypt {BATCHCRYPT[model]} -> "
@@ -255,6 +292,11 @@ def main() -> None:
         f"add {per_value['add'] * 1e6:.1f} us, decrypt {per_value['decrypt'] * 1e3:.2f} ms; the per-value "
         "baseline is scaled linearly from these"
     )
+    costs = per_ciphertext_costs(len(PARTIES))
+    print(
+        f"one core, 2048-bit key: {costs['values_per_ciphertext']} values per ciphertext, encrypt "
+        f"{costs['encrypt'] * 1e3:.3f} ms and decrypt {costs['decrypt'] * 1e3:.3f} ms per ciphertext"
+    )
     with tempfile.TemporaryDirectory(prefix="confide-nn-bench-") as directory:
         workdir = Path(directory)
         for model in args.models.split(","):
@@ -270,7 +312,7 @@ def main() -> None:
                     f"[{time.perf_counter() - started:.0f} s]",
                     flush=True,
                 )
-            results.extend(iteration_records(model, measured, per_value, notes))
+            results.extend(iteration_records(model, measured, per_value, costs, notes))
             if args.epoch_rounds:
                 epoch = {}
                 for mode in ("plain", "paillier"):
