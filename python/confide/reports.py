@@ -132,6 +132,10 @@ class PartyReport(_Report):
     failure: Failure | None = None
     bytes_setup: dict[str, int] | None = None
     reconnects: int = 0
+    #: Where a partitioned dataset's rows were held (engine, Ray address, nodes); None: in the party process.
+    compute: dict[str, Any] | None = None
+    #: The most memory (resident set, MiB) the party process has held so far.
+    peak_rss_mb: float | None = None
 
 
 class VerticalRound(_Report):

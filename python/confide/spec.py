@@ -69,7 +69,9 @@ class ModelSpec(_Strict):
     algorithm: Literal["homo_lr", "keras", "custom", "hetero_lr", "secureboost", "hetero_nn"] = "homo_lr"
     learning_rate: float = Field(0.1, gt=0, le=100)
     local_epochs: int = Field(1, ge=1, le=1000)
-    batch_size: int = Field(64, ge=1, le=1_000_000)
+    #: Rows per mini-batch; 0 (``homo_lr`` only): full batch, one step per local epoch over every
+    #: local row (what partitioned data trains with: gradients per partition, summed).
+    batch_size: int = Field(64, ge=0, le=1_000_000)
     l2: float = Field(0.0, ge=0, le=100)
     # -- keras: the network (layers, optimizer, loss, metrics) inline or in a YAML/JSON file --
     network: dict[str, Any] | None = None
@@ -297,6 +299,8 @@ class JobSpec(_Strict):
 
     def _check_model(self) -> None:
         model = self.model
+        if model.batch_size == 0 and model.algorithm != "homo_lr":
+            raise ValueError(f"model.batch_size 0 (full batch) is for model.algorithm homo_lr, not {model.algorithm}")
         unknown = sorted(set(model.backends) - set(self.parties))
         if unknown:
             raise ValueError(f"model.backends names {unknown}, which are not parties of the job")

@@ -113,6 +113,13 @@ def _parser() -> argparse.ArgumentParser:
         help="this party's Keras backend (model.algorithm keras); wins over the job's model.backends",
     )
 
+    party.add_argument(
+        "--compute",
+        default=None,
+        help="where a partitioned dataset's rows are held and worked on: inline (default), ray (a Ray "
+        "instance on this machine) or ray:ADDRESS (the silo's Ray cluster, e.g. ray:auto)",
+    )
+
     run = commands.add_parser("run", help="run a job on a local federation (aggregator + parties as processes)")
     run.add_argument("job", help="job specification (YAML or JSON)")
     run.add_argument("--workdir", default=None, help="default: reports/<job_id>")
@@ -127,6 +134,13 @@ def _parser() -> argparse.ArgumentParser:
         default=[],
         metavar="PARTY=PATH",
         help="a party's dataset catalog, for jobs with fl_data (repeat once per party)",
+    )
+    run.add_argument(
+        "--compute",
+        action="append",
+        default=[],
+        metavar="PARTY=ENGINE",
+        help="where a party's partitioned dataset is held and worked on: inline, ray or ray:ADDRESS",
     )
     controller_commands.add_commands(commands)
     model_commands.add_commands(commands)
@@ -336,6 +350,7 @@ def _party(args) -> int:
         keras_backend=args.keras_backend,
         stop_file=args.stop_file,
         session=session,
+        compute=args.compute,
     )
     logging.getLogger("confide.party").info(
         "%s: %s after %d rounds", args.party, report["status"], len(report["rounds"])
@@ -364,15 +379,24 @@ def _run(args) -> int:
     )
     aggregators = f"an aggregator cluster of {args.nodes} nodes" if args.nodes > 1 else "an aggregator"
     print(f"starting {aggregators} and {len(spec.parties)} party processes on loopback (gRPC + mutual TLS)")
-    catalogs = {}
-    for item in args.catalog:
-        party, separator, path = item.partition("=")
-        if not separator or not party or not path:
-            raise InvalidParameterError(f"--catalog takes PARTY=PATH, got {item!r}")
-        catalogs[party] = path
-    report = run_local(spec, workdir, progress=not args.no_progress, nodes=args.nodes, catalogs=catalogs)
+    catalogs = _per_party("--catalog", "PARTY=PATH", args.catalog)
+    compute = _per_party("--compute", "PARTY=ENGINE", args.compute)
+    report = run_local(
+        spec, workdir, progress=not args.no_progress, nodes=args.nodes, catalogs=catalogs, compute=compute
+    )
     print_summary(report)
     return 0
+
+
+def _per_party(option: str, form: str, items: list[str]) -> dict[str, str]:
+    """``PARTY=VALUE`` options, by party."""
+    out = {}
+    for item in items:
+        party, separator, value = item.partition("=")
+        if not separator or not party or not value:
+            raise InvalidParameterError(f"{option} takes {form}, got {item!r}")
+        out[party] = value
+    return out
 
 
 def _print_vertical_summary(report: dict) -> None:

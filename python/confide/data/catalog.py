@@ -33,7 +33,10 @@ Sources
     (an empty cell is NaN); any other column is str (an empty cell is missing, ``None``).
 ``parquet``
     A Parquet file or a directory of partitioned Parquet files, read by pyarrow; numeric
-    columns become float, string columns str.
+    columns become float, string columns str. With ``partitioned: true`` the directory is never
+    read into one process: each file is a partition that the party's compute engine reads and
+    holds where it runs (:mod:`confide.compute`); the catalog's metadata is built one file at a
+    time.
 ``npz``
     A numpy archive with arrays ``x`` (n, ...) and ``y`` (n,): ``x`` flattened into float
     columns ``x0`` .. (C order), ``y`` as the int column ``label``.
@@ -283,9 +286,14 @@ def _parse_entry(name: str, entry: Any, base_dir: Path) -> dict[str, Any]:
         spec["seed"] = check_int(f"{where}.seed", entry.get("seed", 0), 0)
         spec["test_fraction"] = _real(f"{where}.test_fraction", entry.get("test_fraction", 0.1), 0.0, 0.5)
     elif source in ("parquet", "npz", "images"):
-        optional = {"parquet": (), "npz": (), "images": ("size", "mode")}[source]
+        optional = {"parquet": ("partitioned",), "npz": (), "images": ("size", "mode")}[source]
         _keys(where, entry, ("path",), (*_COMMON, *optional))
         spec["path"] = _path(where, entry["path"], base_dir, directory=source in ("parquet", "images"))
+        if source == "parquet":
+            partitioned = entry.get("partitioned", False)
+            if not isinstance(partitioned, bool):
+                raise InvalidParameterError(f"{where}.partitioned must be true or false, got {partitioned!r}")
+            spec["partitioned"] = partitioned
         if source == "images":
             size = entry.get("size", [32, 32])
             if not (
@@ -657,6 +665,11 @@ class Catalog:
         table = self._tables.get(name)
         if table is None:
             spec = self._specs[name]
+            if spec.get("partitioned"):
+                raise InvalidParameterError(
+                    f"dataset {name!r} is partitioned: it is read one partition at a time by the party's "
+                    "compute engine, never as one table"
+                )
             loaders = {
                 "breast_cancer": lambda: _load_breast_cancer(name, spec),
                 "digits": lambda: _load_digits(spec),
@@ -670,6 +683,17 @@ class Catalog:
             self._tables[name] = table
         return table
 
+    def partitions(self, name: str) -> list | None:
+        """The partitions of dataset ``name`` (``parquet`` with ``partitioned: true``); None for any other."""
+        if name not in self._specs:
+            raise InvalidParameterError(f"dataset {name!r} is not in the catalog; available: {self.names}")
+        spec = self._specs[name]
+        if not spec.get("partitioned"):
+            return None
+        from confide.compute.partitions import list_partitions
+
+        return list_partitions(spec["path"], f"datasets.{name}")
+
     def metadata(self) -> list[dict[str, Any]]:
         """What may leave the party: ``[{"name", "schema", "rows", "description", "source"}, ...]``.
 
@@ -678,18 +702,69 @@ class Catalog:
         """
         out = []
         for name in self.names:
-            table = self.table(name)
             spec = self._specs[name]
+            partitions = self.partitions(name)
+            if partitions is None:
+                table = self.table(name)
+                schema, rows = column_profiles(table), table.rows
+            else:
+                schema = _partitioned_profiles(name, partitions)
+                rows = sum(p.rows for p in partitions)
             out.append(
                 {
                     "name": name,
-                    "schema": column_profiles(table),
-                    "rows": table.rows,
+                    "schema": schema,
+                    "rows": rows,
                     "description": spec["description"],
                     "source": spec["source"],
                 }
             )
         return out
+
+
+def table_from_arrow(where: str, table: Any) -> Table:
+    """A :class:`Table` from a pyarrow table (numeric columns float, string columns str)."""
+    return _from_arrow(where, table)
+
+
+def _partitioned_profiles(name: str, partitions: list) -> list[dict[str, Any]]:
+    """:func:`column_profiles` of a partitioned dataset, reading one file at a time.
+
+    Missing cells are flagged if any file has them; categories count the rows of every file.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    profiles: dict[str, dict[str, Any]] = {}
+    counts: dict[str, dict[str, int]] = {}
+    for partition in partitions:
+        where = f"datasets.{name}, partition {partition.index}"
+        try:
+            table = _from_arrow(where, pq.read_table(partition.path))
+        except (pa.ArrowException, OSError) as e:
+            raise InvalidParameterError(f"{where}: cannot read the Parquet data: {e}") from None
+        for column in table.schema():
+            values = table.column(column["name"])
+            known = profiles.setdefault(column["name"], {**column, "missing": False})
+            if known["dtype"] != column["dtype"]:
+                raise InvalidParameterError(
+                    f"{where}: column {column['name']!r} is {column['dtype']} here and {known['dtype']} in "
+                    "partition 0; every file must hold the same columns"
+                )
+            if column["dtype"] == "float":
+                known["missing"] |= bool(np.isnan(values).any())
+            elif column["dtype"] == "str":
+                known["missing"] |= any(v is None for v in values)
+                tally = counts.setdefault(column["name"], {})
+                for value in values:
+                    if value is not None:
+                        tally[str(value)] = tally.get(str(value), 0) + 1
+    for column, tally in counts.items():
+        if len(tally) <= MAX_PUBLISHED_CATEGORIES:
+            profiles[column]["categories"] = sorted(
+                v for v, k in tally.items() if k >= MIN_CATEGORY_ROWS and len(v) <= 128
+            )
+    return list(profiles.values())
 
 
 def column_profiles(table: Table) -> list[dict[str, Any]]:

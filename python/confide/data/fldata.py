@@ -775,6 +775,23 @@ class VerticalRows:
     fitted: list[dict] | None = None
 
 
+def row_local(step: Step) -> bool:
+    """Whether ``step``'s result for a row depends on that row alone (no statistic over all rows)."""
+    params = step.params
+    if step.op in ("filter", "select", "drop", "log1p", "clip", "join"):
+        return True
+    if step.op == "impute":
+        return params["strategy"] == "constant"
+    if step.op == "scale":
+        columns = params.get("columns")
+        bounds = params.get("bounds") or {}
+        return params["method"] == "minmax" and columns is not None and set(columns) <= set(bounds)
+    if step.op == "encode":
+        categories = params.get("categories") or {}
+        return set(params["columns"]) <= set(categories)
+    return False
+
+
 def localize_step(step: Step, present: set[str]) -> Step | None:
     """``step`` at one party of a vertical job: restricted to the columns the party holds.
 
@@ -1379,6 +1396,43 @@ class FLData:
         is_test = np.zeros(n, dtype=bool)
         is_test[rng.permutation(n)[:n_test]] = True
         return Provisioned(X[~is_test], y[~is_test], X[is_test], y[is_test], features, fitted, row_numbers[is_test])
+
+    def provision_partition(self, party: str, table: Table, partition: int) -> Provisioned:
+        """``party``'s arrays from one partition of its dataset (run where the partition is held).
+
+        The partitioned counterpart of :meth:`provision`, for data no one process holds
+        (:mod:`confide.compute`). Every step must be row-local (:func:`row_local`): its result
+        for a row depends on that row alone, so the partitions' results are the whole dataset's.
+        ``fraction`` must be 1. The test split is drawn per row: row r of partition p is a test
+        row when ``np.random.default_rng([seed, i, p]).random(rows)[r] < test_fraction`` (``i``:
+        the party's index among the sorted participants), whatever the other partitions hold.
+        """
+        parties = self._state.party_map()
+        where = f"party {party!r}, partition {partition}"
+        p = parties.get(party)
+        if p is not None and p.fraction < 1.0:
+            raise InvalidParameterError(
+                f"{where}: fraction {p.fraction} samples rows of the whole dataset; on partitioned data "
+                "it must be 1 (filter rows with a filter step instead)"
+            )
+        for step in self.pipeline:
+            if not row_local(step):
+                raise InvalidParameterError(
+                    f"{where}: step {step.name!r} ({step.op}) fits statistics over all rows; on partitioned "
+                    "data every step must be row-local (impute with strategy constant, scale minmax with "
+                    "bounds for every column, encode with categories for every column)"
+                )
+        if table.rows == 0:
+            raise InvalidParameterError(f"{where}: the partition has no rows")
+        _p, _rng, where, last, cols, _rows, fitted = self._run_pipeline(party, table)
+        features = self._checked_features(
+            where, last, cols, self.label, "check fl_data.label against the dataset's published schema"
+        )
+        X = np.column_stack([cols[c].astype(np.float64) for c in features])
+        y = cols[self.label].astype(np.float64)
+        index = sorted(parties).index(party)
+        is_test = np.random.default_rng([p.seed, index, partition]).random(X.shape[0]) < p.test_fraction
+        return Provisioned(X[~is_test], y[~is_test], X[is_test], y[is_test], features, fitted, np.flatnonzero(is_test))
 
     def provision_columns(self, party: str, table: Table, *, id_column: str, with_label: bool) -> VerticalRows:
         """``party``'s columns of a vertical job: record ids, features, and the label at the guest.

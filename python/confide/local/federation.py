@@ -46,6 +46,8 @@ class LocalFederation:
     cluster: Cluster | None = None
     #: Party -> its dataset catalog (YAML/JSON), for jobs that provision data as FL_Data.
     catalogs: dict[str, str] = field(default_factory=dict)
+    #: Party -> its compute engine for partitioned data (``confide party --compute``).
+    compute: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.workdir = Path(self.workdir)
@@ -141,6 +143,8 @@ class LocalFederation:
         ]
         if party in self.catalogs:
             command += ["--datasets", str(Path(self.catalogs[party]).resolve())]
+        if party in self.compute:
+            command += ["--compute", self.compute[party]]
         self.parties[party] = self.children.spawn(party, command, env)
         return self.parties[party]
 
@@ -199,12 +203,14 @@ def run_local(
     party_env: dict[str, dict[str, str]] | None = None,
     nodes: int = 1,
     catalogs: dict[str, str] | None = None,
+    compute: dict[str, str] | None = None,
 ) -> dict:
     """Run ``spec`` on a local federation in ``workdir``; returns the job report.
 
     ``party_env`` adds environment variables per party (fault injection in tests); ``nodes`` > 1
     runs an aggregator cluster of that many processes instead of one aggregator. ``catalogs``
-    gives each party its dataset catalog for jobs whose ``fl_data`` names catalog datasets.
+    gives each party its dataset catalog for jobs whose ``fl_data`` names catalog datasets;
+    ``compute`` a party's engine for a partitioned dataset (``inline``, ``ray``, ``ray:ADDRESS``).
     """
     if spec.fl_data is not None:
         missing = [p for p in spec.parties if p not in (catalogs or {})]
@@ -214,7 +220,10 @@ def run_local(
                 f"missing for {missing}"
             )
         spec = _checked_against_catalogs(spec, catalogs)
-    federation = LocalFederation(spec, Path(workdir), catalogs=dict(catalogs or {}))
+    unknown = sorted(set(compute or {}) - set(spec.parties))
+    if unknown:
+        raise JobFailedError(f"--compute names {unknown}, which are not parties of the job {spec.parties}")
+    federation = LocalFederation(spec, Path(workdir), catalogs=dict(catalogs or {}), compute=dict(compute or {}))
     federation.prepare()
     started = time.perf_counter()
     try:

@@ -92,7 +92,7 @@ class HomoLR:
     local_epochs : int, default 1
         Passes over the local rows per :meth:`local_train` call, >= 1.
     batch_size : int, default 64
-        Rows per mini-batch, >= 1.
+        Rows per mini-batch, >= 1; 0 is the full batch (one step per epoch over every row).
     l2 : float, default 0.0
         L2 penalty ``l2/2 ||coef||^2`` (intercept not penalised), >= 0.
     seed : int, default 0
@@ -124,7 +124,7 @@ class HomoLR:
     ) -> None:
         self.learning_rate = _check_float("learning_rate", learning_rate, low=0.0, strict=True)
         self.local_epochs = _check_int("local_epochs", local_epochs, 1)
-        self.batch_size = _check_int("batch_size", batch_size, 1)
+        self.batch_size = _check_int("batch_size", batch_size, 0)
         self.l2 = _check_float("l2", l2, low=0.0, strict=False)
         self.seed = _check_int("seed", seed, 0)
         self._rng = np.random.default_rng(self.seed)
@@ -289,11 +289,11 @@ class HomoLR:
         epochs = self.local_epochs if epochs is None else _check_int("epochs", epochs, 1)
         lr = _check_float("learning_rate", self.learning_rate, low=0.0, strict=True)
         l2 = _check_float("l2", self.l2, low=0.0, strict=False)
-        bs = _check_int("batch_size", self.batch_size, 1)
+        bs = _check_int("batch_size", self.batch_size, 0)
         X = self._check_X(X)
         n = X.shape[0]
         y = self._check_y(y, n, X.dtype)
-        bs = min(bs, n)
+        bs = n if bs == 0 else min(bs, n)
         buf = None if _is_sparse(X) else np.empty((bs, X.shape[1]), dtype=X.dtype)
         shrink = 1.0 - lr * l2
         w = w.copy()  # committed only if training stays finite
@@ -346,6 +346,49 @@ class HomoLR:
                 w[-1] -= lr * float(np.mean(r, dtype=np.float64))
                 if proximal is not None:
                     w -= (lr * proximal[0]) * (w - proximal[1])
+
+    def train_partitioned(self, data: Any, *, proximal: tuple[float, np.ndarray] | None = None) -> float:
+        """Full-batch gradient descent over partitioned rows; returns the loss after training.
+
+        ``data`` is a :class:`confide.compute.partitions.PartitionedData`: each of the
+        ``local_epochs`` steps sends the weights to every partition's holder, which returns the
+        sum over its rows of ``(p - y) [x, 1]``; the sums are added in partition order and applied
+        as one step of the full batch (``batch_size`` 0). Never sees a row.
+        """
+        if self.batch_size != 0:
+            raise InvalidParameterError(
+                f"model.batch_size is {self.batch_size}: on partitioned data Homo LR trains full batch "
+                "(gradients per partition, summed); set model.batch_size: 0"
+            )
+        lr = _check_float("learning_rate", self.learning_rate, low=0.0, strict=True)
+        shrink = 1.0 - lr * _check_float("l2", self.l2, low=0.0, strict=False)
+        w = self._weights().copy()
+        for _ in range(self.local_epochs):
+            sums = data.call("lr_gradient", w)
+            n = sum(count for _g, _loss, count in sums)
+            if n == 0:
+                raise InvalidParameterError("the partitions hold no training rows")
+            gradient = np.sum([g for g, _loss, _count in sums], axis=0)
+            w[:-1] *= shrink
+            w[:-1] -= (lr / n) * gradient[:-1]
+            w[-1] -= lr * gradient[-1] / n
+            if proximal is not None and proximal[0] > 0:
+                w -= (lr * proximal[0]) * (w - np.asarray(proximal[1], dtype=np.float64))
+        if not np.isfinite(w).all():
+            raise InvalidParameterError(
+                f"training diverged (non-finite weights, model left unchanged); lower learning_rate "
+                f"(got {self.learning_rate})"
+            )
+        self._w = w
+        return self.partitioned_loss(data)
+
+    def partitioned_loss(self, data: Any) -> float:
+        """:meth:`loss` over partitioned rows (``data.which``: training or test rows)."""
+        w = self._weights()
+        sums = data.call("lr_loss", w, data.which)
+        n = sum(count for _loss, count in sums)
+        mean = sum(loss for loss, _count in sums) / max(n, 1)
+        return float(mean) + 0.5 * self.l2 * float(w[:-1] @ w[:-1])
 
     def fit(self, X: Any, y: Any, *, epochs: int = 10) -> HomoLR:
         """Centralised training with the same optimiser as :meth:`local_train`.
@@ -555,7 +598,10 @@ class HomoLRModel:
         if config.proximal_mu > 0 and config.global_weights is not None:
             g = config.global_weights
             proximal = (config.proximal_mu, np.concatenate([np.ravel(g["lr/coef"]), np.ravel(g["lr/intercept"])]))
-        loss = self.estimator.local_train(X, y, proximal=proximal)
+        if _is_partitioned(X):
+            loss = self.estimator.train_partitioned(X, proximal=proximal)
+        else:
+            loss = self.estimator.local_train(X, y, proximal=proximal)
         return FitResult(num_examples=int(X.shape[0]), metrics={"loss": float(loss)})
 
     def predict(self, X: Any) -> np.ndarray:
@@ -563,10 +609,22 @@ class HomoLRModel:
         return self.estimator.predict_proba(X)[:, 1]
 
     def evaluate(self, X: Any, y: np.ndarray, metrics: list[str]) -> dict[str, float]:
-        """Log loss, accuracy at 0.5 and AUC."""
+        """Log loss, accuracy at 0.5 and AUC (on partitioned rows: accuracy and AUC gather the scores)."""
+        if _is_partitioned(X):
+            loss = self.estimator.partitioned_loss(X)
+            if not set(metrics) & {"accuracy", "auc"}:
+                return {"loss": loss}
+            pairs = X.call("lr_scores", self.estimator._weights(), X.which)
+            scores = np.concatenate([s for s, _y in pairs])
+            labels = np.concatenate([labels for _s, labels in pairs])
+            return classification_metrics(scores, labels, metrics, loss)
         return classification_metrics(
             self.estimator.decision_function(X), np.asarray(y), metrics, self.estimator.loss(X, y)
         )
+
+
+def _is_partitioned(X: Any) -> bool:
+    return hasattr(X, "holders") and hasattr(X, "which")
 
 
 def build(spec: Any, *, seed: int, party_id: str, **_options: Any) -> HomoLRModel:

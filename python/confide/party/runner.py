@@ -28,6 +28,7 @@ import io
 import json
 import logging
 import os
+import resource
 import shutil
 import signal
 import threading
@@ -68,6 +69,10 @@ __all__ = ["PartyExchange", "failure_of", "load_party_data", "report_failure", "
 
 log = logging.getLogger("confide.party")
 MAX_WEIGHTS_IN_REPORT = 10_000
+#: Models whose own ``fit`` and ``evaluate`` take a :class:`~confide.compute.partitions.PartitionedData`
+#: (Homo LR: full-batch gradients per partition, summed); any other model of the seam trains on
+#: partitions through :class:`~confide.compute.parallel.DataParallel`.
+PARTITIONED_MODELS = ("homo_lr",)
 #: Observers of this process (CONFIDE_PARTY_HOOKS; confide.party.hooks).
 HOOKS = load_hooks()
 
@@ -96,11 +101,20 @@ class PartyData:
         return tuple(int(d) for d in self.X.shape[1:])
 
 
-def load_party_data(spec: JobSpec, party_id: str, catalog=None) -> PartyData:
-    """Rows of ``party_id`` as the job provisions them: FL_Data over the party's catalog, or embedded."""
+def load_party_data(spec: JobSpec, party_id: str, catalog=None, compute=None) -> PartyData:
+    """Rows of ``party_id`` as the job provisions them: FL_Data over the party's catalog, or embedded.
+
+    A partitioned catalog dataset is held by ``compute`` (an open :class:`~confide.compute.LocalCompute`;
+    default inline): ``X`` and ``X_test`` are then :class:`~confide.compute.partitions.PartitionedData`
+    views (``y`` and ``y_test`` the same views: the labels stay with the rows).
+    """
     if spec.fl_data is not None:
         if catalog is None:
             raise JobFailedError(f"the job provisions data as FL_Data but party {party_id!r} has no dataset catalog")
+        dataset = spec.fl_data_object().datasets()[party_id]
+        partitions = catalog.partitions(dataset)
+        if partitions is not None:
+            return _partitioned_data(spec, party_id, dataset, partitions, compute)
         fl_data = spec.fl_data_object()
         provisioned = fl_data.provision(party_id, catalog.table(fl_data.datasets()[party_id]))
         labels = np.concatenate(
@@ -153,6 +167,31 @@ def load_party_data(spec: JobSpec, party_id: str, catalog=None) -> PartyData:
         test_fraction=min(data.test_fraction, 0.5),
     )
     return PartyData(X, y, X_test, y_test)
+
+
+def _close_compute(engine, data: PartyData | None) -> None:
+    """Release a partitioned dataset's holders and the engine this party opened."""
+    holders = getattr(getattr(data, "X", None), "holders", None)
+    if holders is not None:
+        holders.close()
+    if engine is not None:
+        engine.close()
+
+
+def _partitioned_data(spec: JobSpec, party_id: str, dataset: str, partitions, compute) -> PartyData:
+    """Holders of a partitioned dataset on the party's engine, and the shape they report."""
+    from confide.compute import open_compute
+    from confide.compute.partitions import PartitionedData, PartitionRows, PartitionTask
+
+    engine = compute if compute is not None else open_compute("inline")
+    task = PartitionTask(party=party_id, dataset=dataset, fl_data=spec.fl_data_object().to_dict())
+    holders = engine.hold(PartitionRows, [(task, partition) for partition in partitions])
+    shapes = holders.call("shape")
+    labels = sorted({value for shape in shapes for value in shape["labels"]})
+    train = PartitionedData(holders, shapes, "train", engine.describe())
+    test = train.view("test") if any(shape["test_rows"] for shape in shapes) else None
+    classes = 2 if set(labels) <= {0.0, 1.0} else 0
+    return PartyData(train, train, test, test, classes=classes, feature_names=train.features)
 
 
 class RoundUpload:
@@ -321,6 +360,7 @@ def run_party(
     keras_backend: str | None = None,
     stop_file: str | os.PathLike | None = None,
     session: str | None = None,
+    compute: str | None = None,
 ) -> dict:
     """Run this party's side of a job to the end; returns (and writes) its report.
 
@@ -335,7 +375,9 @@ def run_party(
     ``keras_backend``: this party's choice of Keras backend (``model.algorithm: keras``), which
     wins over the job's ``model.backends``. ``stop_file``: checked before the data is read and at
     every round boundary; once it exists (the agent writes it when the data owner revokes the
-    grant) the party trains no further round and stops with status ``stopped``.
+    grant) the party trains no further round and stops with status ``stopped``. ``compute``: where a
+    partitioned dataset's rows are held and worked on (``inline``, ``ray`` or ``ray:ADDRESS``;
+    :func:`confide.compute.open_compute`).
 
     Any failure is written to the report as a :class:`~confide.reports.Failure` (step, dataset,
     columns, error class, message, hint; never a value), which the agent forwards to the
@@ -363,19 +405,36 @@ def run_party(
     report_path = workdir / f"{party_id}.report.json"
     dataset = (spec.datasets() or {}).get(party_id)
     stage = "data"
+    engine = None
     try:
         _check_stop(stop_file)
         identity = Identity.load(certs_dir, party_id)
-        data = load_party_data(spec, party_id, catalog)
+        if compute is not None:
+            from confide.compute import open_compute
+
+            engine = open_compute(compute)
+        data = load_party_data(spec, party_id, catalog, engine)
         stage = "model"
         model = build_model(
             spec.model, seed=spec.seed, party_id=party_id, network=spec.network(), keras_backend=keras_backend
         )
+        if hasattr(data.X, "holders") and spec.model.algorithm not in PARTITIONED_MODELS:
+            from confide.compute.parallel import DataParallel
+
+            recipe = {
+                "model": spec.model.model_dump(mode="json"),
+                "network": spec.network(),
+                "seed": spec.seed,
+                "party": party_id,
+                "keras_backend": getattr(model, "backend", None),
+            }
+            model = DataParallel(model, recipe)
         model.build(data.example_shape, data.classes)
         layout = WeightLayout.of(model.get_weights())
     except Exception as error:
         # Before any peer is contacted: the report says why, and the launcher stops the others.
         report_failure(workdir, spec.job_id, party_id, error, stage=stage, dataset=dataset, round_number=0)
+        _close_compute(engine, None)
         raise
     strategy = spec.strategy.build()
     first_round = 1
@@ -402,6 +461,7 @@ def run_party(
             backend=getattr(model, "backend", None) if spec.model.algorithm == "keras" else None,
         ),
         strategy=strategy.describe(),
+        compute=getattr(data.X, "engine", None) or None,
     )
     client = AggregatorClient(
         aggregator,
@@ -520,6 +580,7 @@ def run_party(
         raise
     finally:
         restore()
+        _close_compute(engine, data)
         report.bytes_setup = {"sent": client.bytes_sent.get(0, 0), "received": client.bytes_received.get(0, 0)}
         report.reconnects = client.reconnects
         if report.status != "failed":
@@ -935,6 +996,8 @@ def report_failure(
 
 
 def _write_report(path: Path, report: PartyReport) -> None:
+    # ru_maxrss is in KiB on Linux: the most this party process has held so far.
+    report.peak_rss_mb = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
     temporary = path.with_suffix(".tmp")
     temporary.write_text(report.model_dump_json(indent=1, exclude_none=True))
     os.replace(temporary, path)

@@ -187,7 +187,7 @@ def test_load_rejects_other_files(tmp_path):
         ({"learning_rate": "fast"}, "learning_rate"),
         ({"local_epochs": 0}, "local_epochs"),
         ({"local_epochs": 1.5}, "local_epochs"),
-        ({"batch_size": 0}, "batch_size"),
+        ({"batch_size": -1}, "batch_size"),
         ({"batch_size": True}, "batch_size"),
         ({"l2": -0.1}, "l2"),
         ({"l2": float("inf")}, "l2"),
@@ -269,3 +269,16 @@ def test_divergence_is_reported_and_leaves_the_model_unchanged():
     with pytest.raises(InvalidParameterError, match="learning_rate"):
         m.local_train(X, [0, 1], epochs=3)
     np.testing.assert_array_equal(m.get_weights(), [0.5, 0.25, 0.125])
+
+
+def test_batch_size_zero_is_one_full_batch_step_per_epoch():
+    rng = np.random.default_rng(4)
+    X = rng.normal(size=(200, 3))
+    y = (X[:, 0] > 0).astype(float)
+    full = HomoLR(learning_rate=0.5, batch_size=0, local_epochs=3, seed=1)
+    whole = HomoLR(learning_rate=0.5, batch_size=200, local_epochs=3, seed=1)
+    full.initialize(3)
+    whole.initialize(3)
+    full.local_train(X, y)
+    whole.local_train(X, y)
+    assert np.allclose(full.get_weights(), whole.get_weights(), rtol=0, atol=1e-14)

@@ -1,0 +1,91 @@
+"""The seam between a party process and where its per-row work runs.
+
+A :class:`LocalCompute` engine places one :class:`~confide.compute.partitions.PartitionRows`
+holder per partition (in this process for ``inline``, in a Ray actor for ``ray``) and answers
+:meth:`Holders.call`: the same method on every holder, the results in partition order. Holders
+read their partition from the party's own disk and keep it; what comes back is sums and counts.
+
+Everything a holder receives goes through :func:`check_shippable` first, so no engine can carry
+a secret: Paillier secret keys, the protection modes' group and pair keys are refused by type,
+whatever the engine.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+from confide.errors import InvalidParameterError
+
+__all__ = ["Holders", "LocalCompute", "SecretShippingError", "check_shippable"]
+
+
+class SecretShippingError(InvalidParameterError):
+    """A secret was about to leave the party process for a compute worker."""
+
+
+#: Types that never cross to a worker (matched by module and class name, so this module imports
+#: none of them): the Paillier secret key, the protection modes' pair and group keys, a PSI key,
+#: the party's TLS identity.
+_SECRET_TYPES = {
+    ("confide.crypto", "DecryptionKey"),
+    ("confide._native", "DecryptionKey"),
+    ("confide._native", "PsiKey"),
+    ("confide.protect.keys", "PeerKeys"),
+    ("confide.protect.keys", "GroupCipher"),
+    ("confide.transport.certs", "Identity"),
+}
+
+
+def check_shippable(values: Sequence[Any], where: str) -> None:
+    """Raise :class:`SecretShippingError` if any of ``values`` (looked into one level deep) is a secret."""
+    stack = list(values)
+    for value in stack:
+        if isinstance(value, list | tuple):
+            stack.extend(value)
+            continue
+        if isinstance(value, dict):
+            stack.extend(value.values())
+            continue
+        kind = type(value)
+        if (kind.__module__, kind.__qualname__) in _SECRET_TYPES:
+            raise SecretShippingError(
+                f"{where}: a {kind.__qualname__} must stay in the party process; compute workers get public "
+                "material only"
+            )
+
+
+class Holders(ABC):
+    """The partition holders of one dataset on one engine."""
+
+    #: Partitions, in order.
+    count: int
+
+    @abstractmethod
+    def call(self, method: str, *args: Any) -> list[Any]:
+        """``holder.method(*args)`` on every holder; results in partition order."""
+
+    @abstractmethod
+    def pids(self) -> list[int]:
+        """The process id of each holder (this process's for ``inline``)."""
+
+    def close(self) -> None:  # noqa: B027 - optional
+        """Release the holders."""
+
+
+class LocalCompute(ABC):
+    """Where a party's per-partition work runs."""
+
+    name: ClassVar[str]
+
+    @abstractmethod
+    def hold(self, holder_class: type, arguments: list[tuple]) -> Holders:
+        """One ``holder_class(*arguments[i])`` per partition i, placed where this engine runs work."""
+
+    def describe(self) -> dict[str, Any]:
+        """What ran, for the party's report."""
+        return {"engine": self.name}
+
+    def close(self) -> None:  # noqa: B027 - optional
+        """Stop what this engine started."""

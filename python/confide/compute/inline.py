@@ -1,0 +1,38 @@
+"""``inline``: the holders live in the party process (one after the other, no second process)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from confide.compute.base import Holders, LocalCompute, check_shippable
+
+__all__ = ["InlineCompute"]
+
+
+class _InlineHolders(Holders):
+    def __init__(self, holders: list[Any]) -> None:
+        self.holders = holders
+        self.count = len(holders)
+
+    def call(self, method: str, *args: Any) -> list[Any]:
+        check_shippable(args, f"inline {method}")
+        return [getattr(holder, method)(*args) for holder in self.holders]
+
+    def pids(self) -> list[int]:
+        return [os.getpid()] * self.count
+
+    def close(self) -> None:
+        self.holders = []
+
+
+class InlineCompute(LocalCompute):
+    """Every partition held and computed in this process, in order."""
+
+    name = "inline"
+
+    def hold(self, holder_class: type, arguments: list[tuple]) -> Holders:
+        """Build the holders here."""
+        for args in arguments:
+            check_shippable(args, f"inline {holder_class.__name__}")
+        return _InlineHolders([holder_class(*args) for args in arguments])

@@ -1,0 +1,119 @@
+"""``ray``: one Ray actor per partition, on a cluster the party's operator runs or a local one.
+
+``address``: ``local`` (or none) starts a Ray instance on this machine for the party process and
+stops it with the job; anything else (``auto``, ``HOST:PORT``, ``ray://HOST:PORT``) connects to
+a running cluster (``ray start --head`` on the silo's head node, ``ray start --address ...`` on
+each worker node). Workers must be able to import ``confide`` (the same version, installed on
+every node); they read the partitions from paths the party process lists, so the dataset must
+sit where every node sees it (a shared or replicated filesystem inside the silo). ``ray start``
+turns on Ray's token authentication: the party process needs ``RAY_AUTH_MODE=token`` and the
+cluster's token (``~/.ray/auth_token`` or ``RAY_AUTH_TOKEN_PATH``) to join.
+
+Fault tolerance: each actor restarts up to ``max_restarts`` times when its worker process or
+node dies and rebuilds its partition from the file; a call that was running or queued on it is
+retried (``max_task_retries``), so a killed worker costs time, never a result.
+
+What crosses to workers is checked by :func:`confide.compute.base.check_shippable` before Ray
+serializes it: the partition's path and row count, the job's FL_Data mapping, model weights,
+never a secret key. Ray spills objects that do not fit its object store to its temp directory
+(``/tmp/ray`` by default, ``ray start --temp-dir`` to move it) on each node's own disk: keep it
+on the silo's encrypted storage like the data itself.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from confide.compute.base import Holders, LocalCompute, check_shippable
+from confide.errors import InvalidParameterError
+
+__all__ = ["RayCompute"]
+
+#: Restarts of a dead holder, and retries of a call it did not finish.
+MAX_RESTARTS = 3
+
+
+def _ray():
+    try:
+        import ray
+    except ImportError:
+        raise InvalidParameterError(
+            "compute engine 'ray' needs Ray in the party's environment: pip install 'confide[ray]'"
+        ) from None
+    return ray
+
+
+class _RayHolders(Holders):
+    def __init__(self, ray, actors: list[Any]) -> None:
+        self.ray = ray
+        self.actors = actors
+        self.count = len(actors)
+
+    def call(self, method: str, *args: Any) -> list[Any]:
+        check_shippable(args, f"ray {method}")
+        shared = [self.ray.put(a) if _large(a) else a for a in args]
+        return self.ray.get([getattr(actor, method).remote(*shared) for actor in self.actors])
+
+    def pids(self) -> list[int]:
+        return self.ray.get([actor.pid.remote() for actor in self.actors])
+
+    def close(self) -> None:
+        for actor in self.actors:
+            self.ray.kill(actor)
+        self.actors = []
+
+
+def _large(value: Any) -> bool:
+    # Put big arrays (model weights) in the object store once instead of once per actor.
+    return getattr(value, "nbytes", 0) > 1 << 16
+
+
+class RayCompute(LocalCompute):
+    """Partitions held by Ray actors."""
+
+    name = "ray"
+
+    def __init__(self, address: str | None = None, *, num_cpus: int | None = None) -> None:
+        ray = _ray()
+        self.ray = ray
+        self.address = address or "local"
+        self.started = False
+        if not ray.is_initialized():
+            options: dict[str, Any] = {"include_dashboard": False, "logging_level": "WARNING", "log_to_driver": False}
+            if self.address == "local":
+                options["num_cpus"] = num_cpus
+                self.started = True
+            else:
+                options["address"] = self.address
+            try:
+                ray.init(**options)
+            except (ConnectionError, RuntimeError, ValueError) as error:
+                hint = ""
+                if "auth" in repr(error.__cause__ or error).lower() or "token" in str(error).lower():
+                    hint = (
+                        " (the cluster uses Ray's token authentication: give this process RAY_AUTH_MODE=token "
+                        "and the cluster's token, in ~/.ray/auth_token or RAY_AUTH_TOKEN_PATH)"
+                    )
+                raise InvalidParameterError(
+                    f"compute engine 'ray': cannot reach the Ray cluster at {self.address!r}: {error}{hint}"
+                ) from None
+
+    def hold(self, holder_class: type, arguments: list[tuple]) -> Holders:
+        """One actor per partition, spread over the cluster's nodes."""
+        for args in arguments:
+            check_shippable(args, f"ray {holder_class.__name__}")
+        actor_class = self.ray.remote(num_cpus=0.01, max_restarts=MAX_RESTARTS, max_task_retries=MAX_RESTARTS)(
+            holder_class
+        )
+        actors = [actor_class.options(scheduling_strategy="SPREAD").remote(*args) for args in arguments]
+        return _RayHolders(self.ray, actors)
+
+    def describe(self) -> dict[str, Any]:
+        """Engine, cluster address and its nodes."""
+        nodes = [n for n in self.ray.nodes() if n.get("Alive")]
+        return {"engine": self.name, "address": self.address, "nodes": len(nodes)}
+
+    def close(self) -> None:
+        """Shut down the Ray instance this engine started (a cluster it joined keeps running)."""
+        if self.started and self.ray.is_initialized():
+            self.ray.shutdown()

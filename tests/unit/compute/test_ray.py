@@ -1,0 +1,94 @@
+"""The ``ray`` engine: a local Ray instance, one actor per partition (skipped without Ray installed)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+from confide.compute import SecretShippingError, open_compute
+from confide.compute.partitions import PartitionedData, PartitionRows, PartitionTask, list_partitions
+from confide.crypto import DecryptionKey
+from confide.data.fldata import FLData
+from confide.ml.homo_lr import HomoLR
+from tests.fixtures.partitions import fl_data
+
+ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'confide[ray]'; make test installs it)")
+
+
+@pytest.fixture(scope="module")
+def engine():
+    compute = open_compute("ray")
+    yield compute
+    compute.close()
+
+
+def hold(compute, root):
+    partitions = list_partitions(root, "rows")
+    task = PartitionTask(party="p1", dataset="rows", fl_data=FLData.create(**fl_data("p1")).to_dict())
+    holders = compute.hold(PartitionRows, [(task, p) for p in partitions])
+    return PartitionedData(holders, holders.call("shape"), engine=compute.describe())
+
+
+def test_partitions_live_in_worker_processes_and_give_inline_results_bit_for_bit(engine, partitioned):
+    on_ray, inline = hold(engine, partitioned), hold(open_compute("inline"), partitioned)
+    assert on_ray.shapes == inline.shapes
+    pids = on_ray.holders.pids()
+    assert len(set(pids)) == 4 and os.getpid() not in pids
+    w = np.random.default_rng(1).normal(0, 0.3, len(on_ray.features) + 1)
+    for (g1, l1, n1), (g2, l2, n2) in zip(on_ray.call("lr_gradient", w), inline.call("lr_gradient", w), strict=True):
+        assert np.array_equal(g1, g2) and l1 == l2 and n1 == n2
+    a = HomoLR(learning_rate=0.5, local_epochs=5, batch_size=0)
+    b = HomoLR(learning_rate=0.5, local_epochs=5, batch_size=0)
+    a.initialize(len(on_ray.features))
+    b.initialize(len(on_ray.features))
+    a.train_partitioned(on_ray)
+    b.train_partitioned(inline)
+    assert np.array_equal(a.get_weights(), b.get_weights())
+    assert on_ray.engine["engine"] == "ray" and on_ray.engine["nodes"] >= 1
+    on_ray.holders.close()
+
+
+class SlowRows(PartitionRows):
+    """A holder whose gradient takes long enough to be killed in the middle of it."""
+
+    def slow_gradient(self, w):
+        time.sleep(3.0)
+        return self.lr_gradient(w)
+
+
+def test_a_worker_killed_mid_call_is_restarted_and_the_call_retried(engine, partitioned):
+    import sys
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import the tests
+    partitions = list_partitions(partitioned, "rows")
+    task = PartitionTask(party="p1", dataset="rows", fl_data=FLData.create(**fl_data("p1")).to_dict())
+    holders = engine.hold(SlowRows, [(task, p) for p in partitions])
+    data = PartitionedData(holders, holders.call("shape"))
+    w = np.random.default_rng(2).normal(0, 0.3, len(data.features) + 1)
+    expected = data.call("lr_gradient", w)
+    victim = data.holders.pids()[1]
+    pending = [actor.slow_gradient.remote(w) for actor in data.holders.actors]
+    time.sleep(1.0)  # every call is now sleeping inside its worker
+    os.kill(victim, signal.SIGKILL)
+    results = ray.get(pending, timeout=120)
+    for (g1, l1, n1), (g2, l2, n2) in zip(results, expected, strict=True):
+        assert np.array_equal(g1, g2) and l1 == l2 and n1 == n2
+    deadline = time.monotonic() + 60
+    while victim in data.holders.pids() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert victim not in data.holders.pids()  # a new process holds partition 1, rebuilt from its file
+    data.holders.close()
+
+
+def test_no_secret_reaches_a_ray_worker(engine, partitioned):
+    data = hold(engine, partitioned)
+    key = DecryptionKey.generate(2048)
+    with pytest.raises(SecretShippingError, match="DecryptionKey must stay in the party process"):
+        data.call("lr_loss", key, "train")
+    with pytest.raises(SecretShippingError):
+        engine.hold(PartitionRows, [(key, None)])
+    data.holders.close()

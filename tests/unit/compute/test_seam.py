@@ -1,0 +1,122 @@
+"""The compute seam in the party process: partitions, row-local FL_Data, full-batch Homo LR, secrets."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from confide.compute import SecretShippingError, check_shippable, open_compute
+from confide.compute.partitions import PartitionedData, PartitionRows, PartitionTask, list_partitions
+from confide.crypto import DecryptionKey
+from confide.data.catalog import Catalog
+from confide.data.fldata import FLData
+from confide.errors import InvalidParameterError
+from confide.ml.homo_lr import HomoLR, HomoLRModel
+from tests.fixtures.partitions import fl_data, write_partitions
+
+
+def hold(engine, root, party="p1", **options):
+    partitions = list_partitions(root, "rows")
+    task = PartitionTask(party=party, dataset="rows", fl_data=FLData.create(**fl_data(party, **options)).to_dict())
+    holders = engine.hold(PartitionRows, [(task, p) for p in partitions])
+    return PartitionedData(holders, holders.call("shape"))
+
+
+def test_partitions_are_the_files_in_path_order_with_their_footer_counts(partitioned, tmp_path):
+    partitions = list_partitions(partitioned, "rows")
+    assert [p.rows for p in partitions] == [300, 120, 211, 5]
+    assert [p.index for p in partitions] == [0, 1, 2, 3]
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(InvalidParameterError, match=r"empty: no \.parquet files"):
+        list_partitions(tmp_path / "empty", "empty")
+    (tmp_path / "broken.parquet").write_bytes(b"not parquet")
+    with pytest.raises(InvalidParameterError, match="cannot read the footer of broken.parquet"):
+        list_partitions(tmp_path / "broken.parquet", "broken")
+
+
+def test_each_partition_provisions_alone_with_a_per_row_test_split(partitioned):
+    data = hold(open_compute("inline"), partitioned)
+    assert data.features == ["x0", "x1", "x2", "x3", "x4", "site=north", "site=south"]
+    assert data.rows + data.view("test").rows == 636
+    # The split of a partition depends on that partition alone: rebuilding one file's holder alone
+    # gives the same rows as it had among the others.
+    again = write_partitions(partitioned.parent / "again", [300, 120, 211, 5])
+    alone = hold(open_compute("inline"), again)
+    assert [s["rows"] for s in alone.shapes] == [s["rows"] for s in data.shapes]
+    first = data.holders.holders[0]
+    assert np.array_equal(first.X, alone.holders.holders[0].X)
+    assert 0.1 < data.view("test").rows / 636 < 0.3
+    assert np.all(np.abs(first.X[:, 0]) <= 2.0)  # the clip step ran
+
+
+def test_steps_that_fit_statistics_over_all_rows_are_refused_naming_the_step(partitioned):
+    scale = [{"name": "z", "op": "scale", "params": {"method": "standard"}}]
+    with pytest.raises(InvalidParameterError, match=r"step 'z' \(scale\) fits statistics over all rows"):
+        hold(open_compute("inline"), partitioned, steps=scale)
+    mean = [{"name": "fill", "op": "impute", "params": {"strategy": "mean"}}]
+    with pytest.raises(InvalidParameterError, match=r"step 'fill' \(impute\)"):
+        hold(open_compute("inline"), partitioned, steps=mean)
+
+
+def test_full_batch_on_partitions_equals_full_batch_on_the_rows_together(partitioned):
+    data = hold(open_compute("inline"), partitioned)
+    X = np.concatenate([h.X for h in data.holders.holders])
+    y = np.concatenate([h.y for h in data.holders.holders])
+    together = HomoLR(learning_rate=0.5, local_epochs=7, batch_size=0, l2=0.01, seed=3)
+    apart = HomoLR(learning_rate=0.5, local_epochs=7, batch_size=0, l2=0.01, seed=3)
+    together.initialize(X.shape[1])
+    apart.initialize(X.shape[1])
+    loss_together = together.local_train(X, y)
+    loss_apart = apart.train_partitioned(data)
+    assert np.allclose(together.get_weights(), apart.get_weights(), rtol=0, atol=1e-12)
+    assert loss_apart == pytest.approx(loss_together, abs=1e-12)
+
+
+def test_homo_lr_on_partitions_needs_the_full_batch_and_evaluates_without_the_rows(partitioned):
+    data = hold(open_compute("inline"), partitioned)
+    model = HomoLRModel(HomoLR(learning_rate=0.5, local_epochs=2, batch_size=32))
+    model.build((data.shape[1],), 2)
+    from confide.ml.base import FitConfig
+
+    with pytest.raises(InvalidParameterError, match="set model.batch_size: 0"):
+        model.fit(data, data, FitConfig(round=1, seed=(0, 0, 1), epochs=2))
+    model.estimator.batch_size = 0
+    result = model.fit(data, data, FitConfig(round=1, seed=(0, 0, 1), epochs=2))
+    assert result.num_examples == data.rows
+    test = data.view("test")
+    metrics = model.evaluate(test, test, ["loss", "accuracy", "auc"])
+    assert set(metrics) == {"loss", "accuracy", "auc"} and metrics["auc"] > 0.7
+
+
+def test_secrets_never_cross_to_a_worker_whatever_the_engine(partitioned):
+    key = DecryptionKey.generate(2048)
+    with pytest.raises(SecretShippingError, match="DecryptionKey must stay in the party process"):
+        check_shippable([np.zeros(3), {"nested": [key]}], "test")
+    data = hold(open_compute("inline"), partitioned)
+    with pytest.raises(SecretShippingError):
+        data.call("lr_loss", key, "train")
+    check_shippable([key.encryption_key, np.zeros(3), "text"], "public material passes")
+
+
+def test_a_partitioned_catalog_entry_is_published_file_by_file_and_never_read_whole(partitioned):
+    catalog = Catalog.from_mapping(
+        {"datasets": {"rows": {"source": "parquet", "path": str(partitioned), "partitioned": True}}}
+    )
+    [meta] = catalog.metadata()
+    assert meta["rows"] == 636
+    site = next(c for c in meta["schema"] if c["name"] == "site")
+    assert site["categories"] == ["north", "south"] and site["missing"] is False
+    assert len(catalog.partitions("rows")) == 4
+    with pytest.raises(InvalidParameterError, match="is partitioned: it is read one partition at a time"):
+        catalog.table("rows")
+    with pytest.raises(InvalidParameterError, match=r"datasets.rows.partitioned must be true or false"):
+        Catalog.from_mapping(
+            {"datasets": {"rows": {"source": "parquet", "path": str(partitioned), "partitioned": "yes"}}}
+        )
+
+
+def test_engine_names_are_checked():
+    with pytest.raises(InvalidParameterError, match="compute engine must be one of inline, ray, got 'spark'"):
+        open_compute("spark")
+    with pytest.raises(InvalidParameterError, match="'inline' takes no address"):
+        open_compute("inline:somewhere")
