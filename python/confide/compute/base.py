@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 
 from confide.errors import InvalidParameterError
 
-__all__ = ["Holders", "LocalCompute", "SecretShippingError", "check_shippable"]
+__all__ = ["Holders", "LocalCompute", "SecretShippingError", "check_shippable", "peak_rss_mb"]
 
 
 class SecretShippingError(InvalidParameterError):
@@ -89,3 +89,21 @@ class LocalCompute(ABC):
 
     def close(self) -> None:  # noqa: B027 - optional
         """Stop what this engine started."""
+
+
+def peak_rss_mb() -> float:
+    """The most resident memory this process has held (VmHWM), in MiB.
+
+    Not ``getrusage``'s ``ru_maxrss``: Linux carries that across ``exec``, so a party started by a
+    big launcher would report the launcher's memory at fork.
+    """
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

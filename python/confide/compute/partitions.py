@@ -94,6 +94,14 @@ class PartitionRows:
         """The process id of the worker holding this partition."""
         return os.getpid()
 
+    def memory(self) -> dict[str, float]:
+        """Resident memory of the process holding this partition, now and at its peak, in MiB."""
+        from confide.compute.base import peak_rss_mb
+
+        with open("/proc/self/statm") as statm:
+            resident = int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        return {"rss_mb": resident / 2**20, "peak_rss_mb": peak_rss_mb()}
+
     def shape(self) -> dict[str, Any]:
         """Rows, test rows, features (names) and the label values present."""
         labels = np.unique(np.concatenate([self.y, self.y_test if self.y_test is not None else []]))

@@ -28,7 +28,6 @@ import io
 import json
 import logging
 import os
-import resource
 import shutil
 import signal
 import threading
@@ -40,6 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from confide import checkpoints as ckpt
+from confide.compute.base import peak_rss_mb
 from confide.data import breast_cancer_federation, digits_federation, synthetic_lr, synthetic_tensors
 from confide.errors import (
     ConfideError,
@@ -188,7 +188,9 @@ def _partitioned_data(spec: JobSpec, party_id: str, dataset: str, partitions, co
     holders = engine.hold(PartitionRows, [(task, partition) for partition in partitions])
     shapes = holders.call("shape")
     labels = sorted({value for shape in shapes for value in shape["labels"]})
-    train = PartitionedData(holders, shapes, "train", engine.describe())
+    # Which processes hold the partitions (an operator's view; a restarted holder gets a new one).
+    where = {**engine.describe(), "partitions": holders.count, "holder_pids": holders.pids()}
+    train = PartitionedData(holders, shapes, "train", where)
     test = train.view("test") if any(shape["test_rows"] for shape in shapes) else None
     classes = 2 if set(labels) <= {0.0, 1.0} else 0
     return PartyData(train, train, test, test, classes=classes, feature_names=train.features)
@@ -996,8 +998,7 @@ def report_failure(
 
 
 def _write_report(path: Path, report: PartyReport) -> None:
-    # ru_maxrss is in KiB on Linux: the most this party process has held so far.
-    report.peak_rss_mb = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    report.peak_rss_mb = round(peak_rss_mb(), 1)
     temporary = path.with_suffix(".tmp")
     temporary.write_text(report.model_dump_json(indent=1, exclude_none=True))
     os.replace(temporary, path)

@@ -33,21 +33,22 @@ def hold(compute, root):
     return PartitionedData(holders, holders.call("shape"), engine=compute.describe())
 
 
-def test_partitions_live_in_worker_processes_and_give_inline_results_bit_for_bit(engine, partitioned):
+def test_partitions_live_in_worker_processes_and_give_inline_results(engine, partitioned):
     on_ray, inline = hold(engine, partitioned), hold(open_compute("inline"), partitioned)
     assert on_ray.shapes == inline.shapes
     pids = on_ray.holders.pids()
     assert len(set(pids)) == 4 and os.getpid() not in pids
     w = np.random.default_rng(1).normal(0, 0.3, len(on_ray.features) + 1)
+    # Same rows, same arithmetic; a worker's BLAS may split a product over other threads: 1e-12.
     for (g1, l1, n1), (g2, l2, n2) in zip(on_ray.call("lr_gradient", w), inline.call("lr_gradient", w), strict=True):
-        assert np.array_equal(g1, g2) and l1 == l2 and n1 == n2
+        assert np.allclose(g1, g2, rtol=1e-12, atol=1e-12) and l1 == pytest.approx(l2, rel=1e-12) and n1 == n2
     a = HomoLR(learning_rate=0.5, local_epochs=5, batch_size=0)
     b = HomoLR(learning_rate=0.5, local_epochs=5, batch_size=0)
     a.initialize(len(on_ray.features))
     b.initialize(len(on_ray.features))
     a.train_partitioned(on_ray)
     b.train_partitioned(inline)
-    assert np.array_equal(a.get_weights(), b.get_weights())
+    assert np.allclose(a.get_weights(), b.get_weights(), rtol=1e-12, atol=1e-12)
     assert on_ray.engine["engine"] == "ray" and on_ray.engine["nodes"] >= 1
     on_ray.holders.close()
 
