@@ -183,6 +183,8 @@ class VerticalPartyReport(_Report):
     best_round: int | None = None
     trees_kept: int | None = None
     splits_owned: int | None = None
+    #: Where a SecureBoost guest encrypted its gradients (engine, workers); None: in the party process.
+    compute: dict[str, Any] | None = None
     error: str | None = None
     failure: Failure | None = None
     seconds: float | None = None

@@ -285,3 +285,26 @@ def test_a_holder_killed_during_a_job_is_restarted_and_the_job_loses_nothing(tmp
     calm, survived = _weights(tmp_path / "calm"), _weights(tmp_path / "killed")
     for party in PARTIES:
         assert np.allclose(calm[party], survived[party], rtol=1e-12, atol=1e-12)
+
+
+def test_a_secureboost_guest_encrypting_on_ray_grows_the_same_trees(tmp_path):
+    pytest.importorskip("ray", reason="Ray is not installed (pip install 'confide[ray]'; make test installs it)")
+    spec = {
+        "job_id": "vertical-secureboost-ray",
+        "rounds": 2,
+        "parties": ["hospital", "lab"],
+        "model": {"algorithm": "secureboost", "max_depth": 3, "learning_rate": 0.3},
+        "data": {"dataset": "breast_cancer", "guest": "hospital", "overlap": 0.95, "seed": 3},
+        "protection": {"mode": "paillier"},
+    }
+    quiet = dict(progress=False, echo=lambda *_: None)
+    itself = run_local(parse_job(spec), tmp_path / "itself", **quiet)
+    offloaded = run_local(parse_job(spec), tmp_path / "ray", compute={"hospital": "ray"}, **quiet)
+    guest = json.loads((tmp_path / "ray" / "parties" / "hospital.report.json").read_text())
+    assert guest["compute"]["engine"] == "ray" and guest["compute"]["work"] == "GH encryption, public-key path"
+    assert offloaded["metrics"] == itself["metrics"]
+    trees = {
+        run: json.loads((tmp_path / run / "parties" / "hospital.report.json").read_text())["feature_importance"]
+        for run in ("itself", "ray")
+    }
+    assert trees["ray"] == trees["itself"]

@@ -13,7 +13,7 @@ whatever the engine.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 from confide.errors import InvalidParameterError
@@ -82,6 +82,18 @@ class LocalCompute(ABC):
     @abstractmethod
     def hold(self, holder_class: type, arguments: list[tuple]) -> Holders:
         """One ``holder_class(*arguments[i])`` per partition i, placed where this engine runs work."""
+
+    @abstractmethod
+    def map(self, function: Callable[..., Any], items: list[tuple]) -> list[Any]:
+        """``function(*item)`` for every item, where this engine runs work; results in order.
+
+        ``function`` must be a module-level function of ``confide`` (workers import it by name).
+        """
+
+    @property
+    def workers(self) -> int:
+        """How many items :meth:`map` runs at once (what a caller splits its work into)."""
+        return 1
 
     def describe(self) -> dict[str, Any]:
         """What ran, for the party's report."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 from confide.compute.base import Holders, LocalCompute, check_shippable
@@ -36,3 +37,9 @@ class InlineCompute(LocalCompute):
         for args in arguments:
             check_shippable(args, f"inline {holder_class.__name__}")
         return _InlineHolders([holder_class(*args) for args in arguments])
+
+    def map(self, function: Callable[..., Any], items: list[tuple]) -> list[Any]:
+        """Each item in turn, here."""
+        for item in items:
+            check_shippable(item, f"inline {function.__name__}")
+        return [function(*item) for item in items]

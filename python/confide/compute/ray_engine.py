@@ -22,6 +22,7 @@ on the silo's encrypted storage like the data itself.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from confide.compute.base import Holders, LocalCompute, check_shippable
@@ -78,6 +79,7 @@ class RayCompute(LocalCompute):
         self.ray = ray
         self.address = address or "local"
         self.started = False
+        self._tasks: dict = {}
         if not ray.is_initialized():
             options: dict[str, Any] = {"include_dashboard": False, "logging_level": "WARNING", "log_to_driver": False}
             if self.address == "local":
@@ -107,6 +109,20 @@ class RayCompute(LocalCompute):
         )
         actors = [actor_class.options(scheduling_strategy="SPREAD").remote(*args) for args in arguments]
         return _RayHolders(self.ray, actors)
+
+    def map(self, function: Callable[..., Any], items: list[tuple]) -> list[Any]:
+        """One Ray task per item (retried up to ``MAX_RESTARTS`` times if its worker dies)."""
+        for item in items:
+            check_shippable(item, f"ray {function.__name__}")
+        remote = self._tasks.get(function)
+        if remote is None:
+            remote = self._tasks[function] = self.ray.remote(max_retries=MAX_RESTARTS)(function)
+        return self.ray.get([remote.remote(*item) for item in items])
+
+    @property
+    def workers(self) -> int:
+        """The cluster's CPUs."""
+        return max(1, int(self.ray.cluster_resources().get("CPU", 1)))
 
     def describe(self) -> dict[str, Any]:
         """Engine, cluster address and its nodes."""

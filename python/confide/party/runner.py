@@ -400,6 +400,7 @@ def run_party(
             catalog=catalog,
             checkpoint_dir=checkpoint_dir,
             resume_round=resume_round,
+            compute=compute,
         )
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)

@@ -18,6 +18,7 @@ ciphertext, a blinded PSI point, or what the protocol reveals by design: docs/ve
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import time
@@ -37,6 +38,8 @@ from confide.vertical import psi, wire
 from confide.vertical.channel import RelayChannel
 
 __all__ = ["evaluate", "hetero_nn_params", "run_vertical_party", "secureboost_params"]
+
+log = logging.getLogger("confide.vertical")
 
 
 #: Fault injection (tests only): the party process exits abruptly when its protocol reaches this
@@ -160,6 +163,7 @@ def run_vertical_party(
     catalog=None,
     checkpoint_dir: str | os.PathLike | None = None,
     resume_round: int = 0,
+    compute: str | None = None,
 ) -> dict:
     """Run this party's side of a vertical job; returns (and writes) its report.
 
@@ -174,6 +178,10 @@ def run_vertical_party(
     boosting rounds (the guest's trees and margins, a host's lookup table). A job that stops
     early (SecureBoost's early stopping, Hetero LR's convergence) checkpoints the round it
     stopped at.
+
+    ``compute`` (``ray`` or ``ray:ADDRESS``; :func:`confide.compute.open_compute`): where a
+    SecureBoost guest encrypts its gradients, on the public-key path, so the secret key stays
+    here. The party's rows still live in this process.
     """
     if party_id not in spec.parties:
         raise JobFailedError(f"party {party_id!r} is not in the job's parties {spec.parties}")
@@ -249,9 +257,27 @@ def run_vertical_party(
             hooks.round_done(number)
 
         if spec.model.algorithm == "secureboost":
-            part = _secureboost(
-                spec, channel, role, guest, hosts, X, y, train, test, report, on_round, checkpoint, resume_state
-            )
+            engine = _open_engine(compute, spec, role, report)
+            try:
+                part = _secureboost(
+                    spec,
+                    channel,
+                    role,
+                    guest,
+                    hosts,
+                    X,
+                    y,
+                    train,
+                    test,
+                    report,
+                    on_round,
+                    checkpoint,
+                    resume_state,
+                    engine,
+                )
+            finally:
+                if engine is not None:
+                    engine.close()
         elif spec.model.algorithm == "hetero_nn":
             part = _hetero_nn(spec, channel, role, guest, hosts, X, y, train, test, report, on_round, resume_state)
         else:
@@ -305,12 +331,37 @@ def _party_rows(spec: JobSpec, party_id: str, guest: str, catalog, report: dict)
     return VerticalPartyData(ids=ids, X=rows.X, y=rows.y, columns=list(rows.feature_names))
 
 
-def _secureboost(spec, channel, role, guest, hosts, X, y, train, test, report, on_round, checkpoint, resume) -> dict:
+def _open_engine(compute: str | None, spec: JobSpec, role: str, report: dict):
+    """The compute engine a SecureBoost guest encrypts its gradients on (None: itself, CRT path)."""
+    if compute is None or compute == "inline":
+        return None
+    if role != "guest":
+        log.warning("compute engine %r: a SecureBoost host computes its histograms in this process", compute)
+        return None
+    from confide.compute import open_compute
+
+    engine = open_compute(compute)
+    report["compute"] = {**engine.describe(), "workers": engine.workers, "work": "GH encryption, public-key path"}
+    return engine
+
+
+def _secureboost(
+    spec, channel, role, guest, hosts, X, y, train, test, report, on_round, checkpoint, resume, engine=None
+) -> dict:
     from confide.vertical import secureboost as sb
 
     params = secureboost_params(spec)
     if role == "guest":
-        model = sb.train_guest(channel, hosts, X[train], y[train], params, "train", on_tree=on_round, resume=resume)
+        offload = None
+        if engine is not None:
+            from confide.compute.tasks import encrypt_raw_on
+
+            def offload(encryption_key, plaintexts):
+                return encrypt_raw_on(engine, encryption_key, plaintexts)
+
+        model = sb.train_guest(
+            channel, hosts, X[train], y[train], params, "train", on_tree=on_round, resume=resume, encrypt_with=offload
+        )
         report["setup_seconds"] = getattr(model, "setup_seconds", None)
         predictions = sb.predict_guest(channel, model, X[test], "test")
         report["metrics"] = evaluate(params.objective, y[test], predictions)

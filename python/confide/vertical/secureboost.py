@@ -1006,12 +1006,16 @@ def train_guest(
     key=None,
     on_tree=None,
     resume: dict | None = None,
+    encrypt_with=None,
 ) -> SecureBoostGuestModel:
     """Train as the guest (labels holder). ``X`` may have zero columns (a label-only guest).
 
     ``on_tree(entry, snapshot)``: after every tree; ``snapshot`` (after a round's last tree,
     else None) returns the trees and margins so far. ``resume``: such a snapshot; the hosts
     resume with their lookup tables of the same round (``serve_host(model=...)``).
+    ``encrypt_with(encryption_key, plaintexts)``: encrypts the GH plaintexts somewhere else (the
+    party's compute workers, :func:`confide.compute.tasks.encrypt_raw_on`), with the public key
+    only; by default the guest encrypts them itself on the key holder's CRT path.
     """
     X = np.asarray(X, dtype=np.float64)
     if X.ndim != 2 or X.shape[0] != len(y):
@@ -1042,6 +1046,8 @@ def train_guest(
     sources = [_RemoteSource(h, c, key, params) for h, c in zip(hosts, commands, strict=True)]
 
     def encrypt(plaintexts: list[bytes]):
+        if encrypt_with is not None:
+            return encrypt_with(key.encryption_key, plaintexts)
         return key.encrypt_raw(plaintexts, "fixed_base", params.threads)
 
     def advance() -> None:

@@ -93,3 +93,13 @@ def test_no_secret_reaches_a_ray_worker(engine, partitioned):
     with pytest.raises(SecretShippingError):
         engine.hold(PartitionRows, [(key, None)])
     data.holders.close()
+
+
+def test_gradients_encrypted_by_ray_tasks_decrypt_to_the_plaintexts(engine):
+    from confide import _native
+    from confide.compute.tasks import encrypt_raw_on
+
+    key = _native.generate_keypair(2048)
+    plaintexts = [int(v).to_bytes(16, "big") for v in np.random.default_rng(6).integers(0, 2**62, 3000)]
+    vector = encrypt_raw_on(engine, key.encryption_key, plaintexts, min_chunk=500)
+    assert [int.from_bytes(b, "big") for b in key.decrypt_raw(vector)] == [int.from_bytes(p, "big") for p in plaintexts]

@@ -120,3 +120,18 @@ def test_engine_names_are_checked():
         open_compute("spark")
     with pytest.raises(InvalidParameterError, match="'inline' takes no address"):
         open_compute("inline:somewhere")
+
+
+def test_gradients_encrypted_on_workers_with_the_public_key_decrypt_as_the_guests_own():
+    from confide import _native
+    from confide.compute.tasks import encrypt_raw_on
+
+    key = _native.generate_keypair(2048)
+    plaintexts = [int(v).to_bytes(16, "big") for v in np.random.default_rng(5).integers(0, 2**62, 5000)]
+    engine = open_compute("inline")
+    vector = encrypt_raw_on(engine, key.encryption_key, plaintexts, min_chunk=1000)
+    assert len(vector) == 5000
+    decrypted = [int.from_bytes(b, "big") for b in key.decrypt_raw(vector)]
+    assert decrypted == [int.from_bytes(p, "big") for p in plaintexts]
+    with pytest.raises(SecretShippingError):
+        engine.map(len, [(key,)])
