@@ -287,7 +287,7 @@ def test_a_holder_killed_during_a_job_is_restarted_and_the_job_loses_nothing(tmp
         assert np.allclose(calm[party], survived[party], rtol=1e-12, atol=1e-12)
 
 
-def test_a_secureboost_guest_encrypting_on_ray_grows_the_same_trees(tmp_path):
+def test_secureboost_with_the_guest_encrypting_and_the_host_summing_on_ray_grows_the_same_trees(tmp_path):
     pytest.importorskip("ray", reason="Ray is not installed (pip install 'confide[ray]'; make test installs it)")
     spec = {
         "job_id": "vertical-secureboost-ray",
@@ -299,12 +299,14 @@ def test_a_secureboost_guest_encrypting_on_ray_grows_the_same_trees(tmp_path):
     }
     quiet = dict(progress=False, echo=lambda *_: None)
     itself = run_local(parse_job(spec), tmp_path / "itself", **quiet)
-    offloaded = run_local(parse_job(spec), tmp_path / "ray", compute={"hospital": "ray"}, **quiet)
-    guest = json.loads((tmp_path / "ray" / "parties" / "hospital.report.json").read_text())
-    assert guest["compute"]["engine"] == "ray" and guest["compute"]["work"] == "GH encryption, public-key path"
-    assert offloaded["metrics"] == itself["metrics"]
-    trees = {
-        run: json.loads((tmp_path / run / "parties" / "hospital.report.json").read_text())["feature_importance"]
-        for run in ("itself", "ray")
-    }
-    assert trees["ray"] == trees["itself"]
+    # One party on Ray per run: two local Ray instances do not share one machine (silos have their own).
+    for party, work in (("hospital", "GH encryption, public-key path"), ("lab", "encrypted histograms by row ranges")):
+        offloaded = run_local(parse_job(spec), tmp_path / party, compute={party: "ray"}, **quiet)
+        mine = json.loads((tmp_path / party / "parties" / f"{party}.report.json").read_text())
+        assert mine["compute"]["engine"] == "ray" and mine["compute"]["work"] == work
+        assert offloaded["metrics"] == itself["metrics"]
+        trees = {
+            run: json.loads((tmp_path / run / "parties" / "hospital.report.json").read_text())["feature_importance"]
+            for run in ("itself", party)
+        }
+        assert trees[party] == trees["itself"]

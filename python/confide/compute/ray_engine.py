@@ -89,16 +89,19 @@ class RayCompute(LocalCompute):
                 options["address"] = self.address
             try:
                 ray.init(**options)
-            except (ConnectionError, RuntimeError, ValueError) as error:
+            except Exception as error:  # Ray raises bare Exception too (a node that timed out starting)
                 hint = ""
                 if "auth" in repr(error.__cause__ or error).lower() or "token" in str(error).lower():
                     hint = (
                         " (the cluster uses Ray's token authentication: give this process RAY_AUTH_MODE=token "
                         "and the cluster's token, in ~/.ray/auth_token or RAY_AUTH_TOKEN_PATH)"
                     )
-                raise InvalidParameterError(
-                    f"compute engine 'ray': cannot reach the Ray cluster at {self.address!r}: {error}{hint}"
-                ) from None
+                where = (
+                    "start a local Ray instance"
+                    if self.address == "local"
+                    else f"reach the Ray cluster at {self.address!r}"
+                )
+                raise InvalidParameterError(f"compute engine 'ray': cannot {where}: {error}{hint}") from None
 
     def hold(self, holder_class: type, arguments: list[tuple]) -> Holders:
         """One actor per partition, spread over the cluster's nodes."""

@@ -18,7 +18,6 @@ ciphertext, a blinded PSI point, or what the protocol reveals by design: docs/ve
 from __future__ import annotations
 
 import json
-import logging
 import os
 import shutil
 import time
@@ -38,8 +37,6 @@ from confide.vertical import psi, wire
 from confide.vertical.channel import RelayChannel
 
 __all__ = ["evaluate", "hetero_nn_params", "run_vertical_party", "secureboost_params"]
-
-log = logging.getLogger("confide.vertical")
 
 
 #: Fault injection (tests only): the party process exits abruptly when its protocol reaches this
@@ -180,8 +177,9 @@ def run_vertical_party(
     stopped at.
 
     ``compute`` (``ray`` or ``ray:ADDRESS``; :func:`confide.compute.open_compute`): where a
-    SecureBoost guest encrypts its gradients, on the public-key path, so the secret key stays
-    here. The party's rows still live in this process.
+    SecureBoost guest encrypts its gradients (public-key path: the secret key stays here) and a
+    host builds its encrypted histograms (by row ranges, combined exactly). The party's rows still
+    live in this process.
     """
     if party_id not in spec.parties:
         raise JobFailedError(f"party {party_id!r} is not in the job's parties {spec.parties}")
@@ -332,16 +330,14 @@ def _party_rows(spec: JobSpec, party_id: str, guest: str, catalog, report: dict)
 
 
 def _open_engine(compute: str | None, spec: JobSpec, role: str, report: dict):
-    """The compute engine a SecureBoost guest encrypts its gradients on (None: itself, CRT path)."""
+    """Where a SecureBoost guest encrypts its gradients, or a host builds its histograms (None: here)."""
     if compute is None or compute == "inline":
-        return None
-    if role != "guest":
-        log.warning("compute engine %r: a SecureBoost host computes its histograms in this process", compute)
         return None
     from confide.compute import open_compute
 
     engine = open_compute(compute)
-    report["compute"] = {**engine.describe(), "workers": engine.workers, "work": "GH encryption, public-key path"}
+    work = "GH encryption, public-key path" if role == "guest" else "encrypted histograms by row ranges"
+    report["compute"] = {**engine.describe(), "workers": engine.workers, "work": work}
     return engine
 
 
@@ -378,7 +374,9 @@ def _secureboost(
             checkpoint((tree + 1) // per_round, lambda: {"lookup": snapshot()}, final=last)
 
     start = sb.SecureBoostHostModel.from_dict(resume["lookup"]) if resume is not None else None
-    lookup = sb.serve_host(channel, guest, X[train], "train", threads=params.threads, model=start, on_tree=on_tree)
+    lookup = sb.serve_host(
+        channel, guest, X[train], "train", threads=params.threads, model=start, on_tree=on_tree, engine=engine
+    )
     sb.serve_host(channel, guest, X[test], "test", model=lookup)
     report["splits_owned"] = len(lookup.lookup)
     return {"algorithm": "secureboost", "role": "host", "model": lookup.to_dict()}

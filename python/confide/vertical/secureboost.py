@@ -1070,6 +1070,7 @@ def serve_host(
     model: SecureBoostHostModel | None = None,
     threads: int = 0,
     on_tree=None,
+    engine=None,
 ) -> SecureBoostHostModel:
     """Answer the guest's training or prediction requests until it says "done".
 
@@ -1077,7 +1078,9 @@ def serve_host(
     ``model``: a lookup table to start from (prediction, or training resumed from a checkpoint).
     ``on_tree(tree, snapshot, last)``: after each tree the guest finished, with a callable
     returning the lookup table so far, and whether it was the last (early stopping may end
-    training before ``n_trees``).
+    training before ``n_trees``). ``engine``: a :class:`confide.compute.LocalCompute` whose
+    workers build the encrypted histograms by row ranges (:mod:`confide.compute.histograms`;
+    the same ciphertexts as building them here).
     """
     X = np.asarray(X, dtype=np.float64)
     lookup = dict(model.lookup) if model is not None else {}
@@ -1095,6 +1098,10 @@ def serve_host(
             try:
                 binner = Binner.fit(X, params.n_bins, party=channel.party)
                 state.update(params=params, binner=binner, bins=binner.transform(X, party=channel.party))
+                if engine is not None and X.shape[0]:
+                    from confide.compute.histograms import HostHistograms
+
+                    state["remote"] = HostHistograms(engine, state["bins"])
             except InvalidParameterError as failure:
                 error = str(failure)
             channel.send(guest, tag + "/reply", {"rows": int(X.shape[0]) if X.ndim == 2 else 0, "error": error})
@@ -1113,6 +1120,8 @@ def serve_host(
             state["fields"] = fields
             if "gh" in message:
                 state["gh"] = _native.CiphertextVector.from_bytes(message["gh"], state["key"])
+                if "remote" in state:
+                    state["remote"].set_gradients(state["key"], state["gh"])
             elif "gh" not in state:
                 raise ProtocolError(f"tree {message.get('tree')}: no encrypted gradients to reuse")
             state["stats"] = {"hist_s": 0.0, "fold_s": 0.0}
@@ -1134,6 +1143,8 @@ def serve_host(
         elif op == "predict":
             channel.send(guest, tag + "/reply", _host_predict(message, X, lookup))
         elif op == "done":
+            if "remote" in state:
+                state.pop("remote").close()
             return SecureBoostHostModel(lookup)
         else:
             raise ProtocolError(f"unknown SecureBoost request {op!r} from {guest}")
@@ -1152,9 +1163,13 @@ def _host_layer(channel, guest, tag, message, state, threads) -> None:
     if len(node_of_row) != bins.shape[1]:
         raise ProtocolError(f"layer plan names {len(node_of_row)} rows, this host holds {bins.shape[1]}")
     state["node_of_row"] = node_of_row
-    direct = [np.flatnonzero(node_of_row == node_id) for node_id, mode, *_ in plan if mode == 0]
+    direct_nodes = [int(node_id) for node_id, mode, *_ in plan if mode == 0]
+    direct = [np.flatnonzero(node_of_row == node_id) for node_id in direct_nodes]
     started = time.perf_counter()
-    hists = [gh.histogram(bins, rows.astype(np.uint32), n_bins, threads) for rows in direct]
+    if "remote" in state:
+        hists = state["remote"].histograms(node_of_row, direct_nodes, n_bins, state["key"])
+    else:
+        hists = [gh.histogram(bins, rows.astype(np.uint32), n_bins, threads) for rows in direct]
     state["stats"]["hist_s"] += time.perf_counter() - started
     started = time.perf_counter()
     # Re-randomized: a product of the guest's own ciphertexts is deterministic, so without fresh

@@ -135,3 +135,22 @@ def test_gradients_encrypted_on_workers_with_the_public_key_decrypt_as_the_guest
     assert decrypted == [int.from_bytes(p, "big") for p in plaintexts]
     with pytest.raises(SecretShippingError):
         engine.map(len, [(key,)])
+
+
+def test_host_histograms_built_by_row_ranges_are_the_same_ciphertexts():
+    from confide import _native
+    from confide.compute.histograms import HostHistograms
+
+    key = _native.generate_keypair(2048)
+    rng = np.random.default_rng(0)
+    rows, features, n_bins = 1500, 4, 8
+    bins = rng.integers(0, n_bins, (features, rows)).astype(np.uint8)
+    gh = key.encrypt_raw([int(v).to_bytes(16, "big") for v in rng.integers(0, 2**60, rows)], "fixed_base", 0)
+    node_of_row = rng.integers(0, 3, rows).astype(np.int32)
+    remote = HostHistograms(open_compute("inline"), bins, ranges=5)
+    remote.set_gradients(key.encryption_key, gh)
+    built = remote.histograms(node_of_row, [0, 2], n_bins, key.encryption_key)
+    for node, vector in zip([0, 2], built, strict=True):
+        direct = gh.histogram(bins, np.flatnonzero(node_of_row == node).astype(np.uint32), n_bins, 0)
+        assert vector.to_bytes() == direct.to_bytes()
+    remote.close()
