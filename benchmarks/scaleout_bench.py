@@ -16,8 +16,11 @@ machine the speedup is bounded by the 2 cores and by Ray's per-call overhead; wh
 that the work splits by partition, that memory per worker falls with more partitions, and that
 the results equal inline's.
 
-Not yet measured here: SecureBoost host histograms on partitions (the vertical runner does not
-run on partitioned data yet; docs/compute.md).
+SecureBoost host histograms: one layer of a host's encrypted histograms (``--hist-rows`` rows,
+``--hist-features`` features, 32 bins, four nodes) built in the party process with every core,
+against the same rows cut into ranges held by Ray actors (:mod:`confide.compute.histograms`) and
+multiplied together; the ciphertexts must be equal bit for bit. Not at 10M rows: the guest's
+ciphertexts alone would be 5 GB and take minutes to make, so the default is 400,000 rows.
 """
 
 from __future__ import annotations
@@ -101,6 +104,47 @@ def measure(engine, root: Path, steps: int, features: int) -> dict:
     }
 
 
+def histogram_layer(engine, rows: int, features: int, repeats: int = 3) -> dict:
+    """One layer of host histograms in-process (all cores) and on ``engine``'s holders; equal?"""
+    from confide import _native
+    from confide.compute.histograms import HostHistograms
+
+    rng = np.random.default_rng(3)
+    n_bins = 32
+    key = _native.generate_keypair(2048)
+    bins = rng.integers(0, n_bins, (features, rows)).astype(np.uint8)
+    started = time.perf_counter()
+    gh = key.encrypt_raw([int(v).to_bytes(16, "big") for v in rng.integers(0, 2**62, rows)], "fixed_base", 0)
+    encrypt = time.perf_counter() - started
+    node_of_row = rng.integers(0, 4, rows).astype(np.int32)
+    nodes = [0, 1, 2, 3]
+    here = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        direct = [gh.histogram(bins, np.flatnonzero(node_of_row == n).astype(np.uint32), n_bins, 0) for n in nodes]
+        here.append(time.perf_counter() - started)
+    started = time.perf_counter()
+    remote = HostHistograms(engine, bins)
+    remote.set_gradients(key.encryption_key, gh)
+    setup = time.perf_counter() - started
+    there = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        built = remote.histograms(node_of_row, nodes, n_bins, key.encryption_key)
+        there.append(time.perf_counter() - started)
+    pids = remote.holders.pids()
+    remote.close()
+    equal = all(a.to_bytes() == b.to_bytes() for a, b in zip(direct, built, strict=True))
+    return {
+        "inline": statistics.median(here),
+        "ray": statistics.median(there),
+        "setup": setup,
+        "encrypt": encrypt,
+        "equal": equal,
+        "holders": len(set(pids)),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=10_000_000)
@@ -108,6 +152,8 @@ def main() -> None:
     parser.add_argument("--partitions", default="4,8", help="partition counts to run (memory per worker)")
     parser.add_argument("--steps", type=int, default=5, help="full-batch steps per run (median)")
     parser.add_argument("--workers", type=int, default=2, help="Ray worker nodes")
+    parser.add_argument("--hist-rows", type=int, default=400_000, help="rows of the host histogram layer (0: skip)")
+    parser.add_argument("--hist-features", type=int, default=20)
     parser.add_argument("--write", action="store_true", help="write results/scaleout.json and docs/benchmarks.md")
     args = parser.parse_args()
     info = machine()
@@ -173,6 +219,34 @@ def main() -> None:
                 f"{'equal to' if equal else 'DIFFER from'} inline's within 1e-12 (largest difference "
                 f"{difference:.1e}); {on_ray['processes']} holder processes, peak "
                 f"{on_ray['worker_peak_rss_mb']:.0f} MiB each"
+            )
+        if args.hist_rows:
+            h = histogram_layer(ray_engine, args.hist_rows, args.hist_features)
+            params = {
+                "rows": args.hist_rows,
+                "features": args.hist_features,
+                "bins": 32,
+                "nodes": 4,
+                "workers": args.workers,
+                "holders": h["holders"],
+                "bit_exact": h["equal"],
+                "setup_seconds": round(h["setup"], 2),
+            }
+            print(
+                f"host histograms, {args.hist_rows:,} rows x {args.hist_features}: in-process {h['inline']:.2f} s, "
+                f"{h['holders']} Ray holders {h['ray']:.2f} s per layer (set-up {h['setup']:.1f} s, GH encryption "
+                f"{h['encrypt']:.1f} s); ciphertexts {'equal' if h['equal'] else 'DIFFERENT'}"
+            )
+            for engine, value in (("inline", h["inline"]), ("ray", h["ray"])):
+                results.append(
+                    record(f"scaleout.host_histograms.{engine}.seconds_per_layer", value, "s", params=params)
+                )
+            speedup = record("scaleout.host_histograms.speedup", h["inline"], "ratio", "inline", h["inline"], params)
+            speedup["value"] = speedup["ratio"] = h["inline"] / h["ray"]
+            results.append(speedup)
+            notes.append(
+                f"host histograms: Ray {h['inline'] / h['ray']:.2f}x in-process per layer; ciphertexts "
+                f"{'equal bit for bit' if h['equal'] else 'DIFFERENT'}"
             )
         ray_engine.close()
     finally:
