@@ -87,6 +87,7 @@ bench: setup
 	$(PYTHON) benchmarks/psi_bench.py --write
 	$(PYTHON) benchmarks/nn_bench.py --write
 	$(PYTHON) benchmarks/dataplane_bench.py --write
+	$(PYTHON) benchmarks/scaleout_bench.py --write
 
 lint: setup
 	cargo clippy --workspace --all-targets --release -- -D warnings
