@@ -39,21 +39,31 @@ _SECRET_TYPES = {
 
 
 def check_shippable(values: Sequence[Any], where: str) -> None:
-    """Raise :class:`SecretShippingError` if any of ``values`` (looked into one level deep) is a secret."""
-    stack = list(values)
-    for value in stack:
-        if isinstance(value, list | tuple):
-            stack.extend(value)
+    """Raise :class:`SecretShippingError` if any of ``values`` is a secret.
+
+    Looks inside lists, tuples, sets, dict values and dataclass fields, at any depth (each object
+    once); other objects are judged by their type alone.
+    """
+    import dataclasses
+
+    stack, seen = list(values), set()
+    while stack:
+        value = stack.pop()
+        if id(value) in seen:
             continue
-        if isinstance(value, dict):
-            stack.extend(value.values())
-            continue
+        seen.add(id(value))
         kind = type(value)
         if (kind.__module__, kind.__qualname__) in _SECRET_TYPES:
             raise SecretShippingError(
                 f"{where}: a {kind.__qualname__} must stay in the party process; compute workers get public "
                 "material only"
             )
+        if isinstance(value, list | tuple | set | frozenset):
+            stack.extend(value)
+        elif isinstance(value, dict):
+            stack.extend(value.values())
+        elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+            stack.extend(getattr(value, f.name) for f in dataclasses.fields(value))
 
 
 class Holders(ABC):

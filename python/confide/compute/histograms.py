@@ -47,6 +47,10 @@ class HistogramRows:
 
     def histograms(self, node_of_row: np.ndarray, nodes: list[int], n_bins: int) -> list[bytes]:
         """Encrypted histogram of each node over this range's rows (``node_of_row``: every row's)."""
+        if self.gh is None:  # built again after its worker died: the tree's gradients are gone
+            from confide.errors import ProtocolError
+
+            raise ProtocolError(f"rows {self.start}..{self.stop} hold no encrypted gradients (restarted)")
         local = np.asarray(node_of_row[self.start : self.stop])
         return [
             self.gh.histogram(self.bins, np.flatnonzero(local == node).astype(np.uint32), n_bins, 1).to_bytes()
@@ -64,16 +68,28 @@ class HostHistograms:
         self.holders = engine.hold(
             HistogramRows, [(bins[:, a:b], int(a)) for a, b in zip(edges[:-1], edges[1:], strict=True)]
         )
+        self._gradients: tuple[bytes, bytes] = (b"", b"")
 
     def set_gradients(self, key, gh) -> None:
         """Hand the tree's encrypted gradients (a CiphertextVector) to every range."""
-        self.holders.call("set_gradients", key.to_bytes(), gh.to_bytes())
+        self._gradients = (key.to_bytes(), gh.to_bytes())
+        self.holders.call("set_gradients", *self._gradients)
 
     def histograms(self, node_of_row: np.ndarray, nodes: list[int], n_bins: int, key) -> list:
-        """One CiphertextVector per node: the product of the ranges' histograms."""
-        from confide import _native
+        """One CiphertextVector per node: the product of the ranges' histograms.
 
-        parts = self.holders.call("histograms", np.asarray(node_of_row, dtype=np.int32), list(nodes), n_bins)
+        A holder whose worker died was built again without the tree's gradients: they are sent
+        once more and the layer asked again.
+        """
+        from confide import _native
+        from confide.errors import ProtocolError
+
+        args = (np.asarray(node_of_row, dtype=np.int32), list(nodes), n_bins)
+        try:
+            parts = self.holders.call("histograms", *args)
+        except ProtocolError:
+            self.holders.call("set_gradients", *self._gradients)
+            parts = self.holders.call("histograms", *args)
         return [
             _native.CiphertextVector.sum([_native.CiphertextVector.from_bytes(p[i], key) for p in parts])
             for i in range(len(nodes))

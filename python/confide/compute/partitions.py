@@ -52,12 +52,15 @@ def list_partitions(path: str | os.PathLike, where: str) -> list[Partition]:
     if not files:
         raise InvalidParameterError(f"{where}: no .parquet files under {root}")
     out = []
-    for index, file in enumerate(files):
+    for file in files:
         try:
             rows = pq.ParquetFile(file).metadata.num_rows
         except (pa.ArrowException, OSError) as error:
             raise InvalidParameterError(f"{where}: cannot read the footer of {file.name}: {error}") from None
-        out.append(Partition(index, str(file), int(rows)))
+        if rows:  # writers such as Spark leave empty part files: nothing to hold
+            out.append(Partition(len(out), str(file), int(rows)))
+    if not out:
+        raise InvalidParameterError(f"{where}: every .parquet file under {root} is empty")
     return out
 
 
@@ -79,15 +82,26 @@ class PartitionRows:
         where = (
             f"party {task.party!r}, dataset {task.dataset!r}, partition {partition.index} ({Path(partition.path).name})"
         )
+        # A failure is raised from shape(), not here: Ray reports a constructor's error only as
+        # the actor's death, and the developer needs its message (step, column, partition).
+        self.error: Exception | None = None
         try:
             table = table_from_arrow(where, pq.read_table(partition.path))
         except (pa.ArrowException, OSError) as error:
-            raise InvalidParameterError(f"{where}: cannot read the Parquet data: {error}") from None
-        fl_data = FLData.from_dict(task.fl_data)
-        provisioned = fl_data.provision_partition(task.party, table, partition.index)
+            self.error = InvalidParameterError(f"{where}: cannot read the Parquet data: {error}")
+            return
+        except InvalidParameterError as error:
+            self.error = error
+            return
+        try:
+            provisioned = FLData.from_dict(task.fl_data).provision_partition(task.party, table, partition.index)
+        except InvalidParameterError as error:
+            self.error = error
+            return
         self.X, self.y = provisioned.X, provisioned.y
         self.X_test, self.y_test = provisioned.X_test, provisioned.y_test
         self.features = provisioned.feature_names
+        self.fitted = provisioned.fitted
         self.index = partition.index
 
     def pid(self) -> int:
@@ -104,6 +118,8 @@ class PartitionRows:
 
     def shape(self) -> dict[str, Any]:
         """Rows, test rows, features (names) and the label values present."""
+        if self.error is not None:
+            raise self.error
         labels = np.unique(np.concatenate([self.y, self.y_test if self.y_test is not None else []]))
         return {
             "rows": int(self.X.shape[0]),
@@ -111,6 +127,8 @@ class PartitionRows:
             "features": list(self.features),
             "labels": [float(v) for v in labels],
             "nbytes": int(self.X.nbytes + self.y.nbytes),
+            # What the row-local steps recorded (categories, bounds): the same in every partition.
+            "fitted": self.fitted,
         }
 
     def _rows(self, which: str) -> tuple[np.ndarray, np.ndarray]:

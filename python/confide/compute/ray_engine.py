@@ -10,8 +10,10 @@ turns on Ray's token authentication: the party process needs ``RAY_AUTH_MODE=tok
 cluster's token (``~/.ray/auth_token`` or ``RAY_AUTH_TOKEN_PATH``) to join.
 
 Fault tolerance: each actor restarts up to ``max_restarts`` times when its worker process or
-node dies and rebuilds its partition from the file; a call that was running or queued on it is
-retried (``max_task_retries``), so a killed worker costs time, never a result.
+node dies and is built again from its arguments (a partition holder reads its file again); a call
+that was running or queued on it is retried (``max_task_retries``). What a holder learned after
+it was built is gone: a histogram holder asks for the tree's gradients again (the host re-sends
+them), and a data-parallel holder's local optimizer state (Adam's moments) starts over.
 
 What crosses to workers is checked by :func:`confide.compute.base.check_shippable` before Ray
 serializes it: the partition's path and row count, the job's FL_Data mapping, model weights,
@@ -26,7 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 from confide.compute.base import Holders, LocalCompute, check_shippable
-from confide.errors import InvalidParameterError
+from confide.errors import ConfideError, InvalidParameterError
 
 __all__ = ["RayCompute"]
 
@@ -53,20 +55,39 @@ class _RayHolders(Holders):
     def call(self, method: str, *args: Any) -> list[Any]:
         check_shippable(args, f"ray {method}")
         shared = [self.ray.put(a) if _large(a) else a for a in args]
-        return self.ray.get([getattr(actor, method).remote(*shared) for actor in self.actors])
+        return _get(self.ray, [getattr(actor, method).remote(*shared) for actor in self.actors])
 
     def pids(self) -> list[int]:
-        return self.ray.get([actor.pid.remote() for actor in self.actors])
+        return _get(self.ray, [actor.pid.remote() for actor in self.actors])
 
     def close(self) -> None:
         for actor in self.actors:
-            self.ray.kill(actor)
+            try:
+                self.ray.kill(actor)
+            except Exception:  # noqa: BLE001 - the cluster may be gone; nothing left to release
+                pass
         self.actors = []
 
 
 def _large(value: Any) -> bool:
-    # Put big arrays (model weights) in the object store once instead of once per actor.
-    return getattr(value, "nbytes", 0) > 1 << 16
+    # Put big arrays and byte strings (weights, ciphertexts) in the object store once, not once per actor.
+    size = len(value) if isinstance(value, bytes | bytearray) else getattr(value, "nbytes", 0)
+    return size > 1 << 16
+
+
+def _get(ray, references: list) -> list:
+    """``ray.get``, with a worker's own error raised as itself (its message names the step or field)."""
+    try:
+        return ray.get(references)
+    except ray.exceptions.RayError as error:
+        cause: BaseException = error
+        while isinstance(getattr(cause, "cause", None), BaseException) and cause.cause is not cause:
+            cause = cause.cause
+        if isinstance(cause, ConfideError):
+            raise cause from None
+        raise InvalidParameterError(
+            f"compute engine 'ray': a worker failed: {type(cause).__name__}: {str(cause)[-500:]}"
+        ) from None
 
 
 class RayCompute(LocalCompute):
@@ -83,7 +104,8 @@ class RayCompute(LocalCompute):
         if not ray.is_initialized():
             options: dict[str, Any] = {"include_dashboard": False, "logging_level": "WARNING", "log_to_driver": False}
             if self.address == "local":
-                options["num_cpus"] = num_cpus
+                # "local" starts a new instance; without it Ray would join any cluster it finds.
+                options.update(address="local", num_cpus=num_cpus)
                 self.started = True
             else:
                 options["address"] = self.address
@@ -120,7 +142,7 @@ class RayCompute(LocalCompute):
         remote = self._tasks.get(function)
         if remote is None:
             remote = self._tasks[function] = self.ray.remote(max_retries=MAX_RESTARTS)(function)
-        return self.ray.get([remote.remote(*item) for item in items])
+        return _get(self.ray, [remote.remote(*item) for item in items])
 
     @property
     def workers(self) -> int:

@@ -37,6 +37,8 @@ def encrypt_raw_on(engine, encryption_key, plaintexts: list[bytes], *, min_chunk
     from confide import _native
 
     count = len(plaintexts)
+    if count == 0:
+        return encryption_key.encrypt_raw([], "fixed_base", 1)
     chunks = max(1, min(2 * engine.workers, -(-count // min_chunk)))
     size = -(-count // chunks)
     public = encryption_key.to_bytes()

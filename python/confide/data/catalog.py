@@ -730,37 +730,50 @@ def table_from_arrow(where: str, table: Any) -> Table:
 def _partitioned_profiles(name: str, partitions: list) -> list[dict[str, Any]]:
     """:func:`column_profiles` of a partitioned dataset, reading one file at a time.
 
-    Missing cells are flagged if any file has them; categories count the rows of every file.
+    Missing cells are flagged if any file has them; categories count the rows of every file (a
+    column with more than MAX_PUBLISHED_CATEGORIES distinct values stops being counted, so an id
+    column never fills memory). Every file must hold the same columns with the same types.
     """
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     profiles: dict[str, dict[str, Any]] = {}
-    counts: dict[str, dict[str, int]] = {}
+    first_seen: dict[str, int] = {}
+    counts: dict[str, dict[str, int] | None] = {}
     for partition in partitions:
-        where = f"datasets.{name}, partition {partition.index}"
+        where = f"datasets.{name}, partition {partition.index} ({Path(partition.path).name})"
         try:
             table = _from_arrow(where, pq.read_table(partition.path))
         except (pa.ArrowException, OSError) as e:
             raise InvalidParameterError(f"{where}: cannot read the Parquet data: {e}") from None
+        if profiles and set(table.names) != set(profiles):
+            missing, extra = sorted(set(profiles) - set(table.names)), sorted(set(table.names) - set(profiles))
+            raise InvalidParameterError(
+                f"{where}: every file must hold the same columns; this one lacks {missing[:5]} and adds {extra[:5]}"
+            )
         for column in table.schema():
             values = table.column(column["name"])
             known = profiles.setdefault(column["name"], {**column, "missing": False})
+            first_seen.setdefault(column["name"], partition.index)
             if known["dtype"] != column["dtype"]:
                 raise InvalidParameterError(
                     f"{where}: column {column['name']!r} is {column['dtype']} here and {known['dtype']} in "
-                    "partition 0; every file must hold the same columns"
+                    f"partition {first_seen[column['name']]}; every file must hold the same columns"
                 )
             if column["dtype"] == "float":
                 known["missing"] |= bool(np.isnan(values).any())
             elif column["dtype"] == "str":
                 known["missing"] |= any(v is None for v in values)
                 tally = counts.setdefault(column["name"], {})
+                if tally is None:
+                    continue
                 for value in values:
                     if value is not None:
                         tally[str(value)] = tally.get(str(value), 0) + 1
+                if len(tally) > MAX_PUBLISHED_CATEGORIES:
+                    counts[column["name"]] = None  # too many to publish: stop counting
     for column, tally in counts.items():
-        if len(tally) <= MAX_PUBLISHED_CATEGORIES:
+        if tally is not None:
             profiles[column]["categories"] = sorted(
                 v for v, k in tally.items() if k >= MIN_CATEGORY_ROWS and len(v) <= 128
             )

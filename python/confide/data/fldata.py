@@ -1397,6 +1397,32 @@ class FLData:
         is_test[rng.permutation(n)[:n_test]] = True
         return Provisioned(X[~is_test], y[~is_test], X[is_test], y[is_test], features, fitted, row_numbers[is_test])
 
+    def check_partitionable(self, party: str) -> None:
+        """Refuse what partitioned data cannot do: ``fraction`` < 1, a step that fits statistics.
+
+        The party process runs this before any partition is read, so the message (naming the step)
+        reaches the developer as it is, whatever engine holds the partitions.
+        """
+        parties = self._state.party_map()
+        if party not in parties:
+            raise InvalidParameterError(
+                f"provision: party {party!r} is not a participant; participants: {sorted(parties)}"
+            )
+        p = parties[party]
+        where = f"party {party!r}, dataset {p.dataset!r} (partitioned)"
+        if p.fraction < 1.0:
+            raise InvalidParameterError(
+                f"{where}: fraction {p.fraction} samples rows of the whole dataset; on partitioned data "
+                "it must be 1 (filter rows with a filter step instead)"
+            )
+        for step in self.pipeline:
+            if not row_local(step):
+                raise InvalidParameterError(
+                    f"{where}: step {step.name!r} ({step.op}) fits statistics over all rows; on partitioned "
+                    "data every step must be row-local (impute with strategy constant, scale minmax with "
+                    "bounds for every column, encode with categories for every column)"
+                )
+
     def provision_partition(self, party: str, table: Table, partition: int) -> Provisioned:
         """``party``'s arrays from one partition of its dataset (run where the partition is held).
 
@@ -1409,22 +1435,11 @@ class FLData:
         """
         parties = self._state.party_map()
         where = f"party {party!r}, partition {partition}"
-        p = parties.get(party)
-        if p is not None and p.fraction < 1.0:
-            raise InvalidParameterError(
-                f"{where}: fraction {p.fraction} samples rows of the whole dataset; on partitioned data "
-                "it must be 1 (filter rows with a filter step instead)"
-            )
-        for step in self.pipeline:
-            if not row_local(step):
-                raise InvalidParameterError(
-                    f"{where}: step {step.name!r} ({step.op}) fits statistics over all rows; on partitioned "
-                    "data every step must be row-local (impute with strategy constant, scale minmax with "
-                    "bounds for every column, encode with categories for every column)"
-                )
+        self.check_partitionable(party)
+        p = parties[party]
         if table.rows == 0:
             raise InvalidParameterError(f"{where}: the partition has no rows")
-        _p, _rng, where, last, cols, _rows, fitted = self._run_pipeline(party, table)
+        _p, _rng, _where, last, cols, _rows, fitted = self._run_pipeline(party, table)
         features = self._checked_features(
             where, last, cols, self.label, "check fl_data.label against the dataset's published schema"
         )

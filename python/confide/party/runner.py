@@ -170,12 +170,15 @@ def load_party_data(spec: JobSpec, party_id: str, catalog=None, compute=None) ->
 
 
 def _close_compute(engine, data: PartyData | None) -> None:
-    """Release a partitioned dataset's holders and the engine this party opened."""
+    """Release a partitioned dataset's holders and the engine this party opened (never raises)."""
     holders = getattr(getattr(data, "X", None), "holders", None)
-    if holders is not None:
-        holders.close()
-    if engine is not None:
-        engine.close()
+    for release in (getattr(holders, "close", None), getattr(engine, "close", None)):
+        if release is None:
+            continue
+        try:
+            release()
+        except Exception as error:  # noqa: BLE001 - the job's own outcome matters more than a cleanup
+            log.warning("releasing the compute engine failed: %s", error)
 
 
 def _partitioned_data(spec: JobSpec, party_id: str, dataset: str, partitions, compute) -> PartyData:
@@ -183,17 +186,25 @@ def _partitioned_data(spec: JobSpec, party_id: str, dataset: str, partitions, co
     from confide.compute import open_compute
     from confide.compute.partitions import PartitionedData, PartitionRows, PartitionTask
 
+    fl_data = spec.fl_data_object()
+    fl_data.check_partitionable(party_id)  # here, so its message (the step) reaches the developer as is
     engine = compute if compute is not None else open_compute("inline")
-    task = PartitionTask(party=party_id, dataset=dataset, fl_data=spec.fl_data_object().to_dict())
+    task = PartitionTask(party=party_id, dataset=dataset, fl_data=fl_data.to_dict())
     holders = engine.hold(PartitionRows, [(task, partition) for partition in partitions])
-    shapes = holders.call("shape")
-    labels = sorted({value for shape in shapes for value in shape["labels"]})
-    # Which processes hold the partitions (an operator's view; a restarted holder gets a new one).
-    where = {**engine.describe(), "partitions": holders.count, "holder_pids": holders.pids()}
-    train = PartitionedData(holders, shapes, "train", where)
+    try:
+        shapes = holders.call("shape")
+        labels = sorted({value for shape in shapes for value in shape["labels"]})
+        # Which processes hold the partitions (an operator's view; a restarted holder gets a new one).
+        where = {**engine.describe(), "partitions": holders.count, "holder_pids": holders.pids()}
+        train = PartitionedData(holders, shapes, "train", where)
+    except BaseException:
+        holders.close()
+        raise
     test = train.view("test") if any(shape["test_rows"] for shape in shapes) else None
     classes = 2 if set(labels) <= {0.0, 1.0} else 0
-    return PartyData(train, train, test, test, classes=classes, feature_names=train.features)
+    return PartyData(
+        train, train, test, test, classes=classes, feature_names=train.features, fitted=shapes[0]["fitted"]
+    )
 
 
 class RoundUpload:
@@ -408,7 +419,7 @@ def run_party(
     report_path = workdir / f"{party_id}.report.json"
     dataset = (spec.datasets() or {}).get(party_id)
     stage = "data"
-    engine = None
+    engine = data = None
     try:
         _check_stop(stop_file)
         identity = Identity.load(certs_dir, party_id)
@@ -437,7 +448,7 @@ def run_party(
     except Exception as error:
         # Before any peer is contacted: the report says why, and the launcher stops the others.
         report_failure(workdir, spec.job_id, party_id, error, stage=stage, dataset=dataset, round_number=0)
-        _close_compute(engine, None)
+        _close_compute(engine, data)
         raise
     strategy = spec.strategy.build()
     first_round = 1

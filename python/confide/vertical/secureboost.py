@@ -1085,6 +1085,14 @@ def serve_host(
     X = np.asarray(X, dtype=np.float64)
     lookup = dict(model.lookup) if model is not None else {}
     state: dict = {}
+    try:
+        return _serve(channel, guest, X, session, lookup, state, threads, on_tree, engine)
+    finally:
+        if "remote" in state:
+            state.pop("remote").close()
+
+
+def _serve(channel, guest, X, session, lookup, state, threads, on_tree, engine) -> SecureBoostHostModel:
     seq = 0
     channel.round += 1
     while True:
@@ -1143,8 +1151,6 @@ def serve_host(
         elif op == "predict":
             channel.send(guest, tag + "/reply", _host_predict(message, X, lookup))
         elif op == "done":
-            if "remote" in state:
-                state.pop("remote").close()
             return SecureBoostHostModel(lookup)
         else:
             raise ProtocolError(f"unknown SecureBoost request {op!r} from {guest}")

@@ -103,3 +103,37 @@ def test_gradients_encrypted_by_ray_tasks_decrypt_to_the_plaintexts(engine):
     plaintexts = [int(v).to_bytes(16, "big") for v in np.random.default_rng(6).integers(0, 2**62, 3000)]
     vector = encrypt_raw_on(engine, key.encryption_key, plaintexts, min_chunk=500)
     assert [int.from_bytes(b, "big") for b in key.decrypt_raw(vector)] == [int.from_bytes(p, "big") for p in plaintexts]
+
+
+def test_a_workers_data_error_reaches_the_party_as_itself(engine, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from confide.errors import DataProblemError
+
+    root = tmp_path / "rows"
+    root.mkdir()
+    pq.write_table(pa.table({"x0": [1.0, float("nan"), 3.0], "label": [0.0, 1.0, 0.0]}), root / "part-000.parquet")
+    task = PartitionTask(party="p1", dataset="rows", fl_data=FLData.create(**fl_data("p1", steps=[])).to_dict())
+    holders = engine.hold(PartitionRows, [(task, p) for p in list_partitions(root, "rows")])
+    with pytest.raises(DataProblemError, match=r"partition 0.*feature column 'x0' has 1 missing values"):
+        holders.call("shape")
+    holders.close()
+
+
+def test_a_histogram_holder_restarted_without_gradients_gets_them_again(engine):
+    from confide import _native
+    from confide.compute.histograms import HostHistograms
+
+    key = _native.generate_keypair(2048)
+    rng = np.random.default_rng(9)
+    bins = rng.integers(0, 8, (3, 600)).astype(np.uint8)
+    gh = key.encrypt_raw([int(v).to_bytes(16, "big") for v in rng.integers(0, 2**60, 600)], "fixed_base", 0)
+    node_of_row = rng.integers(0, 2, 600).astype(np.int32)
+    remote = HostHistograms(engine, bins, ranges=3)
+    remote.set_gradients(key.encryption_key, gh)
+    os.kill(remote.holders.pids()[1], signal.SIGKILL)
+    [built] = remote.histograms(node_of_row, [1], 8, key.encryption_key)
+    direct = gh.histogram(bins, np.flatnonzero(node_of_row == 1).astype(np.uint32), 8, 0)
+    assert built.to_bytes() == direct.to_bytes()
+    remote.close()

@@ -154,3 +154,47 @@ def test_host_histograms_built_by_row_ranges_are_the_same_ciphertexts():
         direct = gh.histogram(bins, np.flatnonzero(node_of_row == node).astype(np.uint32), n_bins, 0)
         assert vector.to_bytes() == direct.to_bytes()
     remote.close()
+
+
+def test_empty_files_are_skipped_and_a_directory_of_them_is_refused(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    root = write_partitions(tmp_path / "rows", [50, 60])
+    table = pq.read_table(root / "part-000.parquet")
+    pq.write_table(table.slice(0, 0), root / "part-000a-empty.parquet")
+    assert [p.rows for p in list_partitions(root, "rows")] == [50, 60]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    pq.write_table(pa.table({"x": pa.array([], pa.float64())}), empty / "part-0.parquet")
+    with pytest.raises(InvalidParameterError, match="every .parquet file under .* is empty"):
+        list_partitions(empty, "empty")
+
+
+def test_secrets_are_found_inside_dataclasses_and_sets_and_cycles_do_not_loop():
+    from dataclasses import dataclass
+
+    key = DecryptionKey.generate(2048)
+
+    @dataclass
+    class Carrier:
+        payload: object
+
+    loop: list = []
+    loop.append(loop)
+    check_shippable([loop, Carrier("public")], "cycles")
+    with pytest.raises(SecretShippingError):
+        check_shippable([Carrier({"deep": [frozenset({1}), (key,)]})], "dataclass")
+
+
+def test_files_with_other_columns_are_named_when_the_catalog_publishes(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    root = write_partitions(tmp_path / "rows", [40, 40])
+    pq.write_table(pa.table({"x0": np.zeros(40), "label": np.zeros(40)}), root / "part-002.parquet")
+    catalog = Catalog.from_mapping(
+        {"datasets": {"rows": {"source": "parquet", "path": str(root), "partitioned": True}}}
+    )
+    with pytest.raises(InvalidParameterError, match=r"partition 2 \(part-002.parquet\): every file must hold the same"):
+        catalog.metadata()
