@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 
 import numpy as np
 import pytest
 import yaml
 
+from confide.cli.main import print_summary
 from confide.errors import JobFailedError
 from confide.local import run_local
 from confide.spec import parse_job
@@ -63,6 +66,11 @@ def test_a_job_trains_on_partitions_held_inline(tmp_path):
     assert party["compute"]["engine"] == "inline" and party["compute"]["partitions"] == 3
     weights = _weights(tmp_path / "inline")
     assert weights["hospital-a"] == weights["hospital-b"]
+    assert report["parties"]["hospital-a"]["compute"]["partitions"] == 3
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        print_summary(report)
+    assert "compute at hospital-a: inline (3 partitions held)" in printed.getvalue()
     mini = {**_job(), "job_id": "partitioned-minibatch"}
     mini["model"] = {**mini["model"], "batch_size": 32}
     with pytest.raises(JobFailedError, match="set model.batch_size: 0"):
@@ -305,7 +313,12 @@ def test_secureboost_with_the_guest_encrypting_and_the_host_summing_on_ray_grows
     for party, work in (("hospital", "GH encryption, public-key path"), ("lab", "encrypted histograms by row ranges")):
         offloaded = run_local(parse_job(spec), tmp_path / party, compute={party: "ray"}, **quiet)
         mine = json.loads((tmp_path / party / "parties" / f"{party}.report.json").read_text())
-        assert mine["compute"]["engine"] == "ray" and mine["compute"]["work"] == work
+        assert mine["compute"]["engine"] == "ray" and mine["compute"]["work"] == ["PSI hashing and blinding", work]
+        assert mine["psi"]["blinding"] == "compute workers (ray)"
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            print_summary(offloaded)
+        assert f"compute at {party}: ray, 1 node (PSI hashing and blinding; {work})" in printed.getvalue()
         assert offloaded["metrics"] == itself["metrics"]
         trees = {
             run: json.loads((tmp_path / run / "parties" / "hospital.report.json").read_text())["feature_importance"]

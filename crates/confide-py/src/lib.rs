@@ -635,6 +635,16 @@ impl PyCiphertextVector {
         let out = py.detach(|| threaded(threads, || Ok(self.key.dot_groups_u64(&self.ciphertexts, group, matrix, rows, bits)?)))?;
         Ok(self.derived(out))
     }
+    /// Ciphertexts `start..stop` as a vector of their own (raw vectors only): a range of rows,
+    /// shipped to the worker that holds those rows.
+    fn slice(&self, start: usize, stop: usize) -> PyResult<Self> {
+        self.raw_only("slice")?;
+        let n = self.ciphertexts.len();
+        if start > stop || stop > n {
+            return Err(invalid("stop", format!("must satisfy start <= stop <= {n}, got {start}..{stop}")));
+        }
+        Ok(self.derived(self.ciphertexts[start..stop].to_vec()))
+    }
     /// Ciphertext `index` as a big-endian integer (for interoperability).
     fn element_bytes<'py>(&self, py: Python<'py>, index: usize) -> PyResult<Bound<'py, PyBytes>> {
         let c =

@@ -60,6 +60,14 @@ impl PyPsiKey {
         Ok(PyPsiKey { key: PsiKey::generate().map_err(NativeError::from)? })
     }
 
+    /// The key of a canonical little-endian nonzero scalar below the group order (32 bytes): a
+    /// party's own per-intersection scalar, handed to its own compute workers.
+    #[staticmethod]
+    fn from_bytes(scalar: &[u8]) -> PyResult<Self> {
+        let bytes: &[u8; 32] = scalar.try_into().map_err(|_| invalid("scalar", format!("must be 32 bytes, got {}", scalar.len())))?;
+        Ok(PyPsiKey { key: PsiKey::from_bytes(bytes).map_err(NativeError::from)? })
+    }
+
     /// k·H(id) for every id (`ids[offsets[i]:offsets[i+1]]`), N × 32 bytes.
     #[pyo3(signature = (dst, ids, offsets, threads = 0))]
     fn hash_and_blind<'py>(

@@ -421,7 +421,26 @@ def _print_vertical_summary(report: dict) -> None:
         )
         print(f"validation loss: first {losses[0]:.4f}, last {losses[-1]:.4f}, best {min(losses):.4f}; {kept}")
     print(f"bytes sent (all parties): {sent / 1e6:.2f} MB; job wall time {report['wall_seconds']:.1f} s")
+    _print_compute(parties)
     print(f"report: {report['files']['json']}")
+
+
+def _print_compute(parties: dict[str, dict]) -> None:
+    """One line per party whose local work ran on a compute engine other than its own process."""
+    for party, entry in sorted(parties.items()):
+        compute = entry.get("compute")
+        if not compute:
+            continue
+        where = compute.get("engine", "?")
+        if compute.get("address") not in (None, "local"):
+            where += f" at {compute['address']}"
+        if compute.get("nodes"):
+            where += f", {compute['nodes']} node{'s' if compute['nodes'] != 1 else ''}"
+        work = compute.get("work")
+        if work is None and compute.get("partitions"):
+            work = [f"{compute['partitions']} partitions held"]
+        shown = "; ".join(work) if isinstance(work, list) else (work or "")
+        print(f"compute at {party}: {where}" + (f" ({shown})" if shown else ""))
 
 
 def print_summary(report: dict) -> None:
@@ -468,4 +487,5 @@ def print_summary(report: dict) -> None:
         f"bytes sent per round (all parties): {mean_bytes / 1e3:.1f} KB mean; "
         f"key set-up {job.setup_seconds:.2f} s; job wall time {job.wall_seconds:.1f} s"
     )
+    _print_compute(job.parties)
     print(f"report: {job.files['json']}\nplot:   {job.files['plot']}")

@@ -77,6 +77,10 @@ class Holders(ABC):
         """``holder.method(*args)`` on every holder; results in partition order."""
 
     @abstractmethod
+    def call_each(self, method: str, arguments: list[tuple]) -> list[Any]:
+        """``holder_i.method(*arguments[i])`` on every holder i (its own slice of the work)."""
+
+    @abstractmethod
     def pids(self) -> list[int]:
         """The process id of each holder (this process's for ``inline``)."""
 

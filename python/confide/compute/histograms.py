@@ -3,10 +3,11 @@
 A host's encrypted histogram of a node is, per feature and bin, the product mod n² of the
 guest's GH ciphertexts of the node's rows in that bin. Products do not depend on how the rows
 are grouped, so the host cuts its rows into contiguous ranges, one :class:`HistogramRows` holder
-per range (placed by the engine: Ray actors on the silo's workers, or inline), and multiplies
+per range (placed by the engine: Ray actors on the silo's workers, or inline), sends each holder
+the ciphertexts of its own rows only (so a holder's memory falls with more ranges), and multiplies
 the holders' partial histograms (:meth:`CiphertextVector.sum`): the same ciphertexts, bit for
 bit, as one histogram over all rows (test). What a holder gets: its rows' bins (uint8), the
-guest's public key and ciphertexts, the node of each row. No key that decrypts anything.
+guest's public key, its rows' ciphertexts, the node of each row. No key that decrypts anything.
 """
 
 from __future__ import annotations
@@ -34,24 +35,26 @@ class HistogramRows:
         return os.getpid()
 
     def set_gradients(self, public_key: bytes, gh: bytes) -> int:
-        """Keep this range's ciphertexts of the tree's encrypted gradients (``gh``: all rows')."""
+        """Keep the tree's encrypted gradients of this range's rows (``gh``: their ciphertexts)."""
         from confide import _native
 
         if public_key != self.key_bytes:
             self.key, self.key_bytes = _native.EncryptionKey.from_bytes(public_key), public_key
-        every = _native.CiphertextVector.from_bytes(gh, self.key)
-        self.gh = _native.CiphertextVector.from_elements(
-            [every.element_bytes(i) for i in range(self.start, self.stop)], self.key
-        )
-        return self.stop - self.start
+        gh = _native.CiphertextVector.from_bytes(gh, self.key)
+        if len(gh) != self.stop - self.start:
+            from confide.errors import ProtocolError
+
+            raise ProtocolError(f"rows {self.start}..{self.stop}: got {len(gh)} ciphertexts")
+        self.gh = gh
+        return len(gh)
 
     def histograms(self, node_of_row: np.ndarray, nodes: list[int], n_bins: int) -> list[bytes]:
-        """Encrypted histogram of each node over this range's rows (``node_of_row``: every row's)."""
+        """Encrypted histogram of each node over this range's rows (``node_of_row``: theirs)."""
         if self.gh is None:  # built again after its worker died: the tree's gradients are gone
             from confide.errors import ProtocolError
 
             raise ProtocolError(f"rows {self.start}..{self.stop} hold no encrypted gradients (restarted)")
-        local = np.asarray(node_of_row[self.start : self.stop])
+        local = np.asarray(node_of_row)
         return [
             self.gh.histogram(self.bins, np.flatnonzero(local == node).astype(np.uint32), n_bins, 1).to_bytes()
             for node in nodes
@@ -65,15 +68,15 @@ class HostHistograms:
         rows = bins.shape[1]
         count = max(1, min(ranges or 2 * engine.workers, rows))
         edges = np.linspace(0, rows, count + 1).astype(int)
-        self.holders = engine.hold(
-            HistogramRows, [(bins[:, a:b], int(a)) for a, b in zip(edges[:-1], edges[1:], strict=True)]
-        )
-        self._gradients: tuple[bytes, bytes] = (b"", b"")
+        self.ranges = [(int(a), int(b)) for a, b in zip(edges[:-1], edges[1:], strict=True)]
+        self.holders = engine.hold(HistogramRows, [(bins[:, a:b], a) for a, b in self.ranges])
+        self._gradients: list[tuple[bytes, bytes]] = []
 
     def set_gradients(self, key, gh) -> None:
-        """Hand the tree's encrypted gradients (a CiphertextVector) to every range."""
-        self._gradients = (key.to_bytes(), gh.to_bytes())
-        self.holders.call("set_gradients", *self._gradients)
+        """Hand each range the tree's encrypted gradients (a CiphertextVector) of its own rows."""
+        public = key.to_bytes()
+        self._gradients = [(public, gh.slice(a, b).to_bytes()) for a, b in self.ranges]
+        self.holders.call_each("set_gradients", self._gradients)
 
     def histograms(self, node_of_row: np.ndarray, nodes: list[int], n_bins: int, key) -> list:
         """One CiphertextVector per node: the product of the ranges' histograms.
@@ -84,12 +87,13 @@ class HostHistograms:
         from confide import _native
         from confide.errors import ProtocolError
 
-        args = (np.asarray(node_of_row, dtype=np.int32), list(nodes), n_bins)
+        node_of_row = np.asarray(node_of_row, dtype=np.int32)
+        args = [(node_of_row[a:b], list(nodes), n_bins) for a, b in self.ranges]
         try:
-            parts = self.holders.call("histograms", *args)
+            parts = self.holders.call_each("histograms", args)
         except ProtocolError:
-            self.holders.call("set_gradients", *self._gradients)
-            parts = self.holders.call("histograms", *args)
+            self.holders.call_each("set_gradients", self._gradients)
+            parts = self.holders.call_each("histograms", args)
         return [
             _native.CiphertextVector.sum([_native.CiphertextVector.from_bytes(p[i], key) for p in parts])
             for i in range(len(nodes))

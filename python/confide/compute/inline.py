@@ -20,6 +20,13 @@ class _InlineHolders(Holders):
         check_shippable(args, f"inline {method}")
         return [getattr(holder, method)(*args) for holder in self.holders]
 
+    def call_each(self, method: str, arguments: list[tuple]) -> list[Any]:
+        if len(arguments) != self.count:
+            raise ValueError(f"call_each {method}: {len(arguments)} argument tuples for {self.count} holders")
+        for args in arguments:
+            check_shippable(args, f"inline {method}")
+        return [getattr(holder, method)(*args) for holder, args in zip(self.holders, arguments, strict=True)]
+
     def pids(self) -> list[int]:
         return [os.getpid()] * self.count
 

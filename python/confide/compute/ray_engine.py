@@ -57,6 +57,16 @@ class _RayHolders(Holders):
         shared = [self.ray.put(a) if _large(a) else a for a in args]
         return _get(self.ray, [getattr(actor, method).remote(*shared) for actor in self.actors])
 
+    def call_each(self, method: str, arguments: list[tuple]) -> list[Any]:
+        if len(arguments) != self.count:
+            raise ValueError(f"call_each {method}: {len(arguments)} argument tuples for {self.count} holders")
+        for args in arguments:
+            check_shippable(args, f"ray {method}")
+        return _get(
+            self.ray,
+            [getattr(actor, method).remote(*args) for actor, args in zip(self.actors, arguments, strict=True)],
+        )
+
     def pids(self) -> list[int]:
         return _get(self.ray, [actor.pid.remote() for actor in self.actors])
 

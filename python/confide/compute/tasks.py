@@ -1,15 +1,17 @@
 """Stateless work a party sends to its compute engine (:meth:`LocalCompute.map`).
 
-Every function here takes public material only (:func:`confide.compute.base.check_shippable`
-runs on its arguments): the Paillier work on workers is the public-key path, so no secret key
-ever leaves the party process.
+Every function here is checked by :func:`confide.compute.base.check_shippable` on its
+arguments: the Paillier work on workers is the public-key path, so no key that decrypts ever
+leaves the party process. The PSI tasks take the party's own ids and its per-intersection
+blinding scalar, which guards only those ids (:class:`confide.vertical.psi._WorkerBlinder` says
+why that may cross).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["encrypt_public", "encrypt_raw_on"]
+__all__ = ["encrypt_public", "encrypt_raw_on", "psi_blind", "psi_hash_and_blind"]
 
 #: Per worker process: encryption keys with their fixed-base tables, by wire bytes (built once).
 _KEYS: dict[bytes, Any] = {}
@@ -48,3 +50,17 @@ def encrypt_raw_on(engine, encryption_key, plaintexts: list[bytes], *, min_chunk
         return vectors[0]
     elements = [vector.element_bytes(i) for vector in vectors for i in range(len(vector))]
     return _native.CiphertextVector.from_elements(elements, encryption_key)
+
+
+def psi_hash_and_blind(scalar: bytes, dst: bytes, data: bytes, offsets) -> bytes:
+    """k·H(id) of a chunk of this party's ids (``data``, ``offsets`` as the native call takes them)."""
+    from confide._native import PsiKey
+
+    return PsiKey.from_bytes(scalar).hash_and_blind(dst, data, offsets, 1)
+
+
+def psi_blind(scalar: bytes, points: bytes) -> bytes:
+    """k·P of a chunk of the peer's 32-byte points."""
+    from confide._native import PsiKey
+
+    return PsiKey.from_bytes(scalar).blind(points, 1)

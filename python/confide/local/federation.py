@@ -355,6 +355,7 @@ def _vertical_report(federation: LocalFederation, wall_seconds: float) -> dict:
                 "features": r.get("features"),
                 "bytes": r.get("bytes"),
                 "seconds": r.get("seconds"),
+                **({"compute": r["compute"]} if r.get("compute") else {}),
             }
             for p, r in reports.items()
         },
@@ -487,7 +488,14 @@ def build_report(spec: JobSpec, reports: dict[str, dict], wall_seconds: float, d
         mode_requested=spec.protection.mode,
         aggregator_saw=protection["aggregator_sees"],
         protection=protection,
-        parties={p: {"samples": r.get("samples"), "status": r["status"]} for p, r in reports.items()},
+        parties={
+            p: {
+                "samples": r.get("samples"),
+                "status": r["status"],
+                **({"compute": r["compute"]} if r.get("compute") else {}),
+            }
+            for p, r in reports.items()
+        },
         dropped=dropped,
         rounds=[JobRound(**r) for r in rounds],
         final_auc=rounds[-1]["auc"],

@@ -194,6 +194,7 @@ def intersect(
     session: str,
     threads: int = 0,
     stats: dict | None = None,
+    engine=None,
 ) -> np.ndarray:
     """Align records with the other parties; returns int64 indices into ``ids``.
 
@@ -202,6 +203,11 @@ def intersect(
     record; rows follow the guest's id order. ``stats``, when a dict, receives the set sizes,
     the group-arithmetic engine (``"ifma-8-lane"`` or ``"dalek"``; both give the same bytes),
     seconds per phase and bytes sent and received.
+
+    ``engine`` (a :class:`~confide.compute.LocalCompute`): where the group arithmetic runs, the
+    ids and points cut into chunks, about two per worker. The workers get this party's own ids,
+    the peer's blinded points (what the wire carries anyway) and this intersection's scalar
+    (see :class:`_WorkerBlinder`); the matching stays here. The result is the same either way.
 
     Raises :class:`InvalidParameterError` for bad arguments or ids, for id types that differ
     between parties (on both sides) and for an empty intersection (on every party);
@@ -230,6 +236,7 @@ def intersect(
     clock = _Clock()
     sent, received = channel.bytes_sent, channel.bytes_received
     report: dict[str, Any] = {"role": role, "party": party, "session": session, "engine": PsiKey.engine()}
+    report["blinding"] = "party process" if engine is None else f"compute workers ({engine.name})"
     try:
         kind, encoded = canonical_ids(ids)
         problem = None
@@ -238,13 +245,70 @@ def intersect(
     clock.lap("prepare")
     run = _guest if role == "guest" else _host
     try:
-        return run(channel, kind, encoded, problem, guest, hosts, session, threads, clock, report)
+        blinder = (lambda: _LocalBlinder(threads)) if engine is None else (lambda: _WorkerBlinder(engine))
+        return run(channel, kind, encoded, problem, guest, hosts, session, threads, clock, report, blinder)
     finally:
         if stats is not None:
             report["seconds"] = dict(clock.seconds, total=sum(clock.seconds.values()))
             report["bytes_sent"] = channel.bytes_sent - sent
             report["bytes_received"] = channel.bytes_received - received
             stats.update(report)
+
+
+class _LocalBlinder:
+    """The intersection's secret scalar, in this process (a fresh native key)."""
+
+    def __init__(self, threads: int) -> None:
+        self.key, self.threads = PsiKey.generate(), threads
+
+    def hash_and_blind(self, dst: bytes, encoded: list[bytes]) -> bytes:
+        data, offsets = _flat(encoded)
+        return self.key.hash_and_blind(dst, data, offsets, self.threads)
+
+    def blind(self, points: bytes) -> bytes:
+        return self.key.blind(points, self.threads)
+
+
+#: The order of the ristretto255 group.
+_ORDER = 2**252 + 27742317777372353535851937790883648493
+
+
+class _WorkerBlinder:
+    """The intersection's scalar, with the group arithmetic on the party's compute workers.
+
+    The scalar is the one secret the party process hands its workers, and only when asked to
+    (``--compute`` on a vertical job). It is drawn fresh for this intersection and used for
+    nothing else, and it protects only this party's own ids from the peer (with it, the peer
+    could test guesses against the points it received), ids that the workers already see in
+    the clear. It reveals nothing of any other party's data, unlike the keys
+    :func:`~confide.compute.check_shippable` refuses, and it travels as a task argument of 32
+    bytes, inside the task's own message, not through Ray's object store (which can spill to
+    disk).
+    """
+
+    def __init__(self, engine) -> None:
+        import secrets
+
+        self.engine = engine
+        self.scalar = (secrets.randbelow(_ORDER - 1) + 1).to_bytes(32, "little")
+
+    def _chunks(self, count: int) -> list[tuple[int, int]]:
+        parts = max(1, min(2 * self.engine.workers, -(-count // 4096)))
+        edges = np.linspace(0, count, parts + 1).astype(int)
+        return [(int(a), int(b)) for a, b in zip(edges[:-1], edges[1:], strict=True) if b > a]
+
+    def hash_and_blind(self, dst: bytes, encoded: list[bytes]) -> bytes:
+        from confide.compute.tasks import psi_hash_and_blind
+
+        items = [(self.scalar, dst, *_flat(encoded[a:b])) for a, b in self._chunks(len(encoded))]
+        return b"".join(self.engine.map(psi_hash_and_blind, items))
+
+    def blind(self, points: bytes) -> bytes:
+        from confide.compute.tasks import psi_blind
+
+        chunks = self._chunks(len(points) // POINT_BYTES)
+        items = [(self.scalar, points[a * POINT_BYTES : b * POINT_BYTES]) for a, b in chunks]
+        return b"".join(self.engine.map(psi_blind, items))
 
 
 def _hello(kind: str | None, size: int, role: str, problem: _BadIds | None) -> dict:
@@ -291,7 +355,7 @@ def _points(message: dict, field: str, count: int, width: int, sender: str, tag:
     return data
 
 
-def _guest(channel, kind, encoded, problem, guest, hosts, session, threads, clock, report) -> np.ndarray:
+def _guest(channel, kind, encoded, problem, guest, hosts, session, threads, clock, report, blinder) -> np.ndarray:
     prefix = f"psi/{session}"
     n = len(encoded)
     channel.send(hosts, f"{prefix}/hello", _hello(kind, n, "guest", problem))
@@ -313,11 +377,9 @@ def _guest(channel, kind, encoded, problem, guest, hosts, session, threads, cloc
         channel.send(hosts, f"{prefix}/guest_points", {"abort": "the guest refused a host's hello"})
         raise failure
 
-    key = PsiKey.generate()
-    data, offsets = _flat(encoded)
+    key = blinder()
     perm = _permutation(n)
-    blinded = _permute(key.hash_and_blind(domain_tag(session, kind), data, offsets, threads), perm, POINT_BYTES)
-    del data, offsets
+    blinded = _permute(key.hash_and_blind(domain_tag(session, kind), encoded), perm, POINT_BYTES)
     clock.lap("hash_and_blind")
     channel.send(hosts, f"{prefix}/guest_points", {"points": blinded})
     del blinded
@@ -330,7 +392,7 @@ def _guest(channel, kind, encoded, problem, guest, hosts, session, threads, cloc
         tag = f"{prefix}/host_points"
         theirs = _points(channel.recv(host, tag), "points", sizes[host], POINT_BYTES, host, tag)
         clock.lap("wait")
-        mine = PsiKey.tags(key.blind(theirs, threads), threads)
+        mine = PsiKey.tags(key.blind(theirs), threads)
         del theirs
         clock.lap("blind")
         tag = f"{prefix}/host_tags"
@@ -356,7 +418,7 @@ def _guest(channel, kind, encoded, problem, guest, hosts, session, threads, cloc
     return result
 
 
-def _host(channel, kind, encoded, problem, guest, hosts, session, threads, clock, report) -> np.ndarray:
+def _host(channel, kind, encoded, problem, guest, hosts, session, threads, clock, report, blinder) -> np.ndarray:
     prefix = f"psi/{session}"
     party = channel.party
     n = len(encoded)
@@ -370,11 +432,9 @@ def _host(channel, kind, encoded, problem, guest, hosts, session, threads, clock
     if theirs != kind:
         raise _type_mismatch(kind, party, theirs, "guest", guest)
 
-    key = PsiKey.generate()
-    data, offsets = _flat(encoded)
+    key = blinder()
     perm = _permutation(n)
-    blinded = _permute(key.hash_and_blind(domain_tag(session, kind), data, offsets, threads), perm, POINT_BYTES)
-    del data, offsets
+    blinded = _permute(key.hash_and_blind(domain_tag(session, kind), encoded), perm, POINT_BYTES)
     clock.lap("hash_and_blind")
     channel.send(guest, f"{prefix}/host_points", {"points": blinded})
     del blinded
@@ -385,7 +445,7 @@ def _host(channel, kind, encoded, problem, guest, hosts, session, threads, clock
     clock.lap("wait")
     _check_abort(message, guest, "guest", tag)
     theirs_points = _points(message, "points", guest_size, POINT_BYTES, guest, tag)
-    tags = PsiKey.tags(key.blind(theirs_points, threads), threads)
+    tags = PsiKey.tags(key.blind(theirs_points), threads)
     del theirs_points, key
     clock.lap("blind")
     channel.send(guest, f"{prefix}/host_tags", {"tags": tags})

@@ -176,10 +176,10 @@ def run_vertical_party(
     early (SecureBoost's early stopping, Hetero LR's convergence) checkpoints the round it
     stopped at.
 
-    ``compute`` (``ray`` or ``ray:ADDRESS``; :func:`confide.compute.open_compute`): where a
-    SecureBoost guest encrypts its gradients (public-key path: the secret key stays here) and a
-    host builds its encrypted histograms (by row ranges, combined exactly). The party's rows still
-    live in this process.
+    ``compute`` (``ray`` or ``ray:ADDRESS``; :func:`confide.compute.open_compute`): where PSI
+    hashes and blinds (every algorithm), a SecureBoost guest encrypts its gradients (public-key
+    path: the secret key stays here) and a host builds its encrypted histograms (by row ranges,
+    combined exactly). The party's rows still live in this process.
     """
     if party_id not in spec.parties:
         raise JobFailedError(f"party {party_id!r} is not in the job's parties {spec.parties}")
@@ -212,15 +212,24 @@ def run_vertical_party(
     hooks = load_hooks()
     channel = _ObservedChannel(client, hooks=hooks, timeout_s=spec.transport.message_timeout_s)
     started = time.perf_counter()
+    engine = None
     try:
         resume_state = _load_state(checkpoint_dir, resume_round) if resume_round else None
         _drop_later_checkpoints(checkpoint_dir, resume_round)
         data = _party_rows(spec, party_id, guest, catalog, report)
         report.update(records=len(data.ids), features=int(data.X.shape[1]), columns=data.columns)
         client.connect()
+        engine = _open_engine(compute, spec, role, report)
         psi_stats: dict = {}
         rows = psi.intersect(
-            channel, data.ids, role=role, guest=guest, hosts=hosts, session=spec.job_id, stats=psi_stats
+            channel,
+            data.ids,
+            role=role,
+            guest=guest,
+            hosts=hosts,
+            session=spec.job_id,
+            stats=psi_stats,
+            engine=engine,
         )
         report["psi"] = {"intersection": len(rows), **_jsonable(psi_stats)}
         if "data" in report:  # the join, as a step of this party's data lineage
@@ -255,27 +264,9 @@ def run_vertical_party(
             hooks.round_done(number)
 
         if spec.model.algorithm == "secureboost":
-            engine = _open_engine(compute, spec, role, report)
-            try:
-                part = _secureboost(
-                    spec,
-                    channel,
-                    role,
-                    guest,
-                    hosts,
-                    X,
-                    y,
-                    train,
-                    test,
-                    report,
-                    on_round,
-                    checkpoint,
-                    resume_state,
-                    engine,
-                )
-            finally:
-                if engine is not None:
-                    engine.close()
+            part = _secureboost(
+                spec, channel, role, guest, hosts, X, y, train, test, report, on_round, checkpoint, resume_state, engine
+            )
         elif spec.model.algorithm == "hetero_nn":
             part = _hetero_nn(spec, channel, role, guest, hosts, X, y, train, test, report, on_round, resume_state)
         else:
@@ -287,6 +278,8 @@ def run_vertical_party(
         report["error"] = f"{type(error).__name__}: {error}"
         raise
     finally:
+        if engine is not None:
+            engine.close()
         report["seconds"] = time.perf_counter() - started
         report["bytes"] = {"sent": channel.bytes_sent, "received": channel.bytes_received}
         report["reconnects"] = client.reconnects
@@ -330,13 +323,15 @@ def _party_rows(spec: JobSpec, party_id: str, guest: str, catalog, report: dict)
 
 
 def _open_engine(compute: str | None, spec: JobSpec, role: str, report: dict):
-    """Where a SecureBoost guest encrypts its gradients, or a host builds its histograms (None: here)."""
+    """Where PSI's group arithmetic runs, and a SecureBoost guest's GH encryption or a host's histograms."""
     if compute is None or compute == "inline":
         return None
     from confide.compute import open_compute
 
     engine = open_compute(compute)
-    work = "GH encryption, public-key path" if role == "guest" else "encrypted histograms by row ranges"
+    work = ["PSI hashing and blinding"]
+    if spec.model.algorithm == "secureboost":
+        work.append("GH encryption, public-key path" if role == "guest" else "encrypted histograms by row ranges")
     report["compute"] = {**engine.describe(), "workers": engine.workers, "work": work}
     return engine
 

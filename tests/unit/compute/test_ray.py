@@ -137,3 +137,43 @@ def test_a_histogram_holder_restarted_without_gradients_gets_them_again(engine):
     direct = gh.histogram(bins, np.flatnonzero(node_of_row == 1).astype(np.uint32), 8, 0)
     assert built.to_bytes() == direct.to_bytes()
     remote.close()
+
+
+def test_psi_blinding_on_ray_workers_aligns_the_same_rows(engine):
+    import threading
+
+    from confide.vertical.channel import LocalChannel
+    from confide.vertical.psi import intersect
+
+    rng = np.random.default_rng(4)
+    universe = np.arange(60_000)
+    ids = {"g": rng.choice(universe, 20_000, replace=False), "h": rng.choice(universe, 15_000, replace=False)}
+    runs = {}
+    for engines in ({}, {"g": engine, "h": engine}):
+        channels = LocalChannel.group(["g", "h"], timeout_s=60)
+        results, stats = {}, {"g": {}, "h": {}}
+
+        def work(party, channels=channels, results=results, stats=stats, engines=engines):
+            role = "guest" if party == "g" else "host"
+            results[party] = intersect(
+                channels[party],
+                ids[party],
+                role=role,
+                guest="g",
+                hosts=["h"],
+                session="ray",
+                stats=stats[party],
+                engine=engines.get(party),
+            )
+
+        threads = [threading.Thread(target=work, args=(p,)) for p in ("g", "h")]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        runs[bool(engines)] = results
+        assert stats["g"]["blinding"] == ("compute workers (ray)" if engines else "party process")
+    assert np.array_equal(ids["g"][runs[True]["g"]], ids["h"][runs[True]["h"]])
+    for party in ("g", "h"):
+        assert np.array_equal(runs[True][party], runs[False][party])
+    assert len(runs[True]["g"]) == len(np.intersect1d(ids["g"], ids["h"]))

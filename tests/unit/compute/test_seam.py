@@ -153,7 +153,13 @@ def test_host_histograms_built_by_row_ranges_are_the_same_ciphertexts():
     for node, vector in zip([0, 2], built, strict=True):
         direct = gh.histogram(bins, np.flatnonzero(node_of_row == node).astype(np.uint32), n_bins, 0)
         assert vector.to_bytes() == direct.to_bytes()
+    # each holder keeps the ciphertexts of its own rows only
+    held = remote.holders.holders
+    assert [len(h.gh) for h in held] == [b - a for a, b in remote.ranges] == [300] * 5
+    assert held[2].gh.to_bytes() == gh.slice(600, 900).to_bytes()
     remote.close()
+    with pytest.raises(InvalidParameterError, match="stop: must satisfy start <= stop <= 1500"):
+        gh.slice(10, 1501)
 
 
 def test_empty_files_are_skipped_and_a_directory_of_them_is_refused(tmp_path):

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from confide._native import PsiKey
+from confide.compute.inline import InlineCompute
 from confide.errors import InvalidParameterError, ProtocolError, WireFormatError
 from confide.vertical import psi
 from confide.vertical.channel import LocalChannel
@@ -103,6 +104,79 @@ def test_two_hosts_intersect_across_all_parties_in_one_order():
     assert stats[GUEST]["shared_with_host"] == {"h1": len(set(g) & set(h1)), "h2": len(set(g) & set(h2))}
     # A host learns only the final intersection, not its pairwise one with the guest.
     assert stats["h1"]["intersection"] == len(rows)
+
+
+class RecordingCompute(InlineCompute):
+    """Inline, with three pretend workers, keeping every task it is given."""
+
+    def __init__(self) -> None:
+        self.tasks: list[tuple[str, tuple]] = []
+
+    @property
+    def workers(self) -> int:
+        return 3
+
+    def map(self, function, items):
+        self.tasks.extend((function.__name__, item) for item in items)
+        return super().map(function, items)
+
+
+def test_blinding_on_compute_workers_gives_the_same_rows_and_ships_only_own_ids_and_the_scalar():
+    rng = random.Random(5)
+    g, h1, h2 = overlapping(rng, [9000, 5000, 4500], common=1200)
+    ids = {GUEST: g, "h1": h1, "h2": h2}
+    here, errors, _, _ = run(ids, ["h1", "h2"])
+    assert not errors
+    engines = {GUEST: RecordingCompute(), "h2": RecordingCompute()}
+    parties = [GUEST, "h1", "h2"]
+    channels = LocalChannel.group(parties, timeout_s=20)
+    results, stats = {}, {p: {} for p in parties}
+
+    def work(party):
+        role = "guest" if party == GUEST else "host"
+        results[party] = intersect(
+            channels[party],
+            ids[party],
+            role=role,
+            guest=GUEST,
+            hosts=["h1", "h2"],
+            session="s1",
+            stats=stats[party],
+            engine=engines.get(party),
+        )
+
+    threads = [threading.Thread(target=work, args=(p,)) for p in parties]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    for party in parties:
+        assert np.array_equal(results[party], here[party]), party
+    assert stats[GUEST]["blinding"] == stats["h2"]["blinding"] == "compute workers (inline)"
+    assert stats["h1"]["blinding"] == "party process"
+    scalars = {}
+    for party, engine in engines.items():
+        names = [name for name, _ in engine.tasks]
+        own = {v.encode() for v in ids[party]}
+        hashed, blinded = 0, 0
+        for name, item in engine.tasks:
+            scalar = item[0]
+            assert isinstance(scalar, bytes) and len(scalar) == 32 and 0 < int.from_bytes(scalar, "little") < psi._ORDER
+            scalars.setdefault(party, scalar)
+            assert scalar == scalars[party], "one scalar per intersection"
+            if name == "psi_hash_and_blind":
+                _, dst, data, offsets = item
+                assert dst == domain_tag("s1", "str")
+                chunk = [data[offsets[i] : offsets[i + 1]] for i in range(len(offsets) - 1)]
+                assert set(chunk) <= own, "a worker gets this party's own ids only"
+                hashed += len(chunk)
+            else:
+                assert name == "psi_blind" and len(item) == 2 and len(item[1]) % 32 == 0
+                blinded += len(item[1]) // 32
+        assert hashed == len(ids[party]) and names.count("psi_hash_and_blind") == -(-len(ids[party]) // 4096) > 1
+        # the guest blinds each host's points, a host the guest's
+        assert blinded == (len(h1) + len(h2) if party == GUEST else len(g))
+    assert scalars[GUEST] != scalars["h2"]
 
 
 @pytest.mark.parametrize("kind", ["int", "bytes", "numpy-int", "numpy-str"])
