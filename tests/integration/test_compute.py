@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import io
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -325,3 +327,74 @@ def test_secureboost_with_the_guest_encrypting_and_the_host_summing_on_ray_grows
             for run in ("itself", party)
         }
         assert trees[party] == trees["itself"]
+
+
+def _lab_catalogs(tmp_path) -> dict[str, dict[str, str]]:
+    """The lab's panel of examples/vertical_csv as one Parquet file, and as 3 partitions of it."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from confide.data.catalog import Catalog
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "vertical_csv"
+    table = Catalog.load(example / "lab" / "catalog.yaml").table("panel")
+    arrow = pa.table({name: np.asarray(values) for name, values in table.columns.items()})
+    whole, parts = tmp_path / "lab-one" / "panel.parquet", tmp_path / "lab-parts" / "panel"
+    whole.parent.mkdir(parents=True)
+    parts.mkdir(parents=True)
+    pq.write_table(arrow, whole)
+    for index, (a, b) in enumerate([(0, 150), (150, 330), (330, arrow.num_rows)]):
+        pq.write_table(arrow.slice(a, b - a), parts / f"part-{index}.parquet")
+    catalogs = {}
+    for name, path, partitioned in (("one", whole, False), ("parts", parts, True)):
+        entry = {"source": "parquet", "path": str(path), **({"partitioned": True} if partitioned else {})}
+        catalog = tmp_path / f"lab-{name}" / "catalog.yaml"
+        catalog.write_text(yaml.safe_dump({"datasets": {"panel": entry}}))
+        catalogs[name] = {"hospital": str(example / "hospital" / "catalog.yaml"), "lab": str(catalog)}
+    return catalogs
+
+
+def _secureboost_on_the_sites_exports() -> dict:
+    example = Path(__file__).resolve().parents[2] / "examples" / "vertical_csv"
+    spec = yaml.safe_load((example / "job.yaml").read_text())  # as written (parsing adds the join)
+    spec["rounds"] = 3
+    spec["model"] = {"algorithm": "secureboost", "max_depth": 3, "learning_rate": 0.3}
+    # row-local at the lab: its missing measurements filled with a constant, not a median of all rows
+    spec["fl_data"]["pipeline"][1] = {"name": "fill", "op": "impute", "params": {"strategy": "constant", "value": 0.0}}
+    return spec
+
+
+def test_a_secureboost_host_on_partitioned_files_grows_the_trees_of_the_same_rows_in_one_file(tmp_path):
+    catalogs = _lab_catalogs(tmp_path)
+    spec = _secureboost_on_the_sites_exports()
+    quiet = dict(progress=False, echo=lambda *_: None)
+    one = run_local(parse_job(spec), tmp_path / "one", catalogs=catalogs["one"], **quiet)
+    runs = {"inline": run_local(parse_job(spec), tmp_path / "inline", catalogs=catalogs["parts"], **quiet)}
+    if importlib.util.find_spec("ray") is not None:  # make test installs Ray; a bare install still runs inline
+        runs["ray"] = run_local(
+            parse_job(spec), tmp_path / "ray", catalogs=catalogs["parts"], compute={"lab": "ray"}, **quiet
+        )
+    trees = json.loads((tmp_path / "one" / "parties" / "hospital.report.json").read_text())["feature_importance"]
+    for engine, report in runs.items():
+        assert report["metrics"] == one["metrics"], engine
+        assert report["psi"]["intersection"] == one["psi"]["intersection"], engine
+        guest = json.loads((tmp_path / engine / "parties" / "hospital.report.json").read_text())
+        assert guest["feature_importance"] == trees, engine
+        lab = json.loads((tmp_path / engine / "parties" / "lab.report.json").read_text())
+        assert lab["compute"]["engine"] == engine and lab["compute"]["partitions"] == 3
+        assert lab["psi"]["blinding"] == f"compute workers ({engine})"
+        assert lab["features"] == 20 and lab["records"] == one["parties"]["lab"].get("records", lab["records"])
+    assert any(f["party"] == "lab" for f in trees), "the lab owns no split"
+    median = _secureboost_on_the_sites_exports()
+    median["fl_data"]["pipeline"][1]["params"] = {"strategy": "median"}
+    with pytest.raises(JobFailedError, match=r"step 'fill' \(impute\) fits statistics over all rows") as refused:
+        run_local(parse_job(median), tmp_path / "median", catalogs=catalogs["parts"], **quiet)
+    # the guest stops at once, naming the host, instead of waiting for its PSI hello
+    assert "PSI aborted by the host 'lab': it failed before PSI with InvalidParameterError" in str(refused.value)
+    with pytest.raises(JobFailedError, match="a vertical job reads partitioned data at a SecureBoost host only"):
+        run_local(
+            parse_job({**spec, "model": {"algorithm": "hetero_lr"}}),
+            tmp_path / "lr",
+            catalogs=catalogs["parts"],
+            **quiet,
+        )

@@ -645,6 +645,19 @@ impl PyCiphertextVector {
         }
         Ok(self.derived(self.ciphertexts[start..stop].to_vec()))
     }
+    /// The ciphertexts at `indices` (uint32), in that order (raw vectors only): the rows one
+    /// worker holds, wherever they sit in the vector.
+    fn take(&self, indices: PyReadonlyArray1<'_, u32>) -> PyResult<Self> {
+        self.raw_only("take")?;
+        let n = self.ciphertexts.len();
+        let indices = indices.as_slice()?;
+        let mut out = Vec::with_capacity(indices.len());
+        for &i in indices {
+            let c = self.ciphertexts.get(i as usize).ok_or_else(|| invalid("indices", format!("must be < {n}, got {i}")))?;
+            out.push(c.clone());
+        }
+        Ok(self.derived(out))
+    }
     /// Ciphertext `index` as a big-endian integer (for interoperability).
     fn element_bytes<'py>(&self, py: Python<'py>, index: usize) -> PyResult<Bound<'py, PyBytes>> {
         let c =

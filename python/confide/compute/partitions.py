@@ -20,7 +20,15 @@ import numpy as np
 
 from confide.errors import InvalidParameterError
 
-__all__ = ["Partition", "PartitionRows", "PartitionTask", "PartitionedData", "list_partitions"]
+__all__ = [
+    "Partition",
+    "PartitionRows",
+    "PartitionTask",
+    "PartitionedData",
+    "list_partitions",
+    "partition_columns",
+    "read_partition",
+]
 
 
 @dataclass(frozen=True)
@@ -64,6 +72,29 @@ def list_partitions(path: str | os.PathLike, where: str) -> list[Partition]:
     return out
 
 
+def partition_columns(partition: Partition) -> list[str]:
+    """The column names of one partition's file (from its footer only)."""
+    import pyarrow.parquet as pq
+
+    return list(pq.ParquetFile(partition.path).schema_arrow.names)
+
+
+def read_partition(task: PartitionTask, partition: Partition):
+    """``(table, None)`` of one partition's file, or ``(None, error)`` naming the party, dataset and file."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from confide.data.catalog import table_from_arrow
+
+    where = f"party {task.party!r}, dataset {task.dataset!r}, partition {partition.index} ({Path(partition.path).name})"
+    try:
+        return table_from_arrow(where, pq.read_table(partition.path)), None
+    except (pa.ArrowException, OSError) as error:
+        return None, InvalidParameterError(f"{where}: cannot read the Parquet data: {error}")
+    except InvalidParameterError as error:
+        return None, error
+
+
 class PartitionRows:
     """One partition's provisioned rows, held where the engine runs it; answers with sums.
 
@@ -73,25 +104,12 @@ class PartitionRows:
     """
 
     def __init__(self, task: PartitionTask, partition: Partition) -> None:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        from confide.data.catalog import table_from_arrow
         from confide.data.fldata import FLData
 
-        where = (
-            f"party {task.party!r}, dataset {task.dataset!r}, partition {partition.index} ({Path(partition.path).name})"
-        )
         # A failure is raised from shape(), not here: Ray reports a constructor's error only as
         # the actor's death, and the developer needs its message (step, column, partition).
-        self.error: Exception | None = None
-        try:
-            table = table_from_arrow(where, pq.read_table(partition.path))
-        except (pa.ArrowException, OSError) as error:
-            self.error = InvalidParameterError(f"{where}: cannot read the Parquet data: {error}")
-            return
-        except InvalidParameterError as error:
-            self.error = error
+        table, self.error = read_partition(task, partition)
+        if self.error is not None:
             return
         try:
             provisioned = FLData.from_dict(task.fl_data).provision_partition(task.party, table, partition.index)

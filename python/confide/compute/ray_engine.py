@@ -1,13 +1,18 @@
 """``ray``: one Ray actor per partition, on a cluster the party's operator runs or a local one.
 
 ``address``: ``local`` (or none) starts a Ray instance on this machine for the party process and
-stops it with the job; anything else (``auto``, ``HOST:PORT``, ``ray://HOST:PORT``) connects to
-a running cluster (``ray start --head`` on the silo's head node, ``ray start --address ...`` on
-each worker node). Workers must be able to import ``confide`` (the same version, installed on
-every node); they read the partitions from paths the party process lists, so the dataset must
-sit where every node sees it (a shared or replicated filesystem inside the silo). ``ray start``
-turns on Ray's token authentication: the party process needs ``RAY_AUTH_MODE=token`` and the
-cluster's token (``~/.ray/auth_token`` or ``RAY_AUTH_TOKEN_PATH``) to join.
+stops it with the job: a ``ray start --head --block`` child process on a free port, which the
+party process then joins, rather than ``ray.init()`` starting Ray's daemons itself. Ray starts its
+daemons with a Python ``preexec_fn`` after ``fork``, and in a process where gRPC threads are
+running (the party's own transport) that child can hang before it ever runs the daemon; the
+instance then never comes up (seen here: "Timed out waiting for file .../gcs_server_port").
+Anything else (``auto``, ``HOST:PORT``, ``ray://HOST:PORT``) connects to a running cluster
+(``ray start --head`` on the silo's head node, ``ray start --address ...`` on each worker node).
+Workers must be able to import ``confide`` (the same version, installed on every node); they
+read the partitions from paths the party process lists, so the dataset must sit where every node
+sees it (a shared or replicated filesystem inside the silo). ``ray start`` turns on Ray's token
+authentication: the party process needs ``RAY_AUTH_MODE=token`` and the cluster's token
+(``~/.ray/auth_token`` or ``RAY_AUTH_TOKEN_PATH``) to join.
 
 Fault tolerance: each actor restarts up to ``max_restarts`` times when its worker process or
 node dies and is built again from its arguments (a partition holder reads its file again); a call
@@ -24,6 +29,7 @@ on the silo's encrypted storage like the data itself.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -100,6 +106,91 @@ def _get(ray, references: list) -> list:
         ) from None
 
 
+def _join_with_token() -> None:
+    """Make this process present the head's token, as Ray's own ``ray.init()`` does for a cluster it starts.
+
+    Ray reads ``RAY_AUTH_MODE`` into its cached config; setting the variable after Ray was
+    imported is not seen, so its own refresh runs (it respects a mode the operator set).
+    """
+    if "RAY_AUTH_MODE" in os.environ:
+        return
+    try:
+        from ray._private.authentication.authentication_token_setup import (
+            maybe_enable_token_auth_if_token_available,
+        )
+    except ImportError:  # another Ray layout: the variable alone (read if Ray loads its config later)
+        os.environ["RAY_AUTH_MODE"] = "token"
+        return
+    maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+
+
+class _LocalHead:
+    """``ray start --head --block`` as a child of the party process; stopping it stops its daemons."""
+
+    def __init__(self, num_cpus: int | None) -> None:
+        import socket
+        import subprocess
+        import sys
+        import time
+        from pathlib import Path
+
+        def free_port() -> int:
+            with socket.socket() as probe:
+                probe.bind(("127.0.0.1", 0))
+                return probe.getsockname()[1]
+
+        port = free_port()
+        command = [
+            str(Path(sys.executable).parent / "ray"),
+            "start",
+            "--head",
+            f"--port={port}",
+            f"--ray-client-server-port={free_port()}",
+            "--block",
+            "--include-dashboard=false",
+            "--disable-usage-stats",
+        ]
+        if num_cpus is not None:
+            command.append(f"--num-cpus={num_cpus}")
+        # Token authentication on (an instance reachable on the node's address); the token is
+        # ~/.ray/auth_token, written by `ray start` if missing.
+        env = {**os.environ, "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "token")}
+        self.process = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True, env=env
+        )
+        self.address = f"127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while True:
+            if self.process.poll() is not None:
+                output = self.process.stdout.read().decode(errors="replace")[-1500:]
+                raise InvalidParameterError(f"compute engine 'ray': ray start --head exited: {output}")
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise InvalidParameterError(
+                        "compute engine 'ray': the local Ray head did not open its port in 120 s"
+                    ) from None
+                time.sleep(0.2)
+        _join_with_token()
+
+    def stop(self) -> None:
+        """SIGTERM: the head drains and stops the daemons it started."""
+        import subprocess
+
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+
+
 class RayCompute(LocalCompute):
     """Partitions held by Ray actors."""
 
@@ -111,11 +202,13 @@ class RayCompute(LocalCompute):
         self.address = address or "local"
         self.started = False
         self._tasks: dict = {}
+        self._head: _LocalHead | None = None
         if not ray.is_initialized():
             options: dict[str, Any] = {"include_dashboard": False, "logging_level": "WARNING", "log_to_driver": False}
             if self.address == "local":
-                # "local" starts a new instance; without it Ray would join any cluster it finds.
-                options.update(address="local", num_cpus=num_cpus)
+                # A new instance of our own; without an address Ray would join any cluster it finds.
+                self._head = _LocalHead(num_cpus)
+                options["address"] = self._head.address
                 self.started = True
             else:
                 options["address"] = self.address
@@ -133,6 +226,8 @@ class RayCompute(LocalCompute):
                     if self.address == "local"
                     else f"reach the Ray cluster at {self.address!r}"
                 )
+                if self._head is not None:
+                    self._head.stop()
                 raise InvalidParameterError(f"compute engine 'ray': cannot {where}: {error}{hint}") from None
 
     def hold(self, holder_class: type, arguments: list[tuple]) -> Holders:
@@ -168,3 +263,6 @@ class RayCompute(LocalCompute):
         """Shut down the Ray instance this engine started (a cluster it joined keeps running)."""
         if self.started and self.ray.is_initialized():
             self.ray.shutdown()
+        if self._head is not None:
+            self._head.stop()
+            self._head = None

@@ -1397,11 +1397,14 @@ class FLData:
         is_test[rng.permutation(n)[:n_test]] = True
         return Provisioned(X[~is_test], y[~is_test], X[is_test], y[is_test], features, fitted, row_numbers[is_test])
 
-    def check_partitionable(self, party: str) -> None:
+    def check_partitionable(self, party: str, columns: list[str] | None = None) -> None:
         """Refuse what partitioned data cannot do: ``fraction`` < 1, a step that fits statistics.
 
         The party process runs this before any partition is read, so the message (naming the step)
-        reaches the developer as it is, whatever engine holds the partitions.
+        reaches the developer as it is, whatever engine holds the partitions. ``columns``: a
+        vertical party's columns (from the files' footers); each step is then judged as it
+        applies to them (:func:`localize_step`), so a step on another party's columns is no
+        obstacle.
         """
         parties = self._state.party_map()
         if party not in parties:
@@ -1416,7 +1419,8 @@ class FLData:
                 "it must be 1 (filter rows with a filter step instead)"
             )
         for step in self.pipeline:
-            if not row_local(step):
+            local = step if columns is None else localize_step(step, set(columns))
+            if local is not None and not row_local(local):
                 raise InvalidParameterError(
                     f"{where}: step {step.name!r} ({step.op}) fits statistics over all rows; on partitioned "
                     "data every step must be row-local (impute with strategy constant, scale minmax with "

@@ -43,7 +43,7 @@ from confide._checks import check_int
 from confide._native import PsiKey
 from confide.errors import InvalidParameterError, ProtocolError
 
-__all__ = ["MAX_IDS", "PROTOCOL", "canonical_ids", "domain_tag", "intersect"]
+__all__ = ["MAX_IDS", "PROTOCOL", "BadIds", "canonical_ids", "domain_tag", "flat_ids", "intersect", "refuse"]
 
 PROTOCOL = "confide-psi-ecdh-ristretto255-v1"
 #: Most ids one party may bring to one intersection.
@@ -54,8 +54,8 @@ _SESSION = re.compile(r"[A-Za-z0-9._:@+=-]{1,200}")
 _ROLES = ("guest", "host")
 
 
-class _BadIds(InvalidParameterError):
-    """A local id-list error; ``public`` is the reason a peer may be told (never an id)."""
+class BadIds(InvalidParameterError):
+    """A party's own ids are unusable; ``public`` is the reason a peer may be told (never an id)."""
 
     def __init__(self, message: str, public: str) -> None:
         super().__init__(message)
@@ -79,18 +79,18 @@ def canonical_ids(ids: Any) -> tuple[str, list[bytes]]:
     type, be distinct, and number 1 to :data:`MAX_IDS`; errors name ``ids`` and the position.
     """
     if isinstance(ids, (str, bytes, bytearray)) or not hasattr(ids, "__len__") or not hasattr(ids, "__getitem__"):
-        raise _BadIds(f"ids must be a sequence (list, tuple or 1-D array) of ids, got {type(ids).__name__}", "bad ids")
+        raise BadIds(f"ids must be a sequence (list, tuple or 1-D array) of ids, got {type(ids).__name__}", "bad ids")
     if isinstance(ids, np.ndarray):
         if ids.ndim != 1:
-            raise _BadIds(f"ids must be one-dimensional, got shape {ids.shape}", "bad ids")
+            raise BadIds(f"ids must be one-dimensional, got shape {ids.shape}", "bad ids")
         if ids.dtype.kind not in "iuUO":
-            raise _BadIds(f"ids: a numpy array of ids must hold integers or str, got dtype {ids.dtype}", "bad ids")
+            raise BadIds(f"ids: a numpy array of ids must hold integers or str, got dtype {ids.dtype}", "bad ids")
         ids = ids.tolist()
     n = len(ids)
     if n == 0:
-        raise _BadIds("ids: at least one id is required, got none", "no ids")
+        raise BadIds("ids: at least one id is required, got none", "no ids")
     if n > MAX_IDS:
-        raise _BadIds(f"ids: at most {MAX_IDS:,} ids per party, got {n:,}", "too many ids")
+        raise BadIds(f"ids: at most {MAX_IDS:,} ids per party, got {n:,}", "too many ids")
     first = ids[0]
     if isinstance(first, str):
         kind, allowed = "str", (str,)
@@ -99,12 +99,12 @@ def canonical_ids(ids: Any) -> tuple[str, list[bytes]]:
     elif isinstance(first, (int, np.integer)) and not isinstance(first, (bool, np.bool_)):
         kind, allowed = "int", (int, np.integer)
     else:
-        raise _BadIds(f"ids[0]: ids must be str, int or bytes, got {type(first).__name__}", "bad id type")
+        raise BadIds(f"ids[0]: ids must be str, int or bytes, got {type(first).__name__}", "bad id type")
     types = set(map(type, ids))
     if any(not issubclass(t, allowed) or issubclass(t, (bool, np.bool_)) for t in types):
         for index, value in enumerate(ids):
             if not isinstance(value, allowed) or isinstance(value, (bool, np.bool_)):
-                raise _BadIds(
+                raise BadIds(
                     f"ids: all ids must have one type; ids[0] is {kind} but ids[{index}] is {type(value).__name__}",
                     "mixed id types",
                 )
@@ -117,12 +117,12 @@ def canonical_ids(ids: Any) -> tuple[str, list[bytes]]:
             encoded = [bytes(value) for value in ids]
     except UnicodeEncodeError:
         index = next(i for i, value in enumerate(ids) if not _utf8(value))
-        raise _BadIds(f"ids[{index}]: not encodable as UTF-8 (lone surrogate)", "id not encodable") from None
+        raise BadIds(f"ids[{index}]: not encodable as UTF-8 (lone surrogate)", "id not encodable") from None
     if len(set(encoded)) != n:
         seen: dict[bytes, int] = {}
         for index, value in enumerate(encoded):
             if value in seen:
-                raise _BadIds(
+                raise BadIds(
                     f"ids: duplicate id {_show(ids[index])} at index {index} (first at index {seen[value]}); "
                     "ids must be distinct",
                     "duplicate ids",
@@ -139,7 +139,8 @@ def _utf8(value: str) -> bool:
     return True
 
 
-def _flat(encoded: list[bytes]) -> tuple[bytes, np.ndarray]:
+def flat_ids(encoded: list[bytes]) -> tuple[bytes, np.ndarray]:
+    """Encoded ids as one byte string and its uint64 offsets (N + 1), as the native calls take them."""
     offsets = np.zeros(len(encoded) + 1, dtype=np.uint64)
     np.cumsum(np.fromiter(map(len, encoded), dtype=np.uint64, count=len(encoded)), out=offsets[1:])
     return b"".join(encoded), offsets
@@ -205,7 +206,9 @@ def intersect(
     seconds per phase and bytes sent and received.
 
     ``engine`` (a :class:`~confide.compute.LocalCompute`): where the group arithmetic runs, the
-    ids and points cut into chunks, about two per worker. The workers get this party's own ids,
+    ids and points cut into chunks, about two per worker. ``ids`` may also be a partitioned
+    dataset's :class:`~confide.compute.columns.PartitionedColumns` on that engine: its holders
+    hash and blind their own ids, and no id enters this process. The workers get this party's own ids,
     the peer's blinded points (what the wire carries anyway) and this intersection's scalar
     (see :class:`_WorkerBlinder`); the matching stays here. The result is the same either way.
 
@@ -237,15 +240,24 @@ def intersect(
     sent, received = channel.bytes_sent, channel.bytes_received
     report: dict[str, Any] = {"role": role, "party": party, "session": session, "engine": PsiKey.engine()}
     report["blinding"] = "party process" if engine is None else f"compute workers ({engine.name})"
+    remote = hasattr(ids, "psi_points")  # ids held by partitions (confide.compute.columns)
+    if remote and engine is None:
+        raise InvalidParameterError("ids: ids held by partitions need the engine that holds them (engine)")
+    workers = _WorkerBlinder(engine) if engine is not None else None
     try:
-        kind, encoded = canonical_ids(ids)
+        if remote:
+            # the holders hash and blind where the ids live: only the points come here
+            kind, points = ids.psi_points(workers.scalar, session)
+            encoded = _Blinded(points, session, kind)
+        else:
+            kind, encoded = canonical_ids(ids)
         problem = None
-    except _BadIds as error:
+    except BadIds as error:
         kind, encoded, problem = None, [], error
     clock.lap("prepare")
     run = _guest if role == "guest" else _host
     try:
-        blinder = (lambda: _LocalBlinder(threads)) if engine is None else (lambda: _WorkerBlinder(engine))
+        blinder = (lambda: _LocalBlinder(threads)) if workers is None else (lambda: workers)
         return run(channel, kind, encoded, problem, guest, hosts, session, threads, clock, report, blinder)
     finally:
         if stats is not None:
@@ -262,7 +274,7 @@ class _LocalBlinder:
         self.key, self.threads = PsiKey.generate(), threads
 
     def hash_and_blind(self, dst: bytes, encoded: list[bytes]) -> bytes:
-        data, offsets = _flat(encoded)
+        data, offsets = flat_ids(encoded)
         return self.key.hash_and_blind(dst, data, offsets, self.threads)
 
     def blind(self, points: bytes) -> bytes:
@@ -300,7 +312,12 @@ class _WorkerBlinder:
     def hash_and_blind(self, dst: bytes, encoded: list[bytes]) -> bytes:
         from confide.compute.tasks import psi_hash_and_blind
 
-        items = [(self.scalar, dst, *_flat(encoded[a:b])) for a, b in self._chunks(len(encoded))]
+        if isinstance(encoded, _Blinded):  # already done by the partitions' holders with this scalar
+            if dst != domain_tag(encoded.session, encoded.kind):
+                raise ProtocolError("PSI: the partitions blinded their ids under another session or id type")
+            return encoded.points
+
+        items = [(self.scalar, dst, *flat_ids(encoded[a:b])) for a, b in self._chunks(len(encoded))]
         return b"".join(self.engine.map(psi_hash_and_blind, items))
 
     def blind(self, points: bytes) -> bytes:
@@ -311,7 +328,28 @@ class _WorkerBlinder:
         return b"".join(self.engine.map(psi_blind, items))
 
 
-def _hello(kind: str | None, size: int, role: str, problem: _BadIds | None) -> dict:
+class _Blinded:
+    """Points k·H(id) the holders of a partitioned dataset computed, standing in for the ids."""
+
+    def __init__(self, points: bytes, session: str, kind: str) -> None:
+        self.points, self.session, self.kind = points, session, kind
+
+    def __len__(self) -> int:
+        return len(self.points) // POINT_BYTES
+
+
+def refuse(channel, *, role: str, guest: str, hosts: Sequence[str], session: str, reason: str) -> None:
+    """Tell the peers this party cannot take part (its data failed before PSI): they stop at once.
+
+    Sends the hello a party with unusable ids sends (``abort``: ``reason``, which must name no
+    record), so the others raise a :class:`ProtocolError` naming this party instead of waiting
+    for a hello that never comes.
+    """
+    peers = [guest] if role == "host" else list(hosts)
+    channel.send(peers, f"psi/{session}/hello", {"protocol": PROTOCOL, "role": role, "abort": reason})
+
+
+def _hello(kind: str | None, size: int, role: str, problem: BadIds | None) -> dict:
     message: dict[str, Any] = {"protocol": PROTOCOL, "role": role, "id_type": kind or "", "size": size}
     if problem is not None:
         message["abort"] = f"its ids are unusable ({problem.public})"

@@ -17,6 +17,7 @@ ciphertext, a blinded PSI point, or what the protocol reveals by design: docs/ve
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -212,14 +213,32 @@ def run_vertical_party(
     hooks = load_hooks()
     channel = _ObservedChannel(client, hooks=hooks, timeout_s=spec.transport.message_timeout_s)
     started = time.perf_counter()
-    engine = None
+    engine = held = None
     try:
         resume_state = _load_state(checkpoint_dir, resume_round) if resume_round else None
         _drop_later_checkpoints(checkpoint_dir, resume_round)
-        data = _party_rows(spec, party_id, guest, catalog, report)
-        report.update(records=len(data.ids), features=int(data.X.shape[1]), columns=data.columns)
         client.connect()
-        engine = _open_engine(compute, spec, role, report)
+        try:
+            partitions = _partitions(spec, party_id, role, catalog)
+            engine = _open_engine(compute, spec, role, report, partitioned=partitions is not None)
+            if partitions is not None:
+                data = _partitioned_columns(spec, party_id, partitions, engine, report)
+                held = data.ids
+            else:
+                data = _party_rows(spec, party_id, guest, catalog, report)
+        except ConfideError as error:
+            # the peers would wait for this party's PSI hello until their timeout: tell them now
+            with contextlib.suppress(ConfideError):
+                psi.refuse(
+                    channel,
+                    role=role,
+                    guest=guest,
+                    hosts=hosts,
+                    session=spec.job_id,
+                    reason=f"it failed before PSI with {type(error).__name__} (its own report says why)",
+                )
+            raise
+        report.update(records=len(data.ids), features=len(data.columns), columns=data.columns)
         psi_stats: dict = {}
         rows = psi.intersect(
             channel,
@@ -278,14 +297,64 @@ def run_vertical_party(
         report["error"] = f"{type(error).__name__}: {error}"
         raise
     finally:
-        if engine is not None:
-            engine.close()
+        for release in (held, engine):
+            if release is not None:
+                release.close()
         report["seconds"] = time.perf_counter() - started
         report["bytes"] = {"sent": channel.bytes_sent, "received": channel.bytes_received}
         report["reconnects"] = client.reconnects
         _write(report_path, report)
         client.close()
     return report
+
+
+def _partitions(spec: JobSpec, party_id: str, role: str, catalog):
+    """The files of this party's dataset when its catalog entry is partitioned; None otherwise."""
+    if spec.fl_data is None or catalog is None:
+        return None
+    dataset = spec.fl_data_object().datasets()[party_id]
+    partitions = catalog.partitions(dataset)
+    if partitions is not None and (role != "host" or spec.model.algorithm != "secureboost"):
+        raise JobFailedError(
+            f"party {party_id!r}: dataset {dataset!r} is partitioned; a vertical job reads partitioned data at a "
+            f"SecureBoost host only (this party is the {role} of a {spec.model.algorithm} job, whose rows live in "
+            "its process): publish it as one Parquet file or table"
+        )
+    return partitions
+
+
+def _partitioned_columns(spec: JobSpec, party_id: str, partitions, engine, report: dict) -> VerticalPartyData:
+    """Holders of the host's files on ``engine``: ids, features and bins stay with them."""
+    from confide.compute.columns import PartitionedColumns
+    from confide.compute.partitions import PartitionTask, partition_columns
+
+    fl_data = spec.fl_data_object()
+    # here, so its message (the step) reaches the developer as is; steps on other parties' columns do not count
+    fl_data.check_partitionable(party_id, partition_columns(partitions[0]))
+    dataset = fl_data.datasets()[party_id]
+    task = PartitionTask(party=party_id, dataset=dataset, fl_data=fl_data.to_dict())
+    columns = PartitionedColumns.open(engine, task, partitions, spec.data.id_column)
+    report["data"] = {
+        "dataset": dataset,
+        "fl_data_version": fl_data.version,
+        "fl_data_fingerprint": fl_data.fingerprint,
+        "id_column": spec.data.id_column,
+    }
+    report["compute"] = {**report.get("compute", {}), **columns.engine}
+    return VerticalPartyData(ids=columns, X=_AlignedColumns(columns), y=None, columns=list(columns.features))
+
+
+class _AlignedColumns:
+    """Stands for a partitioned host's matrix: ``X[rows]`` is a view of those rows on the holders."""
+
+    def __init__(self, columns, rows=None) -> None:
+        self.columns, self.rows, self.views = columns, rows, 0
+
+    def __getitem__(self, index):
+        if self.rows is None:  # the rows PSI aligned
+            return _AlignedColumns(self.columns, np.asarray(index))
+        self.views += 1
+        return self.columns.view(f"rows-{self.views}", self.rows[index])
 
 
 def _party_rows(spec: JobSpec, party_id: str, guest: str, catalog, report: dict):
@@ -322,15 +391,21 @@ def _party_rows(spec: JobSpec, party_id: str, guest: str, catalog, report: dict)
     return VerticalPartyData(ids=ids, X=rows.X, y=rows.y, columns=list(rows.feature_names))
 
 
-def _open_engine(compute: str | None, spec: JobSpec, role: str, report: dict):
-    """Where PSI's group arithmetic runs, and a SecureBoost guest's GH encryption or a host's histograms."""
-    if compute is None or compute == "inline":
+def _open_engine(compute: str | None, spec: JobSpec, role: str, report: dict, *, partitioned: bool = False):
+    """Where PSI's group arithmetic runs, and a SecureBoost guest's GH encryption or a host's histograms.
+
+    None (this process) without ``compute``, unless the party's dataset is partitioned: its
+    holders then live in this process (``inline``).
+    """
+    if (compute is None or compute == "inline") and not partitioned:
         return None
     from confide.compute import open_compute
 
-    engine = open_compute(compute)
+    engine = open_compute(compute or "inline")
     work = ["PSI hashing and blinding"]
-    if spec.model.algorithm == "secureboost":
+    if partitioned:
+        work.append("partitioned columns: binning, encrypted histograms, splits and predictions by partition")
+    elif spec.model.algorithm == "secureboost":
         work.append("GH encryption, public-key path" if role == "guest" else "encrypted histograms by row ranges")
     report["compute"] = {**engine.describe(), "workers": engine.workers, "work": work}
     return engine

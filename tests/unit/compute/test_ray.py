@@ -14,6 +14,7 @@ from confide.compute.partitions import PartitionedData, PartitionRows, Partition
 from confide.crypto import DecryptionKey
 from confide.data.fldata import FLData
 from confide.ml.homo_lr import HomoLR
+from confide.vertical.binning import Binner
 from tests.fixtures.partitions import fl_data
 
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'confide[ray]'; make test installs it)")
@@ -177,3 +178,44 @@ def test_psi_blinding_on_ray_workers_aligns_the_same_rows(engine):
     for party in ("g", "h"):
         assert np.array_equal(runs[True][party], runs[False][party])
     assert len(runs[True]["g"]) == len(np.intersect1d(ids["g"], ids["h"]))
+
+
+def test_a_partitioned_host_on_ray_answers_as_inline_and_survives_a_killed_holder(engine, tmp_path):
+    from confide import _native
+    from confide.compute.columns import PartitionedColumns
+    from tests.fixtures.partitions import host_fl_data, write_columns
+
+    rng = np.random.default_rng(8)
+    X = np.round(rng.normal(0, 2, (900, 4)), 1)
+    root = write_columns(tmp_path / "cols", rng.permutation(5000)[:900], X, [300, 250, 350])
+    task = PartitionTask(party="lab", dataset="cols", fl_data=FLData.create(**host_fl_data()).to_dict())
+    rows = rng.permutation(900)[:700]
+    key = _native.generate_keypair(2048)
+    gh = key.encrypt_raw([int(v).to_bytes(16, "big") for v in rng.integers(0, 2**60, 700)], "fixed_base", 0)
+    node_of_row = rng.integers(0, 3, 700).astype(np.int32)
+    decisions = np.array([[0, 1, 3], [2, 0, 5]])
+    answers = {}
+    for name, compute in (("ray", engine), ("inline", open_compute("inline"))):
+        columns = PartitionedColumns.open(compute, task, list_partitions(root, "cols"), "id")
+        view = columns.view("train", rows)
+        binner = view.fit(8, "lab")
+        view.set_gradients(key.encryption_key, gh)
+        if name == "ray":
+            os.kill(columns.holders.pids()[1], signal.SIGKILL)  # loses its view, bins and gradients
+        hists, counts = view.layer(node_of_row, [0, 2], 8, key.encryption_key)
+        answers[name] = (
+            binner.cuts,
+            [h.to_bytes() for h in hists],
+            counts,
+            view.lefts(node_of_row, decisions),
+            view.below([(np.arange(0, 700, 3), 2, 0.5)]),
+        )
+        columns.close()
+    ray_cuts, ray_hists, ray_counts, ray_lefts, ray_below = answers["ray"]
+    cuts, hists, counts, lefts, below = answers["inline"]
+    assert all(np.array_equal(a, b) for a, b in zip(ray_cuts, cuts, strict=True))
+    assert ray_hists == hists and np.array_equal(ray_counts, counts)
+    assert all(np.array_equal(a, b) for a, b in zip(ray_lefts + ray_below, lefts + below, strict=True))
+    bins = Binner.fit(X[rows], 8).transform(X[rows])
+    assert hists[0] == gh.histogram(bins, np.flatnonzero(node_of_row == 0).astype(np.uint32), 8, 0).to_bytes()
+    assert np.array_equal(below[0], X[rows][np.arange(0, 700, 3), 2] < 0.5)
