@@ -73,7 +73,9 @@ class ColumnRows:
             fl_data.check_partitionable(task.party, list(table.columns))
             rows = fl_data.provision_columns(task.party, table, id_column=id_column, with_label=False)
         except InvalidParameterError as error:
-            self.error = type(error)(f"partition {partition.index}: {error}")
+            # the same error (a data problem keeps its step, columns and hint), naming the file
+            error.args = (f"partition {partition.index} ({os.path.basename(partition.path)}): {error}",)
+            self.error = error
             return
         self.ids, self.X, self.features = rows.ids, rows.X, list(rows.feature_names)
 
@@ -189,8 +191,9 @@ class ColumnRows:
 class PartitionedColumns:
     """The party-process side of a partitioned vertical dataset: holders, row counts, PSI."""
 
-    def __init__(self, holders, shapes: list[dict[str, Any]], engine: dict[str, Any]) -> None:
+    def __init__(self, holders, shapes: list[dict[str, Any]], engine: dict[str, Any], files=None) -> None:
         self.holders = holders
+        self.files = list(files) if files is not None else [f"partition {i}" for i in range(len(shapes))]
         self.counts = np.array([s["rows"] for s in shapes], dtype=np.int64)
         self.offsets = np.concatenate([[0], np.cumsum(self.counts)])
         self.features = shapes[0]["features"]
@@ -209,7 +212,7 @@ class PartitionedColumns:
         try:
             shapes = holders.call("shape")
             where = {**engine.describe(), "partitions": holders.count, "holder_pids": holders.pids()}
-            return cls(holders, shapes, where)
+            return cls(holders, shapes, where, [os.path.basename(p.path) for p in partitions])
         except BaseException:
             holders.close()
             raise
@@ -240,8 +243,8 @@ class PartitionedColumns:
                 repeated = int(np.sort(first[counts > 1])[0])
                 where = int(np.searchsorted(self.offsets, repeated, side="right") - 1)
                 raise psi.BadIds(
-                    f"ids: an id of partition {where} (row {repeated - int(self.offsets[where])}) repeats in another "
-                    "row; ids must be distinct across the files",
+                    f"ids: an id of partition {where} ({self.files[where]}, row {repeated - int(self.offsets[where])}) "
+                    "repeats in another row; ids must be distinct across the files",
                     "duplicate ids",
                 )
         return kinds.pop(), points
@@ -289,9 +292,13 @@ class ColumnView:
             holders.call_each("view", self._local)
             if self.binner is not None:
                 holders.call("bin", self.name, self.binner.to_dict())
-            if self._gradients:
+            if self._gradients and method != "set_gradients":
                 holders.call_each("set_gradients", self._gradients)
             return holders.call_each(method, arguments)
+
+    def _call(self, method: str, *args: Any) -> list[Any]:
+        """The same call on every holder, with :meth:`_call_each`'s recovery."""
+        return self._call_each(method, [args] * self.columns.holders.count)
 
     def fit(self, n_bins: int, party: str):
         """Exact quantile cut points over the view's rows, as ``Binner.fit`` gives; the holders bin their rows."""
@@ -301,8 +308,7 @@ class ColumnView:
             raise InvalidParameterError(f"n_bins must be an int in {MIN_BINS}..{MAX_BINS}, got {n_bins!r}")
         if self.rows == 0:
             raise InvalidParameterError(f"{party}: has no rows")
-        holders = self.columns.holders
-        ranges = holders.call("value_range", self.name)
+        ranges = self._call("value_range", self.name)
         counts = np.array([[c for c, _, _ in r] for r in ranges], dtype=np.int64).sum(axis=0)
         present = [[(lo, hi) for c, lo, hi in r if c] for r in zip(*ranges, strict=True)]
         levels = np.arange(1, n_bins - 1) / (n_bins - 1)
@@ -334,7 +340,7 @@ class ColumnView:
             points = np.unique(quantiles)
             cuts.append(points[points > _values(np.array([lows[j]]))[0]])
         self.binner = Binner(n_bins=n_bins, cuts=cuts)
-        holders.call("bin", self.name, self.binner.to_dict())
+        self._call("bin", self.name, self.binner.to_dict())
         return self.binner
 
     def _order_statistics(self, targets: list[np.ndarray], lows: list[int], highs: list[int]) -> list[np.ndarray]:
@@ -370,7 +376,7 @@ class ColumnView:
         """Each holder gets the ciphertexts of its own rows of the view."""
         public = key.to_bytes()
         self._gradients = [(self.name, public, gh.take(m.astype(np.uint32)).to_bytes()) for m in self.members]
-        self.columns.holders.call_each("set_gradients", self._gradients)
+        self._call_each("set_gradients", self._gradients)
 
     def layer(self, node_of_row: np.ndarray, nodes: list[int], n_bins: int, key, threads: int = 0):
         """The nodes' encrypted histograms (products over holders) and their row counts."""

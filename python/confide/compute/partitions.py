@@ -74,9 +74,15 @@ def list_partitions(path: str | os.PathLike, where: str) -> list[Partition]:
 
 def partition_columns(partition: Partition) -> list[str]:
     """The column names of one partition's file (from its footer only)."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    return list(pq.ParquetFile(partition.path).schema_arrow.names)
+    try:
+        return list(pq.ParquetFile(partition.path).schema_arrow.names)
+    except (pa.ArrowException, OSError) as error:
+        raise InvalidParameterError(
+            f"partition {partition.index}: cannot read the footer of {partition.path}: {error}"
+        ) from None
 
 
 def read_partition(task: PartitionTask, partition: Partition):

@@ -29,6 +29,7 @@ on the silo's encrypted storage like the data itself.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable
 from typing import Any
@@ -139,9 +140,18 @@ class _LocalHead:
                 probe.bind(("127.0.0.1", 0))
                 return probe.getsockname()[1]
 
+        import shutil
+        import tempfile
+
+        executable = Path(sys.executable).parent / "ray"
+        found = str(executable) if executable.exists() else shutil.which("ray")
+        if found is None:
+            raise InvalidParameterError(
+                "compute engine 'ray': no `ray` command next to this Python or on PATH: pip install 'confide[ray]'"
+            )
         port = free_port()
         command = [
-            str(Path(sys.executable).parent / "ray"),
+            found,
             "start",
             "--head",
             f"--port={port}",
@@ -155,14 +165,17 @@ class _LocalHead:
         # Token authentication on (an instance reachable on the node's address); the token is
         # ~/.ray/auth_token, written by `ray start` if missing.
         env = {**os.environ, "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "token")}
+        # its output to a file: a pipe nobody reads while the job runs could fill and block it
+        self.log = tempfile.NamedTemporaryFile(prefix="confide-ray-head-", suffix=".log", delete=False)  # noqa: SIM115
         self.process = subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True, env=env
+            command, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True, env=env
         )
         self.address = f"127.0.0.1:{port}"
         deadline = time.monotonic() + 120
         while True:
             if self.process.poll() is not None:
-                output = self.process.stdout.read().decode(errors="replace")[-1500:]
+                output = Path(self.log.name).read_text(errors="replace")[-1500:]
+                self.stop()
                 raise InvalidParameterError(f"compute engine 'ray': ray start --head exited: {output}")
             try:
                 socket.create_connection(("127.0.0.1", port), timeout=1).close()
@@ -187,8 +200,9 @@ class _LocalHead:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(10)
-        if self.process.stdout is not None:
-            self.process.stdout.close()
+        self.log.close()
+        with contextlib.suppress(OSError):
+            os.unlink(self.log.name)
 
 
 class RayCompute(LocalCompute):

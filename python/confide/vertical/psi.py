@@ -41,7 +41,7 @@ import numpy as np
 
 from confide._checks import check_int
 from confide._native import PsiKey
-from confide.errors import InvalidParameterError, ProtocolError
+from confide.errors import ConfideError, InvalidParameterError, ProtocolError
 
 __all__ = ["MAX_IDS", "PROTOCOL", "BadIds", "canonical_ids", "domain_tag", "flat_ids", "intersect", "refuse"]
 
@@ -254,6 +254,11 @@ def intersect(
         problem = None
     except BadIds as error:
         kind, encoded, problem = None, [], error
+    except ConfideError as error:
+        if not remote:
+            raise
+        # a holder failed (its file, its worker): the peers are told, as for unusable ids
+        kind, encoded, problem = None, [], BadIds(f"ids: the partitions failed: {error}", "its partitions failed")
     clock.lap("prepare")
     run = _guest if role == "guest" else _host
     try:

@@ -48,7 +48,7 @@ from typing import Literal
 import numpy as np
 
 from confide import _native
-from confide.errors import InvalidParameterError, ProtocolError
+from confide.errors import ConfideError, InvalidParameterError, ProtocolError
 from confide.vertical.binning import MAX_BINS, MIN_BINS, Binner
 
 __all__ = [
@@ -1167,14 +1167,14 @@ def _serve(channel, guest, session, lookup, state, threads, on_tree) -> SecureBo
         seq += 1
         if op == "hello":
             params = SecureBoostParams(**message["params"])
-            error = None
+            problem: ConfideError | None = None
             try:
                 state.update(params=params, binner=rows.fit(params.n_bins, channel.party))
-            except InvalidParameterError as failure:
-                error = str(failure)
-            channel.send(guest, tag + "/reply", {"rows": rows.rows, "error": error})
-            if error:
-                raise InvalidParameterError(error)
+            except ConfideError as failure:  # told to the guest, which stops naming this host
+                problem = failure
+            channel.send(guest, tag + "/reply", {"rows": rows.rows, "error": str(problem) if problem else None})
+            if problem is not None:
+                raise problem
         elif op == "tree":
             if "key" in message:
                 state["key"] = _native.EncryptionKey.from_bytes(message["key"])

@@ -159,7 +159,48 @@ def test_ids_repeated_across_files_are_refused_naming_the_partition(vertical, tm
     task = PartitionTask(party="lab", dataset="cols", fl_data=FLData.create(**host_fl_data()).to_dict())
     engine = open_compute("inline")
     columns = PartitionedColumns.open(engine, task, list_partitions(root, "cols"), "id")
-    with pytest.raises(InvalidParameterError, match=r"an id of partition 0 \(row 50\) repeats"):
+    with pytest.raises(InvalidParameterError, match=r"an id of partition 0 \(part-000.parquet, row 50\) repeats"):
         psi_rows(vertical, columns, engine)
     with pytest.raises(InvalidParameterError, match="need the engine that holds them"):
         psi_rows(vertical, columns)
+
+
+def test_a_holder_that_fails_during_psi_aborts_the_psi_so_the_guest_stops_naming_the_host(vertical, tmp_path):
+    task = PartitionTask(party="lab", dataset="cols", fl_data=FLData.create(**host_fl_data()).to_dict())
+    engine = open_compute("inline")
+    columns = PartitionedColumns.open(engine, task, list_partitions(vertical["root"], "cols"), "id")
+
+    def broken(method, *args):
+        raise InvalidParameterError("partition 2 (part-003.parquet): cannot read the Parquet data: gone")
+
+    columns.holders.call = broken
+    channels = LocalChannel.group(["hospital", "lab"])
+    common = dict(guest="hospital", hosts=["lab"], session="s")
+    errors = {}
+
+    def party(name, job):
+        try:
+            job()
+        except InvalidParameterError as error:
+            errors[name] = error
+        except Exception as error:  # noqa: BLE001 - the test reads it
+            errors[name] = error
+
+    import threading
+
+    threads = [
+        threading.Thread(
+            target=party,
+            args=("hospital", lambda: intersect(channels["hospital"], vertical["ids"], role="guest", **common)),
+        ),
+        threading.Thread(
+            target=party,
+            args=("lab", lambda: intersect(channels["lab"], columns, role="host", engine=engine, **common)),
+        ),
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert "the partitions failed" in str(errors["lab"]) and "part-003.parquet" in str(errors["lab"])
+    assert "PSI aborted by the host 'lab': its ids are unusable (its partitions failed)" in str(errors["hospital"])

@@ -199,6 +199,8 @@ def test_a_partitioned_host_on_ray_answers_as_inline_and_survives_a_killed_holde
         columns = PartitionedColumns.open(compute, task, list_partitions(root, "cols"), "id")
         view = columns.view("train", rows)
         binner = view.fit(8, "lab")
+        if name == "ray":
+            os.kill(columns.holders.pids()[0], signal.SIGKILL)  # loses its view and bins before the gradients
         view.set_gradients(key.encryption_key, gh)
         if name == "ray":
             os.kill(columns.holders.pids()[1], signal.SIGKILL)  # loses its view, bins and gradients
