@@ -10,6 +10,7 @@ STAMP     := $(VENV)/.confide-deps
 GMP       := build/gmp/.confide-gmp-6.3.0
 NATIVE    := python/confide/_native.abi3.so
 PROTO     := python/confide/v1/runtime_pb2.py
+CONSOLE   := python/confide/web/static/vendor/.built
 RUST_SRC  := $(shell find crates -name '*.rs' -o -name Cargo.toml 2>/dev/null) Cargo.toml .cargo/config.toml
 
 .PHONY: help setup demo test test-rust test-python bench lint fmt clean
@@ -20,7 +21,11 @@ help:
 	@echo "make bench  run benchmarks (writes benchmarks/results/*.json)"
 	@echo "make lint   clippy, rustfmt --check, ruff"
 
-setup: $(NATIVE) $(PROTO)
+setup: $(NATIVE) $(PROTO) $(CONSOLE)
+
+# The web console's front-end libraries, installed from the npm registry (web/package-lock.json).
+$(CONSOLE): web/package.json web/package-lock.json web/src/editor.js scripts/build-console.sh
+	./scripts/build-console.sh
 
 # Python modules for the wire contract, generated from proto/ (never edited by hand).
 $(PROTO): proto/confide/v1/runtime.proto $(STAMP)
@@ -62,6 +67,10 @@ demo: setup
 	@echo
 	@echo "== a neural network: a Keras 3 CNN on digits, three hospitals, paillier (one on PyTorch, two on JAX) =="
 	$(VENV)/bin/confide run examples/digits_cnn.yaml --workdir reports/demo-digits-cnn
+	@echo
+	@echo "== the controller demo's jobs in the web console (curves, protection, log, audit): run"
+	@echo "   $(VENV)/bin/confide console open --workdir reports/demo-controller"
+	@echo "   it prints the URL and a sign-in; Ctrl-C stops it =="
 
 test: test-rust test-python
 
@@ -75,6 +84,7 @@ test-rust: $(GMP)
 # starts itself; its binaries are installed here when missing.
 test-python: setup
 	./scripts/ensure-postgres.sh
+	./scripts/ensure-chromium.sh
 	$(PYTHON) -m pytest tests
 
 bench: setup
@@ -83,6 +93,7 @@ bench: setup
 	$(PYTHON) benchmarks/crypto_bench.py
 	$(PYTHON) benchmarks/runtime_bench.py
 	$(PYTHON) benchmarks/controller_bench.py --stores sqlite,postgres
+	$(PYTHON) benchmarks/console_bench.py --write
 	$(PYTHON) benchmarks/vertical_bench.py
 	$(PYTHON) benchmarks/psi_bench.py --write
 	$(PYTHON) benchmarks/nn_bench.py --write

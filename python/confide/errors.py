@@ -24,6 +24,7 @@ __all__ = [
     "NotFoundError",
     "PermissionDeniedError",
     "ProtocolError",
+    "RateLimitedError",
     "ResourceLimitError",
     "RoundAbortedError",
     "RoundClosedError",
@@ -106,6 +107,10 @@ class PermissionDeniedError(TransportError):
 
 class ResourceLimitError(ConfideError):
     """A bounded resource (mailbox bytes, message size...) would pass its limit; the message names it."""
+
+
+class RateLimitedError(ConfideError):
+    """Too many attempts (sign-ins) in a window; the message says the limit. HTTP 429."""
 
 
 class RoundClosedError(ConfideError):

@@ -27,12 +27,27 @@ __all__ = [
     "ParticipantStatus",
     "PartyReport",
     "PartyResult",
+    "METRIC_KEYS",
     "RoundReport",
     "SessionStatus",
     "SessionSummary",
     "VerticalPartyReport",
     "VerticalRound",
+    "round_metrics",
 ]
+
+#: The per-round figures an agent relays to the controller and the console draws (all numbers).
+METRIC_KEYS = (
+    "loss",
+    "test_loss",
+    "auc",
+    "accuracy",
+    "seconds",
+    "crypto_s",
+    "train_s",
+    "bytes_sent",
+    "bytes_received",
+)
 
 
 class _Report(BaseModel):
@@ -323,3 +338,30 @@ class SessionStatus(_Report):
     checkpoint: dict[str, Any] | None = Field(None, description="round, Merkle root and log entry of the latest")
     participants: list[ParticipantStatus]
     evaluation: Evaluation | None = None
+
+
+def round_metrics(report: dict[str, Any]) -> list[dict[str, float | int]]:
+    """One compact row per round of a party's report (horizontal or vertical), for the console.
+
+    Reads the report as the party wrote it (a mapping, possibly mid-run); keys are
+    :data:`METRIC_KEYS` plus ``round``; a figure a round did not measure is left out.
+    """
+    rows = []
+    for item in report.get("rounds") or []:
+        if not isinstance(item, dict) or not isinstance(item.get("round"), int):
+            continue
+        row: dict[str, float | int] = {"round": item["round"]}
+        pairs = {
+            "loss": item.get("train_loss", item.get("loss")),
+            "test_loss": item.get("test_loss"),
+            "auc": item.get("test_auc"),
+            "accuracy": item.get("test_accuracy"),
+            "seconds": item.get("seconds"),
+            "crypto_s": item.get("crypto_s", item.get("crypto_seconds")),
+            "train_s": item.get("train_s"),
+            "bytes_sent": item.get("bytes_sent"),
+            "bytes_received": item.get("bytes_received"),
+        }
+        row.update({key: value for key, value in pairs.items() if isinstance(value, (int, float))})
+        rows.append(row)
+    return rows

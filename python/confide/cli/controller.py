@@ -1,4 +1,4 @@
-"""Controller commands: ``confide controller | agent | data | grant | audit | job | session``.
+"""Controller commands: ``confide controller | console | agent | data | grant | audit | job | session``.
 
 Clients find the controller and their identity in ``--controller`` / ``--certs`` / ``--as``
 or the environment (``CONFIDE_CONTROLLER``, ``CONFIDE_CERTS``, ``CONFIDE_IDENTITY``).
@@ -7,10 +7,13 @@ or the environment (``CONFIDE_CONTROLLER``, ``CONFIDE_CERTS``, ``CONFIDE_IDENTIT
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
 import logging
 import os
+import secrets
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -21,7 +24,7 @@ from confide.errors import InvalidParameterError
 
 __all__ = ["add_commands", "dispatch"]
 
-COMMANDS = ("controller", "agent", "data", "grant", "audit", "job", "session")
+COMMANDS = ("controller", "console", "agent", "data", "grant", "audit", "job", "session")
 
 
 def _client_options(parser: argparse.ArgumentParser) -> None:
@@ -39,6 +42,46 @@ def add_commands(commands) -> None:
     controller.add_argument("--db", default="controller.db", help="SQLite file or postgresql://... URL")
     controller.add_argument("--listen", default="127.0.0.1:8443", help="host:port (port 0 picks a free one)")
     controller.add_argument("--port-file", default=None, help="write the bound port here once listening")
+    controller.add_argument(
+        "--alive", type=float, default=30.0, help="seconds without a heartbeat before a party is shown down"
+    )
+    controller.add_argument(
+        "--console", default=None, metavar="HOST:PORT", help="also serve the web console there (HTTPS, sign-in)"
+    )
+    controller.add_argument("--console-port-file", default=None, help="write the console's bound port here")
+    controller.add_argument("--console-cert", default=None, help="the console's TLS certificate (default: --name's)")
+    controller.add_argument("--console-key", default=None, help="the console's TLS key (default: --name's)")
+
+    console = commands.add_parser("console", help="web console accounts and API tokens (run on the controller host)")
+    console_commands = console.add_subparsers(dest="console_command", required=True)
+    user = console_commands.add_parser("user", help="console accounts")
+    user_commands = user.add_subparsers(dest="user_command", required=True)
+    add = user_commands.add_parser("add", help="create an account")
+    add.add_argument("name")
+    add.add_argument("--role", required=True, choices=("developer", "owner", "admin"))
+    add.add_argument("--party", default=None, help="the party an owner administers (its certificate name)")
+    for sub in (add, user_commands.add_parser("password", help="set an account's password (ends its sessions)")):
+        if sub is not add:
+            sub.add_argument("name")
+        source = sub.add_mutually_exclusive_group()
+        source.add_argument("--password-stdin", action="store_true", help="read the password from standard input")
+        source.add_argument("--generate", action="store_true", help="generate a password and print it once")
+    user_commands.add_parser("disable", help="disable an account (sessions end, tokens stop)").add_argument("name")
+    user_commands.add_parser("list", help="accounts")
+    token = console_commands.add_parser("token", help="issue an API token for scripts (printed once)")
+    token.add_argument("name")
+    token.add_argument("--label", default="script")
+    token.add_argument("--revoke", action="store_true", help="revoke the account's tokens with --label instead")
+    opened = console_commands.add_parser(
+        "open", help="serve a local deployment's controller with its console and print the URL and a sign-in"
+    )
+    opened.add_argument(
+        "--workdir", default="reports/demo-controller", help="a LocalDeployment's directory (make demo)"
+    )
+    opened.add_argument("--listen", default="127.0.0.1:8444", help="the console's host:port")
+    opened.add_argument("--account", default="demo", help="an admin account, created (or its password reset) now")
+    for sub in (add, *(user_commands.choices[n] for n in ("password", "disable", "list")), token):
+        sub.add_argument("--db", default="controller.db", help="the controller's store (SQLite file or URL)")
 
     agent = commands.add_parser("agent", help="run a party's agent: register datasets, follow the controller")
     agent.add_argument("--controller", required=True, help="https://host:port")
@@ -47,6 +90,12 @@ def add_commands(commands) -> None:
     agent.add_argument("--workdir", required=True, help="session configurations, runs and checkpoints")
     agent.add_argument("--datasets", default=None, help="the party's dataset catalog (YAML)")
     agent.add_argument("--interval", type=float, default=1.0, help="seconds between syncs")
+    agent.add_argument(
+        "--share-log-lines",
+        type=int,
+        default=0,
+        help="share the last N lines of each run's party.log with the controller (the console shows them); 0: none",
+    )
 
     data = commands.add_parser("data", help="datasets published to the controller (metadata only)")
     data_commands = data.add_subparsers(dest="data_command", required=True)
@@ -122,6 +171,8 @@ def dispatch(args) -> int:
     """Run a controller command."""
     if args.command == "controller":
         return _controller(args)
+    if args.command == "console":
+        return _console(args)
     if args.command == "agent":
         return _agent(args)
     if args.command == "data" and args.data_command == "catalog":
@@ -156,16 +207,111 @@ def _wait_signal() -> threading.Event:
 
 
 def _controller(args) -> int:
-    from confide.controller.server import ControllerServer
+    from confide.controller.server import serve
 
-    server = ControllerServer(certs_dir=args.certs, name=args.name, database=args.db, address=args.listen)
-    if args.port_file:
-        temporary = Path(args.port_file + ".tmp")
-        temporary.write_text(str(server.port))
-        temporary.replace(args.port_file)
-    logging.getLogger("confide.controller").info("controller on port %d, store %s", server.port, server.store.url)
-    server.run()
+    serve(
+        certs_dir=args.certs,
+        name=args.name,
+        database=args.db,
+        address=args.listen,
+        port_file=args.port_file,
+        alive_s=args.alive,
+        console_address=args.console,
+        console_port_file=args.console_port_file,
+        console_cert=args.console_cert,
+        console_key=args.console_key,
+    )
     return 0
+
+
+def _password(args) -> str:
+    if args.generate:
+        password = secrets.token_urlsafe(15)
+        print(f"password: {password}")
+        return password
+    if args.password_stdin:
+        return sys.stdin.readline().rstrip("\n")
+    if not sys.stdin.isatty():
+        raise InvalidParameterError("no terminal to ask for a password: use --password-stdin or --generate")
+    first, second = getpass.getpass("password: "), getpass.getpass("again: ")
+    if first != second:
+        raise InvalidParameterError("the two passwords differ")
+    return first
+
+
+def _console_open(args) -> int:
+    from confide.controller.server import serve
+    from confide.controller.store import open_store
+    from confide.web.accounts import Accounts
+
+    workdir = Path(args.workdir)
+    certs, database = workdir / "certs", workdir / "controller.db"
+    if not (certs / "controller.crt").exists() or not database.exists():
+        raise InvalidParameterError(
+            f"--workdir {workdir}: no controller.db and certs/ there; run 'make demo' first "
+            "(or point --workdir at a deployment's directory)"
+        )
+    password = secrets.token_urlsafe(12)
+    store = open_store(f"sqlite:///{database.resolve()}")
+    try:
+        accounts = Accounts(store)
+        if args.account in {row["name"] for row in accounts.list()}:
+            accounts.set_password(args.account, password)
+        else:
+            accounts.create(args.account, "admin", password)
+    finally:
+        store.close()
+    host, _, port = args.listen.rpartition(":")
+    print(f"console: https://{host or '127.0.0.1'}:{port}/  (sign in as {args.account} / {password})")
+    print(f"the certificate is from the deployment's own CA ({certs / 'ca.crt'}): import it, or accept the warning")
+    print("the demo's parties are not running, so the federation page shows them down; Ctrl-C stops the console")
+    sys.stdout.flush()
+    serve(
+        certs_dir=certs,
+        name="controller",
+        database=f"sqlite:///{database.resolve()}",
+        address="127.0.0.1:0",
+        console_address=args.listen,
+    )
+    return 0
+
+
+def _console(args) -> int:
+    from confide.controller.store import open_store
+    from confide.web.accounts import Accounts
+
+    if args.console_command == "open":
+        return _console_open(args)
+    store = open_store(args.db)
+    try:
+        accounts = Accounts(store)
+        if args.console_command == "token":
+            if args.revoke:
+                print(f"revoked {accounts.revoke_tokens(args.name, args.label)} token(s) of {args.name}")
+            else:
+                print(accounts.issue_token(args.name, args.label))
+            return 0
+        command = args.user_command
+        if command == "add":
+            account = accounts.create(args.name, args.role, _password(args), party=args.party)
+            print(
+                f"account {account['name']} ({account['role']}"
+                + (f" of {args.party}" if args.party else "")
+                + ") created"
+            )
+        elif command == "password":
+            accounts.set_password(args.name, _password(args))
+            print(f"password of {args.name} changed; its console sessions ended")
+        elif command == "disable":
+            accounts.disable(args.name)
+            print(f"account {args.name} disabled")
+        else:
+            for row in accounts.list():
+                flag = " (disabled)" if row["disabled"] else ""
+                print(f"{row['name']:<24} {row['role']:<10} {row['party'] or '':<24}{flag}")
+        return 0
+    finally:
+        store.close()
 
 
 def _agent(args) -> int:
@@ -176,7 +322,11 @@ def _agent(args) -> int:
 
     metadata = Catalog.load(args.datasets).metadata() if args.datasets else []
     workdir = Path(args.workdir)
-    worker = PartyWorker(args.name, args.certs, args.datasets, workdir / "sessions")
+    if not 0 <= args.share_log_lines <= 1000:
+        raise InvalidParameterError(f"--share-log-lines must be in [0, 1000], got {args.share_log_lines}")
+    worker = PartyWorker(
+        args.name, args.certs, args.datasets, workdir / "sessions", share_log_lines=args.share_log_lines
+    )
     client = ControllerClient(args.controller, certs_dir=args.certs, name=args.name)
     agent = Agent(client, worker, workdir, datasets=metadata, interval_s=args.interval)
     stopped = _wait_signal()

@@ -87,6 +87,14 @@ class Agent:
         self._reported_checkpoints: dict[str, int] = {}
         self._verification: dict[str, list] = {}
         self._runs: dict[str, int] = {}
+        # The last round whose metrics the controller acknowledged, per (session, run); and the
+        # marks of the report in flight (acknowledged once its sync succeeds).
+        self._metrics_sent: dict[tuple[str, int], int] = {}
+        self._metrics_marks: dict[tuple[str, int], int] = {}
+        # What the controller last acknowledged of values sent only when they change (the
+        # protection report, a shared log tail), per (session, key); and those in flight.
+        self._unchanged_sent: dict[tuple[str, str], Any] = {}
+        self._unchanged_marks: dict[tuple[str, str], Any] = {}
 
     # ------------------------------------------------------------------ local state
 
@@ -148,6 +156,8 @@ class Agent:
     def step(self) -> dict:
         """One sync: report, receive, act. Returns the controller's answer."""
         answer = self.client.sync(self._reports())
+        self._metrics_sent.update(self._metrics_marks)
+        self._unchanged_sent.update(self._unchanged_marks)
         for instruction in answer.get("instructions", []):
             try:
                 self._follow(instruction)
@@ -157,6 +167,8 @@ class Agent:
 
     def _reports(self) -> list[dict]:
         reports = []
+        self._metrics_marks = {}
+        self._unchanged_marks = {}
         for session in self.sessions():
             stored = self._load(session)
             report: dict[str, Any] = {"session": session, "applied_seq": stored["seq"]}
@@ -169,11 +181,33 @@ class Agent:
                 state = self.worker.state(session)
                 if state is not None:
                     report.update(state)
+                    self._only_new_metrics(session, report)
+                    for key in ("protection", "log_tail"):
+                        self._only_if_changed(session, key, report)
             checkpoints = self._new_checkpoints(session)
             if checkpoints:
                 report["checkpoints"] = checkpoints
             reports.append(report)
         return reports
+
+    def _only_new_metrics(self, session: str, report: dict) -> None:
+        # Each round's metrics travel once per run (a restarted agent sends them again; the
+        # controller keeps one row per round).
+        rows = report.pop("metrics", None) or []
+        key = (session, report.get("run"))
+        sent = self._metrics_sent.get(key, -1)
+        fresh = [row for row in rows if row["round"] > sent]
+        if fresh:
+            report["metrics"] = fresh
+            self._metrics_marks[key] = fresh[-1]["round"]
+
+    def _only_if_changed(self, session: str, key: str, report: dict) -> None:
+        if key not in report:
+            return
+        if self._unchanged_sent.get((session, key)) == report[key]:
+            del report[key]
+        else:
+            self._unchanged_marks[(session, key)] = report[key]
 
     def _new_checkpoints(self, session: str) -> list[dict]:
         # Every checkpoint written since the last report, oldest first (a fast job writes

@@ -9,6 +9,7 @@ message}``:
 =========================  ======
 InvalidParameterError      400
 PermissionDeniedError      403 (DataAccessDeniedError included)
+RateLimitedError           429
 NotFoundError              404
 ConflictError              409
 request over the size cap  413
@@ -18,8 +19,10 @@ malformed body             422 (every bad field named)
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any
 
+from cryptography import x509
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -33,17 +36,19 @@ from confide.errors import (
     InvalidParameterError,
     NotFoundError,
     PermissionDeniedError,
+    RateLimitedError,
     ResourceLimitError,
 )
 from confide.reports import SessionStatus, SessionSummary
 from confide.transport.certs import peer_identity
 
-__all__ = ["MAX_REQUEST_BYTES", "create_app"]
+__all__ = ["MAX_REQUEST_BYTES", "certificate_caller", "create_app"]
 
 #: Requests larger than this are refused with 413 before their body is read.
 MAX_REQUEST_BYTES = 4 * 1024 * 1024
 
 _STATUS = [
+    (RateLimitedError, 429),
     (PermissionDeniedError, 403),
     (NotFoundError, 404),
     (ConflictError, 409),
@@ -62,6 +67,7 @@ class RegisterRequest(_Body):
 
     address: str | None = Field(None, max_length=255)
     datasets: list[dict[str, Any]] = Field(default_factory=list, max_length=1000)
+    version: str | None = Field(None, max_length=32)
 
 
 class GrantRequest(_Body):
@@ -106,6 +112,8 @@ class PartyRecord(_Record):
     address: str | None = None
     last_seen_s: float
     online: bool
+    cert_expires_at: str | None = None
+    version: str | None = None
 
 
 class DatasetRecord(_Record):
@@ -174,6 +182,24 @@ class LogEntryRecord(_Record):
     config_digests: dict[str, str]
 
 
+class ParticipantMetrics(_Record):
+    """One recipient's per-round metrics and the protection it reports running."""
+
+    name: str
+    role: str
+    protection: dict[str, Any] | None = None
+    log: list[str] = []
+    metrics: list[dict[str, float | int]]
+
+
+class MetricsReply(_Record):
+    """``GET /v1/sessions/{token}/metrics``: per-round metrics of every recipient."""
+
+    session: str
+    mode_requested: str | None = None
+    participants: list[ParticipantMetrics]
+
+
 class HealthReply(_Record):
     """``GET /v1/health``: liveness and the store's dialect."""
 
@@ -231,6 +257,15 @@ class SubmitReply(_Record):
     job_id: str
     seq: int
     state: str
+
+
+class PreflightReply(_Record):
+    """``POST /v1/jobs/check``: what a submission would meet (nothing stored, nothing audited)."""
+
+    valid: bool
+    job_id: str | None = None
+    problems: list[str]
+    datasets: list[dict[str, Any]]
 
 
 class TuneReply(_Record):
@@ -332,12 +367,18 @@ async def _too_large(send, limit: int, size: int) -> None:
 
 
 def _caller(request: Request) -> Caller:
+    return request.app.state.identify(request)
+
+
+def certificate_caller(request: Request) -> Caller:
+    """The caller named by the request's verified TLS client certificate (the federation's identities)."""
     tls = (request.scope.get("extensions") or {}).get("tls") or {}
     chain = tls.get("client_cert_chain") or []
     if not chain:
         raise PermissionDeniedError("no client certificate: the controller accepts mutual TLS only")
     name, role = peer_identity(chain[0].encode(), request.app.state.ca_pem)
     request.state.cert_sha256 = certificate_digest(chain[0].encode())
+    request.state.cert_pem = chain[0].encode()
     return Caller(name, role)
 
 
@@ -345,8 +386,20 @@ def _caller(request: Request) -> Caller:
 Who = Annotated[Caller, Depends(_caller)]
 
 
-def create_app(controller: Controller, *, ca_pem: bytes, max_request_bytes: int = MAX_REQUEST_BYTES) -> FastAPI:
-    """The ASGI application for ``controller``; callers are identified by their TLS client certificate."""
+def create_app(
+    controller: Controller,
+    *,
+    ca_pem: bytes | None = None,
+    max_request_bytes: int = MAX_REQUEST_BYTES,
+    identify: Callable[[Request], Caller] | None = None,
+    agent_routes: bool = True,
+) -> FastAPI:
+    """The ASGI application for ``controller``.
+
+    Callers are identified by their TLS client certificate (checked against ``ca_pem``), or by
+    ``identify`` (the console's API tokens: :mod:`confide.web`). ``agent_routes``: serve
+    ``/v1/register`` and ``/v1/agent/sync``, which only agents with certificates may call.
+    """
     app = FastAPI(
         title="Confide controller",
         version="1",
@@ -354,6 +407,7 @@ def create_app(controller: Controller, *, ca_pem: bytes, max_request_bytes: int 
     )
 
     app.state.ca_pem = ca_pem
+    app.state.identify = identify or certificate_caller
 
     @app.exception_handler(ConfideError)
     async def _confide_error(_request: Request, error: ConfideError) -> JSONResponse:
@@ -384,16 +438,25 @@ def create_app(controller: Controller, *, ca_pem: bytes, max_request_bytes: int 
         """The identity the controller sees in the caller's certificate."""
         return {"name": who.name, "role": who.role}
 
-    @app.post("/v1/register", tags=["parties"], response_model=RegisterReply)
-    async def register(body: RegisterRequest, request: Request, who: Who) -> dict:
-        """Register the caller; a party publishes its datasets' metadata (never rows)."""
-        return await call(
-            controller.register,
-            who,
-            address=body.address,
-            datasets=body.datasets,
-            cert_sha256=request.state.cert_sha256,
-        )
+    if agent_routes:
+
+        @app.post("/v1/register", tags=["parties"], response_model=RegisterReply)
+        async def register(body: RegisterRequest, request: Request, who: Who) -> dict:
+            """Register the caller; a party publishes its datasets' metadata (never rows)."""
+            return await call(
+                controller.register,
+                who,
+                address=body.address,
+                datasets=body.datasets,
+                cert_sha256=request.state.cert_sha256,
+                cert_expires_at=x509.load_pem_x509_certificate(request.state.cert_pem).not_valid_after_utc,
+                version=body.version,
+            )
+
+        @app.post("/v1/agent/sync", tags=["agents"], response_model=SyncReply)
+        async def sync(body: SyncRequest, who: Who) -> dict:
+            """An agent's heartbeat and reports; returns deltas and commands for it."""
+            return await call(controller.sync, who, body.reports)
 
     @app.get("/v1/parties", tags=["parties"], response_model=list[PartyRecord], response_model_by_alias=True)
     async def parties(who: Who) -> list[dict]:
@@ -443,6 +506,11 @@ def create_app(controller: Controller, *, ca_pem: bytes, max_request_bytes: int 
         """Access decisions and changes, oldest first."""
         return await call(controller.audit, who, after=after, limit=limit)
 
+    @app.post("/v1/jobs/check", tags=["sessions"], response_model=PreflightReply)
+    async def check(body: SubmitRequest, who: Who) -> dict:
+        """Validate a job and show each dataset's access decision without submitting it."""
+        return await call(controller.preflight, who, body.spec)
+
     @app.post("/v1/jobs", tags=["sessions"], response_model=SubmitReply)
     async def submit(body: SubmitRequest, who: Who) -> dict:
         """Validate a job, check its data access, start it as a session."""
@@ -462,6 +530,11 @@ def create_app(controller: Controller, *, ca_pem: bytes, max_request_bytes: int 
     async def session_log(token: str, who: Who) -> list[dict]:
         """The committed log with deltas and checkpoint roots."""
         return await call(controller.log, who, token)
+
+    @app.get("/v1/sessions/{token}/metrics", tags=["sessions"], response_model=MetricsReply)
+    async def session_metrics(token: str, who: Who, after: int = -1) -> dict:
+        """Per-round metrics (loss, AUC/accuracy, seconds, crypto time, bytes) after round ``after``."""
+        return await call(controller.metrics, who, token, after=after)
 
     @app.get("/v1/sessions/{token}/entries/{seq}", tags=["sessions"], response_model=EntryRecord)
     async def session_entry(token: str, seq: int, who: Who) -> dict:
@@ -490,11 +563,6 @@ def create_app(controller: Controller, *, ca_pem: bytes, max_request_bytes: int 
     async def cancel(token: str, who: Who) -> dict:
         """Stop the session's processes (resumable)."""
         return await call(controller.cancel, who, token)
-
-    @app.post("/v1/agent/sync", tags=["agents"], response_model=SyncReply)
-    async def sync(body: SyncRequest, who: Who) -> dict:
-        """An agent's heartbeat and reports; returns deltas and commands for it."""
-        return await call(controller.sync, who, body.reports)
 
     app.add_middleware(_BodyLimit, limit=max_request_bytes)
     return app

@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from confide import errors
+from confide import __version__, errors
 from confide.transport.certs import CA_CERT_FILE
 
 __all__ = ["ControllerClient"]
@@ -103,7 +103,9 @@ class ControllerClient:
 
     def register(self, *, address: str | None = None, datasets: list[dict] | None = None) -> dict:
         """Register this identity (and publish a party's dataset metadata)."""
-        return self.request("POST", "/v1/register", {"address": address, "datasets": datasets or []})
+        return self.request(
+            "POST", "/v1/register", {"address": address, "datasets": datasets or [], "version": __version__}
+        )
 
     def parties(self) -> list[dict]:
         """Registered identities."""

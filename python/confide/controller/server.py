@@ -1,5 +1,9 @@
 """Serving the controller: uvicorn over HTTPS with mutual TLS against the federation CA.
 
+The web console (:mod:`confide.web`) is served by the same process, on a second HTTPS port
+without client certificates (people sign in with accounts), over the same store and the same
+:class:`Controller`: it cannot be up while the controller is down, or the other way round.
+
 Uvicorn does not pass the peer certificate to the application, so the HTTP protocol class
 below does: per connection it reads the verified client certificate from the TLS object and
 adds it to every request's scope as the ASGI TLS extension (``scope["extensions"]["tls"]
@@ -8,6 +12,8 @@ adds it to every request's scope as the ASGI TLS extension (``scope["extensions"
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
 import socket
@@ -44,8 +50,32 @@ class _PeerCertificateProtocol(H11Protocol):
         self.app = with_tls
 
 
+class _ConsoleServer(uvicorn.Server):
+    """The console's server: the controller's server owns the process's signals and stops it."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        yield
+
+
+def _bound_socket(address: str) -> socket.socket:
+    host, _, port = address.rpartition(":")
+    # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY only on sockets created with it, and
+    # without it every response (head and body go as two TLS records) waits ~40 ms for the
+    # client's delayed ACK (Nagle). Measured by benchmarks/controller_bench.py.
+    bound = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    bound.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    bound.bind((host.strip("[]") or "127.0.0.1", int(port)))
+    return bound
+
+
 class ControllerServer:
-    """A controller bound to a socket; ``run()`` serves until ``stop()``."""
+    """A controller bound to a socket (and the console to another); ``run()`` serves until ``stop()``.
+
+    ``console_address``: serve the web console there (HTTPS with ``console_cert``/``console_key``,
+    by default the controller's own certificate, which browsers trust once the federation CA is
+    imported); None: no console.
+    """
 
     def __init__(
         self,
@@ -55,20 +85,15 @@ class ControllerServer:
         database: str,
         address: str = "127.0.0.1:0",
         alive_s: float = 30.0,
+        console_address: str | None = None,
+        console_cert: str | None = None,
+        console_key: str | None = None,
     ) -> None:
         identity = Identity.load(certs_dir, name)
         self.store = open_store(database)
         self.controller = Controller(self.store, alive_s=alive_s)
         app = create_app(self.controller, ca_pem=identity.ca_pem)
-        host, _, port = address.rpartition(":")
-        # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY only on sockets created with it, and
-        # without it every response (head and body go as two TLS records) waits ~40 ms for the
-        # client's delayed ACK (Nagle). Measured by benchmarks/controller_bench.py.
-        self.socket = socket.socket(
-            socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP
-        )
-        self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.socket.bind((host.strip("[]") or "127.0.0.1", int(port)))
+        self.socket = _bound_socket(address)
         self.port = self.socket.getsockname()[1]
         root = Path(certs_dir)
         config = uvicorn.Config(
@@ -85,25 +110,87 @@ class ControllerServer:
             limit_concurrency=4096,
         )
         self.server = uvicorn.Server(config)
+        self.console = None
+        self.console_port = None
+        if console_address is not None:
+            from confide.web import create_console_app
+
+            self.console_socket = _bound_socket(console_address)
+            self.console_port = self.console_socket.getsockname()[1]
+            self.console = _ConsoleServer(
+                uvicorn.Config(
+                    create_console_app(self.controller),
+                    ssl_certfile=console_cert or str(root / f"{name}.crt"),
+                    ssl_keyfile=console_key or str(root / f"{name}.key"),
+                    log_level="warning",
+                    access_log=False,
+                    timeout_keep_alive=30,
+                    # Live pages hold event streams open: shutting down waits this long for them.
+                    timeout_graceful_shutdown=2,
+                    proxy_headers=False,
+                )
+            )
 
     def run(self) -> None:
         """Serve (blocking) until stopped."""
         try:
-            self.server.run(sockets=[self.socket])
+            if self.console is None:
+                self.server.run(sockets=[self.socket])
+            else:
+                asyncio.run(self._serve_both())
         finally:
             self.store.close()
+
+    async def _serve_both(self) -> None:
+        console = asyncio.create_task(self.console.serve(sockets=[self.console_socket]))
+        try:
+            await self.server.serve(sockets=[self.socket])
+        finally:
+            self.console.should_exit = True
+            await console
 
     def stop(self) -> None:
         """Ask the server to finish (from another thread or a signal handler)."""
         self.server.should_exit = True
+        if self.console is not None:
+            self.console.should_exit = True
 
 
-def serve(*, certs_dir, name: str, database: str, address: str, port_file: str | None = None) -> None:
-    """Run a controller until interrupted (``confide controller``)."""
-    server = ControllerServer(certs_dir=certs_dir, name=name, database=database, address=address)
+def _write_port(path: str, port: int) -> None:
+    temporary = Path(f"{path}.tmp")
+    temporary.write_text(str(port))
+    os.replace(temporary, path)
+
+
+def serve(
+    *,
+    certs_dir,
+    name: str,
+    database: str,
+    address: str,
+    port_file: str | None = None,
+    alive_s: float = 30.0,
+    console_address: str | None = None,
+    console_port_file: str | None = None,
+    console_cert: str | None = None,
+    console_key: str | None = None,
+) -> None:
+    """Run a controller (and its web console) until interrupted (``confide controller``)."""
+    server = ControllerServer(
+        certs_dir=certs_dir,
+        name=name,
+        database=database,
+        address=address,
+        alive_s=alive_s,
+        console_address=console_address,
+        console_cert=console_cert,
+        console_key=console_key,
+    )
+    if console_port_file and server.console_port is not None:
+        _write_port(console_port_file, server.console_port)
     if port_file:
-        temporary = Path(f"{port_file}.tmp")
-        temporary.write_text(str(server.port))
-        os.replace(temporary, port_file)
+        _write_port(port_file, server.port)
     log.info("controller listening on port %d, store %s", server.port, server.store.url)
+    if server.console_port is not None:
+        log.info("console at https://%s:%d/", console_address.rpartition(":")[0] or "127.0.0.1", server.console_port)
     server.run()

@@ -16,7 +16,9 @@ log in their own transaction, so a denial is recorded even though the request st
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
+import math
 import re
 import secrets
 from dataclasses import dataclass
@@ -49,7 +51,7 @@ from confide.errors import (
     NotFoundError,
     PermissionDeniedError,
 )
-from confide.reports import Failure
+from confide.reports import METRIC_KEYS, Failure
 from confide.spec import JobSpec, parse_job
 
 __all__ = ["Caller", "Controller", "certificate_digest"]
@@ -68,6 +70,14 @@ ACTIVE = ("running", "verifying")
 EXPIRY_SWEEP_S = 2.0
 MAX_GRANT_DAYS = 3650
 CHECKPOINTS_KEPT = 3
+#: Rounds of metrics kept per participant (the newest; a longer job's curve starts later).
+MAX_METRIC_ROUNDS = 20_000
+#: Rows of metrics one report may carry, and the size of a protection report.
+MAX_METRIC_ROWS = 5_000
+MAX_PROTECTION_BYTES = 16_384
+#: Lines of a party's shared log kept per participant, and their length.
+MAX_LOG_LINES = 1_000
+MAX_LOG_LINE_CHARS = 1_000
 
 
 #: Log entries that change configurations; other entries (checkpoint, resume, cancel) never
@@ -81,10 +91,15 @@ class _HeadMoved(Exception):
 
 @dataclass(frozen=True)
 class Caller:
-    """A verified identity: certificate common name and role."""
+    """A verified identity: certificate common name and role.
+
+    ``account``: the console account acting (a person signed in to the web console, or a script
+    with its API token), recorded in every audit event it causes.
+    """
 
     name: str
     role: str
+    account: str | None = None
 
 
 def _check_name(value: Any, field: str) -> str:
@@ -112,7 +127,16 @@ class Controller:
 
     # ------------------------------------------------------------------ identities and metadata
 
-    def register(self, caller: Caller, *, address: str | None, datasets: list[dict], cert_sha256: str) -> dict:
+    def register(
+        self,
+        caller: Caller,
+        *,
+        address: str | None,
+        datasets: list[dict],
+        cert_sha256: str,
+        cert_expires_at: datetime | None = None,
+        version: str | None = None,
+    ) -> dict:
         """Register (or refresh) the caller; a party publishes its datasets' metadata (replacing its list)."""
         _require(caller, "party", "service", "developer", "admin")
         if caller.role != "party" and datasets:
@@ -130,6 +154,7 @@ class Controller:
                 party = Party(name=caller.name, role=caller.role, registered_at=now, last_seen_at=now, cert_sha256="")
                 db.add(party)
             party.role, party.address, party.cert_sha256, party.last_seen_at = caller.role, address, cert_sha256, now
+            party.cert_expires_at, party.version = cert_expires_at, version
             db.flush()
             if caller.role == "party":
                 existing = {d.name: d for d in db.scalars(select(Dataset).where(Dataset.owner == caller.name))}
@@ -216,6 +241,8 @@ class Controller:
                     "address": p.address,
                     "last_seen_s": round((now - _aware(p.last_seen_at)).total_seconds(), 3),
                     "online": now - _aware(p.last_seen_at) < timedelta(seconds=self.alive_s),
+                    "cert_expires_at": _aware(p.cert_expires_at).isoformat() if p.cert_expires_at else None,
+                    "version": p.version,
                 }
                 for p in db.scalars(select(Party).order_by(Party.name))
             ]
@@ -492,6 +519,8 @@ class Controller:
 
     @staticmethod
     def _audit(db: Session, caller: Caller, action: str, target: str, decision: str, detail: dict) -> None:
+        if caller.account is not None:
+            detail = {**detail, "account": caller.account}
         db.add(
             AuditEvent(
                 at=utcnow(), actor=caller.name, action=action, target=target[:255], decision=decision, detail=detail
@@ -522,8 +551,28 @@ class Controller:
                 "fl_data: a job submitted to the controller must provision data as FL_Data "
                 "(which dataset of which party, label, pipeline)"
             )
+        approvals, decisions, problem, fl_data = self._access_decisions(spec, developer or caller.name)
+        denied = [d for d in decisions if d["decision"] == "deny"]
+        with self.store.transaction() as db:
+            self._audit(
+                db, caller, action, target, "deny" if problem else "allow", {"job_id": spec.job_id, "checks": decisions}
+            )
+            for decision in decisions:
+                if "dataset" in decision:
+                    # The owner's view: every attempt to use its dataset, allowed or not.
+                    detail = {"job_id": spec.job_id, "request": target, **decision}
+                    self._audit(db, caller, f"use:{action}", decision["dataset"], decision["decision"], detail)
+        if problem is not None:
+            log.info("%s %s denied: %s", caller.name, action, denied)
+            raise problem
+        if fl_data.version != spec.fl_data_object().version:
+            # Encodings agreed from the published schemas: every party gets the same categories.
+            spec = parse_job({**spec.model_dump(mode="json"), "fl_data": fl_data.to_dict()})
+        return approvals, spec
+
+    def _access_decisions(self, spec: JobSpec, grantee: str) -> tuple[dict, list[dict], Exception | None, Any]:
+        """Per dataset of ``spec``: allowed or denied for ``grantee``, and why (reads only)."""
         fl_data = spec.fl_data_object()
-        grantee = developer or caller.name
         decisions: list[dict] = []
         problem: Exception | None = None
         approvals: dict[tuple[str, str], bool] = {}
@@ -561,23 +610,34 @@ class Controller:
                         "fl_data does not fit the published schemas:\n  " + "\n  ".join(p.text() for p in problems[:20])
                     )
                     decisions.append({"decision": "deny", "reason": "schema", "problems": [p.text() for p in problems]})
-        denied = [d for d in decisions if d["decision"] == "deny"]
-        with self.store.transaction() as db:
-            self._audit(
-                db, caller, action, target, "deny" if problem else "allow", {"job_id": spec.job_id, "checks": decisions}
-            )
-            for decision in decisions:
-                if "dataset" in decision:
-                    # The owner's view: every attempt to use its dataset, allowed or not.
-                    detail = {"job_id": spec.job_id, "request": target, **decision}
-                    self._audit(db, caller, f"use:{action}", decision["dataset"], decision["decision"], detail)
-        if problem is not None:
-            log.info("%s %s denied: %s", caller.name, action, denied)
-            raise problem
-        if fl_data.version != spec.fl_data_object().version:
-            # Encodings agreed from the published schemas: every party gets the same categories.
-            spec = parse_job({**spec.model_dump(mode="json"), "fl_data": fl_data.to_dict()})
-        return approvals, spec
+        return approvals, decisions, problem, fl_data
+
+    def preflight(self, caller: Caller, spec_data: Any) -> dict:
+        """What a submission of ``spec_data`` would meet, without submitting or auditing anything.
+
+        ``problems``: the specification's invalid fields (each named); ``datasets``: each dataset's
+        decision for the caller (``allow`` or ``deny`` with the reason, a missing grant named).
+        """
+        _require(caller, "developer", "admin")
+        try:
+            spec = parse_job(spec_data)
+        except InvalidParameterError as error:
+            problems = str(error).removeprefix("invalid job specification: ").split("; ")
+            return {"valid": False, "problems": problems, "datasets": [], "job_id": None}
+        if spec.fl_data is None:
+            return {
+                "valid": False,
+                "problems": ["fl_data: a job submitted to the controller must provision data as FL_Data"],
+                "datasets": [],
+                "job_id": spec.job_id,
+            }
+        _approvals, decisions, problem, _fl_data = self._access_decisions(spec, caller.name)
+        return {
+            "valid": problem is None,
+            "problems": [str(problem)] if problem is not None else [],
+            "datasets": [d for d in decisions if "dataset" in d],
+            "job_id": spec.job_id,
+        }
 
     def _aggregators(self, db: Session) -> list[dict]:
         cutoff = utcnow() - timedelta(seconds=self.alive_s)
@@ -745,6 +805,28 @@ class Controller:
         stopped one uses it when resumed. ``base_seq``: the log head the change was made
         against; if another entry landed since, nothing is stored and ConflictError is raised.
         """
+        spec, owner, base_seq = self._tuned(caller, token, settings, fl_data, add_parties, base_seq)
+        settings = settings or {}
+        approvals, spec = self._check_access(caller, spec, "tune-access", f"session/{token}", developer=owner)
+        for _attempt in range(5):
+            try:
+                return self._append_tuning(
+                    caller, token, spec, base_seq, _describe(settings, fl_data, add_parties), approvals
+                )
+            except _HeadMoved:
+                continue  # a checkpoint or state entry landed meanwhile: it changes no configuration
+        raise ConflictError(f"session {token} is too busy to tune; try again")
+
+    def _tuned(
+        self,
+        caller: Caller,
+        token: str,
+        settings: dict[str, Any] | None,
+        fl_data: dict | None,
+        add_parties: dict[str, dict] | None,
+        base_seq: int | None,
+    ) -> tuple[JobSpec, str, int]:
+        """The session's specification with a tuning applied (validated whole), its owner, the base entry."""
         _require(caller, "developer", "admin")
         settings = settings or {}
         if not isinstance(settings, dict) or len(settings) > 100:
@@ -778,15 +860,23 @@ class Controller:
                 spec_data["fl_data"].pop("lineage", None)
         spec_data.pop("parties", None)
         spec = parse_job(spec_data)
-        approvals, spec = self._check_access(caller, spec, "tune-access", f"session/{token}", developer=owner)
-        for _attempt in range(5):
-            try:
-                return self._append_tuning(
-                    caller, token, spec, base_seq, _describe(settings, fl_data, add_parties), approvals
-                )
-            except _HeadMoved:
-                continue  # a checkpoint or state entry landed meanwhile: it changes no configuration
-        raise ConflictError(f"session {token} is too busy to tune; try again")
+        return spec, owner, base_seq
+
+    def preview_tune(self, caller: Caller, token: str, *, settings: dict[str, Any] | None = None) -> dict:
+        """The deltas a tuning would push to each recipient, without storing or auditing anything."""
+        spec, _owner, base_seq = self._tuned(caller, token, settings, None, None, None)
+        with self.store.transaction() as db:
+            session = self._session(db, caller, token)
+            head = self._head(db, session)
+            configs = cfg.build_configs(
+                spec, session=token, routing=head.configs[_first_aggregator(head.configs)]["routing"]
+            )
+        deltas = {
+            name: cfg.delta(head.configs.get(name), configs.get(name))
+            for name in sorted(head.configs.keys() | configs.keys())
+            if cfg.delta(head.configs.get(name), configs.get(name))
+        }
+        return {"session": token, "base_seq": base_seq, "deltas": deltas, "restart": session.state in ACTIVE}
 
     def _check_unchanged_since(self, db: Session, session: JobSession, base_seq: int) -> None:
         """ConflictError unless every entry after ``base_seq`` leaves the configurations as they were."""
@@ -984,6 +1074,44 @@ class Controller:
                 "evaluation": _evaluation(participants),
             }
 
+    def metrics(self, caller: Caller, token: str, *, after: int = -1, logs: bool = True) -> dict:
+        """Per-round metrics, the protection each recipient reports running, shared log lines.
+
+        ``after``: only rounds after this one; ``logs``: include the log lines a party shares.
+        """
+        with self.store.transaction() as db:
+            session = self._session(db, caller, token, read=True)
+            participants = db.scalars(
+                select(Participant).where(Participant.session_id == session.id).order_by(Participant.name)
+            ).all()
+            requested = (self._head(db, session).spec.get("protection") or {}).get("mode")
+            return {
+                "session": token,
+                "mode_requested": requested,
+                "participants": [
+                    {
+                        "name": p.name,
+                        "role": p.role,
+                        "protection": p.protection or None,
+                        "log": (p.log_tail or []) if logs else [],
+                        "metrics": [row for row in (p.metrics or []) if row["round"] > after],
+                    }
+                    for p in participants
+                ],
+            }
+
+    def lineage(self, caller: Caller, token: str) -> dict:
+        """The FL_Data in force (state and lineage, never rows) and the model it feeds."""
+        with self.store.transaction() as db:
+            session = self._session(db, caller, token, read=True)
+            spec = parse_job(self._head(db, session).spec)
+        fl_data = spec.fl_data_object()
+        return {
+            "session": token,
+            "algorithm": spec.model.algorithm,
+            "fl_data": fl_data.to_dict() if fl_data is not None else None,
+        }
+
     def sessions(self, caller: Caller) -> list[dict]:
         """The caller's sessions (an admin's: all)."""
         with self.store.transaction() as db:
@@ -1099,6 +1227,22 @@ class Controller:
         participant.failure = _checked_failure(report.get("failure"))
         if isinstance(report.get("result"), dict):
             participant.result = report["result"]
+        if report.get("metrics") is not None:
+            participant.metrics = _merged_metrics(participant.metrics or [], report["metrics"], run, index)
+        protection = report.get("protection")
+        if isinstance(protection, dict) and protection != participant.protection:
+            if len(json.dumps(protection)) > MAX_PROTECTION_BYTES:
+                raise InvalidParameterError(
+                    f"reports[{index}].protection is over the limit of {MAX_PROTECTION_BYTES} bytes of JSON"
+                )
+            participant.protection = protection
+        tail = report.get("log_tail")
+        if tail is not None:
+            if not isinstance(tail, list) or len(tail) > MAX_LOG_LINES or not all(isinstance(x, str) for x in tail):
+                raise InvalidParameterError(
+                    f"reports[{index}].log_tail must be a list of at most {MAX_LOG_LINES} strings"
+                )
+            participant.log_tail = [line[:MAX_LOG_LINE_CHARS] for line in tail]
         participant.updated_at = utcnow()
         if session.state == "verifying" and isinstance(report.get("verification"), list):
             participant.verification = {"run": run, "files": report["verification"]}
@@ -1416,6 +1560,23 @@ def _visible(query, caller: Caller, *, owner, developer):
     if caller.role != "admin":
         return query.where(developer == caller.name)
     return query
+
+
+def _merged_metrics(stored: list, rows: Any, run: int, index: int) -> list:
+    """``stored`` with ``rows`` (one per round, numbers only) merged in by round, the newest kept."""
+    if not isinstance(rows, list) or len(rows) > MAX_METRIC_ROWS:
+        raise InvalidParameterError(f"reports[{index}].metrics must be a list of at most {MAX_METRIC_ROWS} rounds")
+    by_round = {row["round"]: row for row in stored}
+    for row in rows:
+        if not isinstance(row, dict) or not isinstance(row.get("round"), int) or row["round"] < 0:
+            raise InvalidParameterError(f"reports[{index}].metrics entries need a non-negative int round")
+        clean = {"round": row["round"], "run": run}
+        for key in METRIC_KEYS:
+            value = row.get(key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+                clean[key] = value
+        by_round[row["round"]] = clean
+    return [by_round[number] for number in sorted(by_round)[-MAX_METRIC_ROUNDS:]]
 
 
 def _checked_failure(value: Any) -> dict:

@@ -27,6 +27,7 @@ from sqlalchemy import (
     Boolean,
     DateTime,
     ForeignKey,
+    Index,
     Integer,
     String,
     Text,
@@ -35,11 +36,14 @@ from sqlalchemy import (
     event,
 )
 from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
 from confide.errors import InvalidParameterError
 
 __all__ = [
+    "Account",
+    "ApiToken",
     "AuditEvent",
     "Base",
     "Dataset",
@@ -49,7 +53,9 @@ __all__ = [
     "Participant",
     "Party",
     "SessionEntry",
+    "SignInAttempt",
     "Store",
+    "WebSession",
     "open_store",
     "utcnow",
 ]
@@ -79,6 +85,9 @@ class Party(Base):
     cert_sha256: Mapped[str] = mapped_column(String(64))
     registered_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     last_seen_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    #: When the certificate it registered with expires, and the Confide version it runs.
+    cert_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    version: Mapped[str | None] = mapped_column(String(32), nullable=True)
 
 
 class Dataset(Base):
@@ -190,6 +199,12 @@ class Participant(Base):
     #: A party's structured failure report (step, dataset, columns, error class, message, hint;
     #: never values), or empty.
     failure: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    #: Per-round metrics the recipient reported (compact rows, one per round, oldest first).
+    metrics: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    #: The protection that actually ran, as the party's own report states it.
+    protection: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    #: The last lines of the party's log, where the party chose to share them (else empty).
+    log_tail: Mapped[list[Any]] = mapped_column(JSON, default=list)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
 
 
@@ -212,6 +227,66 @@ class DatasetUse(Base):
     since: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     approval_needed: Mapped[bool] = mapped_column(Boolean, default=False)
     approved_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+
+class Account(Base):
+    """A person who signs in to the web console (``confide.web.accounts``).
+
+    ``role``: ``developer`` (acts as the developer identity of the same name), ``owner`` (a
+    party's administrator: acts as the party named in ``party``) or ``admin``. The password is
+    stored only as an argon2id hash.
+    """
+
+    __tablename__ = "accounts"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    role: Mapped[str] = mapped_column(String(16))
+    party: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    password_hash: Mapped[str] = mapped_column(String(255))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    disabled_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+
+class ApiToken(Base):
+    """A bearer token for scripts, acting as one account; only its SHA-256 is stored."""
+
+    __tablename__ = "api_tokens"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    account: Mapped[str] = mapped_column(String(64))
+    token_sha256: Mapped[str] = mapped_column(String(64), unique=True)
+    label: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    last_used_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+
+class WebSession(Base):
+    """A signed-in browser: the cookie's SHA-256, its CSRF token, idle and absolute expiry."""
+
+    __tablename__ = "web_sessions"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    account: Mapped[str] = mapped_column(String(64))
+    token_sha256: Mapped[str] = mapped_column(String(64), unique=True)
+    csrf: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    last_seen_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+
+class SignInAttempt(Base):
+    """One sign-in attempt, counted by the console's rate limit (per name and per address)."""
+
+    __tablename__ = "sign_in_attempts"
+    __table_args__ = (
+        Index("ix_sign_in_attempts_name_at", "name", "at"),
+        Index("ix_sign_in_attempts_address_at", "address", "at"),
+    )
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(64))
+    address: Mapped[str] = mapped_column(String(64))
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    ok: Mapped[bool] = mapped_column(Boolean)
 
 
 def _sqlite_pragmas(dbapi_connection, _record) -> None:
@@ -285,7 +360,14 @@ def open_store(url: str, *, migrate: bool = True) -> Store:
     else:
         engine = create_engine(parsed, pool_size=10, max_overflow=20, pool_pre_ping=True)
     if migrate:
-        upgrade(engine)
+        try:
+            upgrade(engine)
+        except OperationalError as error:
+            engine.dispose()
+            reason = str(error.orig).splitlines()[0] if error.orig is not None else str(error)
+            raise InvalidParameterError(
+                f"database {parsed.render_as_string(hide_password=True)!r} cannot be opened: {reason}"
+            ) from None
     return Store(engine)
 
 

@@ -9,6 +9,7 @@ the embedded breast cancer data) and starts party processes when the controller 
 from __future__ import annotations
 
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +37,13 @@ class LocalDeployment:
     catalogs: dict[str, dict] = field(default_factory=dict)
     controller_port: int = 0
     aggregator_port: int = 0
+    #: Serve the web console too (on ``console_port``, kept across controller restarts).
+    console: bool = False
+    console_port: int = 0
+    #: Seconds without a heartbeat before the controller shows a party or aggregator down.
+    alive_s: float = 30.0
+    #: Lines of each run's party.log the agents share with the controller (0: none).
+    share_log_lines: int = 0
     extra_env: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -52,6 +60,25 @@ class LocalDeployment:
     def url(self) -> str:
         """The controller's URL."""
         return f"https://127.0.0.1:{self.controller_port}"
+
+    @property
+    def console_url(self) -> str:
+        """The web console's URL (with ``console=True``)."""
+        return f"https://127.0.0.1:{self.console_port}"
+
+    @property
+    def database_url(self) -> str:
+        """The controller's store."""
+        return self.database or f"sqlite:///{(self.workdir / 'controller.db').resolve()}"
+
+    def add_console_user(self, name: str, role: str, password: str, *, party: str | None = None) -> None:
+        """Create a console account with ``confide console user add`` (on the controller's store)."""
+        command = [sys.executable, "-m", "confide", "console", "user", "add", name, "--role", role]
+        command += ["--db", self.database_url]
+        command += ["--password-stdin"] + (["--party", party] if party else [])
+        done = subprocess.run(command, input=password + "\n", capture_output=True, text=True, timeout=60)
+        if done.returncode != 0:
+            raise ConfideError(f"confide console user add {name} failed: {done.stderr.strip()}")
 
     def prepare(self) -> None:
         """Certificates (kept if present) and one catalog per party."""
@@ -97,22 +124,27 @@ class LocalDeployment:
         """Start (or restart, on the same port) the controller; waits until it answers."""
         port_file = self.workdir / "controller.port"
         port_file.unlink(missing_ok=True)
-        database = self.database or f"sqlite:///{(self.workdir / 'controller.db').resolve()}"
-        self._spawn(
+        console_file = self.workdir / "console.port"
+        console_file.unlink(missing_ok=True)
+        command = [
             "controller",
-            [
-                "controller",
-                "--certs",
-                str(self.certs),
-                "--db",
-                database,
-                "--listen",
-                f"127.0.0.1:{self.controller_port}",
-                "--port-file",
-                str(port_file),
-            ],
-        )
+            "--certs",
+            str(self.certs),
+            "--db",
+            self.database_url,
+            "--listen",
+            f"127.0.0.1:{self.controller_port}",
+            "--port-file",
+            str(port_file),
+            "--alive",
+            str(self.alive_s),
+        ]
+        if self.console:
+            command += ["--console", f"127.0.0.1:{self.console_port}", "--console-port-file", str(console_file)]
+        self._spawn("controller", command)
         self.controller_port = self.children.wait_port("controller", port_file, 60)
+        if self.console:
+            self.console_port = self.children.wait_port("controller", console_file, 60)
         self.wait_healthy()
 
     def wait_healthy(self, timeout_s: float = 30.0) -> None:
@@ -168,6 +200,8 @@ class LocalDeployment:
                 str(self.catalog_path(party)),
                 "--interval",
                 "0.5",
+                "--share-log-lines",
+                str(self.share_log_lines),
             ],
         )
 

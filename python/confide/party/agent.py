@@ -22,7 +22,7 @@ import threading
 from pathlib import Path
 
 from confide.controller.agent import RunState
-from confide.reports import PartyReport, PartyResult, VerticalPartyReport
+from confide.reports import PartyReport, PartyResult, VerticalPartyReport, round_metrics
 
 __all__ = ["PartyWorker"]
 
@@ -54,8 +54,12 @@ class PartyWorker:
         catalog_path: str | os.PathLike | None,
         sessions_root: str | os.PathLike,
         extra_env=None,
+        share_log_lines: int = 0,
     ) -> None:
         self.name = name
+        #: The last lines of each run's party.log shared with the controller (0: none; the
+        #: party's choice, ``confide agent --share-log-lines``).
+        self.share_log_lines = share_log_lines
         self.sessions_root = Path(sessions_root)
         self.certs_dir = Path(certs_dir)
         self.catalog_path = Path(catalog_path) if catalog_path else None
@@ -168,7 +172,10 @@ class PartyWorker:
         run, process, run_dir = entry
         report = _read_report(run_dir / f"{self.name}.report.json")
         code = process.poll()
-        return _state_of(run, report, code, self._stopping.get(session))
+        state = _state_of(run, report, code, self._stopping.get(session))
+        if self.share_log_lines:
+            state["log_tail"] = log_tail(run_dir / "party.log", self.share_log_lines)
+        return state
 
     def _orphan_state(self, session: str) -> RunState | None:
         # After an agent restart: the run it had started died with it (unless it had finished).
@@ -201,6 +208,9 @@ def _state_of(run: int, report: dict, code: int | None, stopping: str | None) ->
     """What the agent tells the controller about a run, from the party's report and exit status."""
     status = report.get("status", "starting")
     state = RunState(run=run, status="running", round=_last_round(report), error="")
+    state["metrics"] = round_metrics(report)
+    if isinstance(report.get("protection"), dict):
+        state["protection"] = report["protection"]
     if report.get("failure"):
         state["failure"] = report["failure"]
     if status == "completed":
@@ -222,6 +232,24 @@ def _state_of(run: int, report: dict, code: int | None, stopping: str | None) ->
             (f"the party process exited with code {code} without a report; see party.log of the run at the party"),
         )
     return state
+
+
+#: Bytes read from the end of a log for its tail, and the longest line shared.
+LOG_TAIL_BYTES = 256 * 1024
+LOG_LINE_CHARS = 500
+
+
+def log_tail(path: Path, lines: int) -> list[str]:
+    """The last ``lines`` lines of ``path`` (each cut at :data:`LOG_LINE_CHARS`), or []."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(0, size - LOG_TAIL_BYTES))
+            text = handle.read().decode("utf-8", "replace")
+    except OSError:
+        return []
+    return [line[:LOG_LINE_CHARS] for line in text.splitlines()[-lines:]]
 
 
 def _read_report(path: Path) -> dict:

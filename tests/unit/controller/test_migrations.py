@@ -24,8 +24,12 @@ TABLES = {
     "sessions",
     "session_entries",
     "participants",
+    "accounts",
+    "api_tokens",
+    "web_sessions",
+    "sign_in_attempts",
 }
-HEAD = "0002"
+HEAD = "0003"
 
 
 def test_open_creates_every_table_at_head(store_url):
