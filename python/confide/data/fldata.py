@@ -673,15 +673,38 @@ def _pick(what: str, base: Any, a: Any, b: Any, conflicts: list[str]) -> Any:
     return a
 
 
-def _runs(order: Sequence[str], common: set[str]) -> dict[str | None, list[str]]:
-    """Steps not in ``common``, grouped by the nearest preceding common step (None = the start)."""
+def _runs(
+    order: Sequence[str], common: set[str], position: Mapping[str, int], conflicts: list[str]
+) -> dict[str | None, list[str]]:
+    """Steps of one side not in ``common``, grouped by the common step they go right after (None = the start).
+
+    ``order`` is that side's pipeline and ``position`` the merged order of the common steps. A step
+    goes after every common step before it on its side, so right after the last of those in the
+    merged order. When a common step after it on its side comes earlier in the merged order than
+    that one (the other side swapped the steps it sits between), it cannot keep its place on its
+    side: that is an order conflict, added to ``conflicts``.
+    """
+    earliest_after: list[str | None] = [None] * (len(order) + 1)
+    for index in range(len(order) - 1, -1, -1):
+        following = earliest_after[index + 1]
+        name = order[index]
+        if name in common and (following is None or position[name] < position[following]):
+            following = name
+        earliest_after[index] = following
     runs: dict[str | None, list[str]] = {}
     anchor: str | None = None
-    for n in order:
-        if n in common:
-            anchor = n
-        else:
-            runs.setdefault(anchor, []).append(n)
+    for index, name in enumerate(order):
+        if name in common:
+            if anchor is None or position[name] > position[anchor]:
+                anchor = name
+            continue
+        following = earliest_after[index + 1]
+        if anchor is not None and following is not None and position[following] < position[anchor]:
+            conflicts.append(
+                f"pipeline order changed differently on both sides (step {name!r} comes after {anchor!r} and "
+                f"before {following!r} on one side, but the other side put {following!r} before {anchor!r})"
+            )
+        runs.setdefault(anchor, []).append(name)
     return runs
 
 
@@ -704,9 +727,11 @@ def _merge_states(base: _State, a: _State, b: _State) -> _State:
         if v is not _ABSENT:
             steps[n] = v
     # Order: the steps kept by both sides keep the order of the side that changed it (both
-    # changing it differently is a conflict); a step only one side has goes right after the
-    # nearest step before it on that side that both sides have. Two such runs at the same place
-    # are concatenated in the order of their first step's name, so the result is symmetric.
+    # changing it differently is a conflict); a step only one side has keeps its place among
+    # the steps of its side that both sides have: it goes right after the last of those before
+    # it (see _runs; the other side's reordering making that impossible is a conflict). Two such
+    # runs at the same place are concatenated in the order of their first step's name, so the
+    # result is symmetric.
     order_a = [s.name for s in a.pipeline if s.name in steps]
     order_b = [s.name for s in b.pipeline if s.name in steps]
     order_base = [s.name for s in base.pipeline if s.name in steps]
@@ -723,7 +748,10 @@ def _merge_states(base: _State, a: _State, b: _State) -> _State:
         chosen = ca
     if conflicts:
         raise FLDataConflictError(conflicts)
-    runs_a, runs_b = _runs(order_a, common), _runs(order_b, common)
+    position = {n: i for i, n in enumerate(chosen)}
+    runs_a, runs_b = _runs(order_a, common, position, conflicts), _runs(order_b, common, position, conflicts)
+    if conflicts:
+        raise FLDataConflictError(conflicts)
     order: list[str] = []
     for anchor in [None, *chosen]:
         if anchor is not None:
@@ -1264,9 +1292,11 @@ class FLData:
         changed it since the ancestor, that change is taken (additions and removals
         included); if both changed it identically, fine; if both changed it differently,
         :class:`FLDataConflictError` names each such conflict. The steps both sides keep
-        follow the order of the side that reordered them; a step only one side has follows
-        the nearest step before it that both sides have. The merged state does not depend on
-        the order of the two arguments; the lineage is ``self``'s plus one ``merge`` entry.
+        follow the order of the side that reordered them; a step only one side has keeps its
+        place among the steps of its side that both sides have, right after the last of those
+        before it (when the other side's reordering makes that impossible, that is a conflict
+        too). The merged state does not depend on the order of the two arguments; the lineage
+        is ``self``'s plus one ``merge`` entry.
 
         Raises
         ------

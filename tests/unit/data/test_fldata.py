@@ -535,14 +535,24 @@ def test_merge_examples():
         [step("a", "drop", columns=["city"]), step("b", "impute", strategy="mean")],
         **{"hospital-a": "t", "hospital-b": "u"},
     )
-    # one side reorders, the other inserts after 'a' and adds a party
+    # one side reorders, the other appends after 'a' and 'b' and adds a party
     left = common.pipeline_shaping(remove=["a"], append=[step("a", "drop", columns=["city"])])
-    right = common.pipeline_shaping(insert=(1, step("x", "log1p", columns=["bmi"]))).participants_shaping(
+    right = common.pipeline_shaping(append=[step("x", "log1p", columns=["bmi"])]).participants_shaping(
         add={"lab-e": "t"}
     )
     m = left.merge(right)
     assert [s.name for s in m.pipeline] == ["b", "a", "x"] and "lab-e" in m.participants
     assert right.merge(left).fingerprint == m.fingerprint
+    # a step inserted between 'a' and 'b' has no place once the other side swaps them
+    between = common.pipeline_shaping(insert=(1, step("x", "log1p", columns=["bmi"])))
+    with pytest.raises(FLDataConflictError, match="pipeline order changed differently") as e:
+        left.merge(between)
+    assert e.value.conflicts == [
+        "pipeline order changed differently on both sides (step 'x' comes after 'a' and before 'b' on one side, "
+        "but the other side put 'b' before 'a')"
+    ]
+    with pytest.raises(FLDataConflictError, match="pipeline order changed differently"):
+        between.merge(left)
     # both sides appending different steps at the end: runs ordered by first step name
     p = common.pipeline_shaping(append=[step("p", "log1p", columns=["bmi"])])
     q = common.pipeline_shaping(append=[step("c", "clip", columns=["bmi"], low=0)])
@@ -564,6 +574,35 @@ def test_merge_examples():
     r4 = r4.pipeline_shaping(remove=["z"], insert=(0, step("z", "log1p", columns=["bmi"])))  # z, a, b
     with pytest.raises(FLDataConflictError, match="pipeline order changed differently"):
         r3.merge(r4)
+
+
+S1, S3, S4 = Step("s1", *PARAMS[4]), Step("s3", *PARAMS[9]), Step("s4", *PARAMS[6])
+
+
+def test_merge_keeps_each_sides_order_when_the_other_side_moved_a_step():
+    # As the merge property test draws them: a touches only PARTIES[:2] and s1, s2; b only PARTIES[2:] and s3..s5.
+    common = FLData.create({"hub": "t"}, "y", [S4, S1])
+    a = common.participants_shaping(add={PARTIES[0]: "t"}).pipeline_shaping(remove=["s1"], insert=(0, S1))
+    b = common.participants_shaping(add={PARTIES[2]: "u"}).pipeline_shaping(remove=["s4"])
+    b = b.pipeline_shaping(insert=(0, S4)).pipeline_shaping(append=[S3])
+    assert [s.name for s in a.pipeline] == ["s1", "s4"] and [s.name for s in b.pipeline] == ["s4", "s1", "s3"]
+    ab, ba = a.merge(b), b.merge(a)
+    # s3 follows every step before it on b's side, not only the nearest one (s1, which a moved)
+    assert [s.name for s in ab.pipeline] == ["s1", "s4", "s3"]
+    assert ab.fingerprint == ba.fingerprint
+    assert ab.participants == {**common.participants, PARTIES[0]: Participant("t"), PARTIES[2]: Participant("u")}
+
+
+def test_merge_conflicts_when_a_step_was_added_between_steps_the_other_side_swapped():
+    common = FLData.create({"hub": "t"}, "y", [S1, S4])
+    a = common.pipeline_shaping(remove=["s1"], append=[S1])  # s4, s1
+    b = common.pipeline_shaping(insert=(1, S3))  # s1, s3, s4
+    # The states do not tell whether a moved s1 behind s4 or s4 in front of s1, and the two
+    # put s3 on different sides of s4: an order conflict either way round.
+    for x, y in ((a, b), (b, a)):
+        with pytest.raises(FLDataConflictError) as e:
+            x.merge(y)
+        assert all(c.startswith("pipeline order changed differently") for c in e.value.conflicts)
 
 
 def test_merge_needs_a_common_ancestor_and_no_frozen_side():
