@@ -3,7 +3,17 @@
 # python/confide/web/static/vendor, so the console fetches nothing from a CDN at run time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-command -v npm >/dev/null || { echo "npm not found: install Node.js (the console's charts need its libraries)" >&2; exit 1; }
+if ! command -v npm >/dev/null; then
+  if command -v apt-get >/dev/null; then
+    echo "installing Node.js and npm (the console's front-end libraries come from the npm registry)"
+    sudo=(); [[ "$(id -u)" -eq 0 ]] || sudo=(sudo)
+    "${sudo[@]}" apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq nodejs npm >/dev/null
+  else
+    echo "npm not found and no apt-get: install Node.js and npm (the console's libraries come from npm)" >&2
+    exit 1
+  fi
+fi
 (cd web && npm ci --no-audit --no-fund --loglevel=error)
 out=python/confide/web/static/vendor
 mkdir -p "$out"

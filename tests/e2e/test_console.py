@@ -117,6 +117,7 @@ class Screens:
 def sign_in(page: Page, url: str, name: str) -> None:
     page.goto(f"{url}/jobs")
     expect(page).to_have_url(re.compile(r"/signin\?next=/jobs"))
+    accessible(page)
     page.get_by_label("Account").fill(name)
     page.get_by_label("Password").fill(PASSWORD)
     page.get_by_role("button", name="Sign in").click()

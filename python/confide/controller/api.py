@@ -502,9 +502,26 @@ def create_app(
         return await call(controller.grants, who)
 
     @app.get("/v1/audit", tags=["data"], response_model=list[AuditRecord])
-    async def audit(who: Who, after: int = 0, limit: int = 200) -> list[dict]:
-        """Access decisions and changes, oldest first."""
-        return await call(controller.audit, who, after=after, limit=limit)
+    async def audit(
+        who: Who,
+        after: int = 0,
+        limit: int = 200,
+        action: str | None = None,
+        decision: str | None = None,
+        actor: str | None = None,
+        target: str | None = None,
+    ) -> list[dict]:
+        """Access decisions and changes, oldest first (``action``: a prefix; ``target``: a substring)."""
+        return await call(
+            controller.audit,
+            who,
+            after=after,
+            limit=limit,
+            action=action,
+            decision=decision,
+            actor=actor,
+            target=target,
+        )
 
     @app.post("/v1/jobs/check", tags=["sessions"], response_model=PreflightReply)
     async def check(body: SubmitRequest, who: Who) -> dict:

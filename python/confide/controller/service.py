@@ -490,14 +490,44 @@ class Controller:
                 for g, d in db.execute(query.order_by(Grant.id))
             ]
 
-    def audit(self, caller: Caller, *, after: int = 0, limit: int = 200) -> list[dict]:
-        """Audit events after id ``after``: an admin sees all, others those they are actor or target of."""
+    def audit(
+        self,
+        caller: Caller,
+        *,
+        after: int = 0,
+        limit: int = 200,
+        action: str | None = None,
+        decision: str | None = None,
+        actor: str | None = None,
+        target: str | None = None,
+        newest_first: bool = False,
+    ) -> list[dict]:
+        """Audit events after id ``after``: an admin sees all, others those they are actor or target of.
+
+        Filters (applied in the database): ``action`` is a prefix of the action, ``decision``
+        and ``actor`` match exactly, ``target`` is a substring of the target. ``newest_first``
+        returns the newest ``limit`` events, newest first.
+        """
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000:
             raise InvalidParameterError(f"limit must be an int in [1, 10000], got {limit!r}")
+        for field, value in (("action", action), ("decision", decision), ("actor", actor), ("target", target)):
+            if value is not None and (not isinstance(value, str) or len(value) > 255):
+                raise InvalidParameterError(f"{field} must be a string of at most 255 characters")
         with self.store.transaction() as db:
             query = select(AuditEvent).where(AuditEvent.id > after)
             if caller.role != "admin":
-                query = query.where((AuditEvent.actor == caller.name) | (AuditEvent.target.like(f"{caller.name}/%")))
+                query = query.where(
+                    (AuditEvent.actor == caller.name) | (AuditEvent.target.like(f"{_like(caller.name)}/%", escape="\\"))
+                )
+            if action:
+                query = query.where(AuditEvent.action.like(f"{_like(action)}%", escape="\\"))
+            if decision:
+                query = query.where(AuditEvent.decision == decision)
+            if actor:
+                query = query.where(AuditEvent.actor == actor)
+            if target:
+                query = query.where(AuditEvent.target.like(f"%{_like(target)}%", escape="\\"))
+            order = AuditEvent.id.desc() if newest_first else AuditEvent.id
             return [
                 {
                     "id": e.id,
@@ -508,7 +538,7 @@ class Controller:
                     "decision": e.decision,
                     "detail": e.detail,
                 }
-                for e in db.scalars(query.order_by(AuditEvent.id).limit(limit))
+                for e in db.scalars(query.order_by(order).limit(limit))
             ]
 
     def _own_dataset(self, db: Session, caller: Caller, dataset: str) -> Dataset:
@@ -1577,6 +1607,11 @@ def _merged_metrics(stored: list, rows: Any, run: int, index: int) -> list:
                 clean[key] = value
         by_round[row["round"]] = clean
     return [by_round[number] for number in sorted(by_round)[-MAX_METRIC_ROUNDS:]]
+
+
+def _like(text: str) -> str:
+    """``text`` as a literal inside a LIKE pattern (escape character backslash)."""
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
 
 def _checked_failure(value: Any) -> dict:

@@ -39,7 +39,7 @@ from datetime import datetime, timedelta
 
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
-from sqlalchemy import func, select
+from sqlalchemy import delete, func, select
 
 from confide.controller.service import Caller
 from confide.controller.store import Account, ApiToken, AuditEvent, SignInAttempt, Store, WebSession, utcnow
@@ -222,6 +222,9 @@ class Accounts:
         token = secrets.token_urlsafe(32)
         csrf = secrets.token_urlsafe(32)
         with self.store.transaction() as db:
+            # Rows the limits no longer count, and sessions long over, go (the audit log keeps the history).
+            db.execute(delete(SignInAttempt).where(SignInAttempt.at < now - timedelta(seconds=4 * FAILURE_WINDOW_S)))
+            db.execute(delete(WebSession).where(WebSession.expires_at < now - timedelta(days=1)))
             db.add(SignInAttempt(name=name, address=address, at=now, ok=ok))
             if not ok:
                 self._audit(

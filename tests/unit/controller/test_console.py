@@ -439,3 +439,22 @@ def test_a_party_shares_only_the_tail_of_its_log_and_only_when_it_changes(tmp_pa
     first, second = client.sent
     assert first[0]["log_tail"] == ["a", "b"] and first[0]["protection"] == {"mode": "plain"}
     assert "log_tail" not in second[0] and "protection" not in second[0]
+
+
+def test_audit_filters_run_in_the_database_and_match_literally(fed):
+    controller = fed.c
+    fed.register_party("site_a")
+    fed.register_party("sitexa")
+    fed.grant("site_a")
+    fed.grant("sitexa")
+    admin = Caller("root", "admin")
+    grants = controller.audit(admin, action="gra", decision="allow")
+    assert [e["target"] for e in grants] == ["site_a/records", "sitexa/records"]
+    # "_" in a name is a literal, not LIKE's one-character wildcard.
+    assert [e["target"] for e in controller.audit(Caller("site_a", "party"), action="grant")] == ["site_a/records"]
+    assert [e["target"] for e in controller.audit(admin, target="e_a/")] == ["site_a/records"]
+    assert controller.audit(admin, target="%") == []
+    newest = controller.audit(admin, newest_first=True, limit=1)
+    assert newest[0]["id"] == max(e["id"] for e in controller.audit(admin, limit=10_000))
+    with pytest.raises(InvalidParameterError, match="target must be a string"):
+        controller.audit(admin, target="x" * 300)
