@@ -94,7 +94,10 @@ def add_commands(commands) -> None:
         "--share-log-lines",
         type=int,
         default=0,
-        help="share the last N lines of each run's party.log with the controller (the console shows them); 0: none",
+        help=(
+            "share the last N lines of each run's party.log with the controller; the console shows them to the "
+            "job's developer, the admins and this party's owners (0: share nothing)"
+        ),
     )
 
     data = commands.add_parser("data", help="datasets published to the controller (metadata only)")

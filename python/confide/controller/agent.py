@@ -32,9 +32,12 @@ from confide.controller.client import ControllerClient
 from confide.controller.sessions import apply_delta, config_digest
 from confide.errors import CertificateError, ConfideError, InvalidParameterError, TransportUnavailableError
 
-__all__ = ["Agent", "RunState", "Worker"]
+__all__ = ["METRICS_PER_REPORT", "Agent", "RunState", "Worker"]
 
 log = logging.getLogger("confide.agent")
+
+#: Rounds of metrics one heartbeat carries at most (the controller takes up to MAX_METRIC_ROWS).
+METRICS_PER_REPORT = 1_000
 
 
 class RunState(dict):
@@ -93,8 +96,8 @@ class Agent:
         self._metrics_marks: dict[tuple[str, int], int] = {}
         # What the controller last acknowledged of values sent only when they change (the
         # protection report, a shared log tail), per (session, key); and those in flight.
-        self._unchanged_sent: dict[tuple[str, str], Any] = {}
-        self._unchanged_marks: dict[tuple[str, str], Any] = {}
+        self._unchanged_sent: dict[tuple[str, int, str], Any] = {}
+        self._unchanged_marks: dict[tuple[str, int, str], Any] = {}
 
     # ------------------------------------------------------------------ local state
 
@@ -196,7 +199,8 @@ class Agent:
         rows = report.pop("metrics", None) or []
         key = (session, report.get("run"))
         sent = self._metrics_sent.get(key, -1)
-        fresh = [row for row in rows if row["round"] > sent]
+        # Oldest first, a bounded number per heartbeat (a restarted agent of a long job catches up).
+        fresh = [row for row in rows if row["round"] > sent][:METRICS_PER_REPORT]
         if fresh:
             report["metrics"] = fresh
             self._metrics_marks[key] = fresh[-1]["round"]
@@ -204,10 +208,11 @@ class Agent:
     def _only_if_changed(self, session: str, key: str, report: dict) -> None:
         if key not in report:
             return
-        if self._unchanged_sent.get((session, key)) == report[key]:
+        mark = (session, report.get("run"), key)
+        if self._unchanged_sent.get(mark) == report[key]:
             del report[key]
         else:
-            self._unchanged_marks[(session, key)] = report[key]
+            self._unchanged_marks[mark] = report[key]
 
     def _new_checkpoints(self, session: str) -> list[dict]:
         # Every checkpoint written since the last report, oldest first (a fast job writes

@@ -42,12 +42,12 @@ from confide.errors import (
 from confide.reports import SessionStatus, SessionSummary
 from confide.transport.certs import peer_identity
 
-__all__ = ["MAX_REQUEST_BYTES", "certificate_caller", "create_app"]
+__all__ = ["HTTP_STATUS", "MAX_REQUEST_BYTES", "BodyLimit", "certificate_caller", "create_app", "http_status"]
 
 #: Requests larger than this are refused with 413 before their body is read.
 MAX_REQUEST_BYTES = 4 * 1024 * 1024
 
-_STATUS = [
+HTTP_STATUS = [
     (RateLimitedError, 429),
     (PermissionDeniedError, 403),
     (NotFoundError, 404),
@@ -56,6 +56,14 @@ _STATUS = [
     (InvalidParameterError, 400),
     (ValueError, 400),
 ]
+
+
+def http_status(error: Exception) -> int:
+    """The HTTP status of an error (the one translator of the ConfideError family to HTTP)."""
+    for kind, status in HTTP_STATUS:
+        if isinstance(error, kind):
+            return status
+    return 500
 
 
 class _Body(BaseModel):
@@ -318,7 +326,7 @@ class SyncRequest(_Body):
     reports: list[dict[str, Any]] = Field(default_factory=list, max_length=1000)
 
 
-class _BodyLimit:
+class BodyLimit:
     """ASGI middleware: refuse bodies over ``limit`` bytes (declared or streamed) with 413."""
 
     def __init__(self, app, limit: int) -> None:
@@ -326,6 +334,7 @@ class _BodyLimit:
         self.limit = limit
 
     async def __call__(self, scope, receive, send):
+        """Pass the request on with its body read, or answer 413."""
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         declared = dict(scope.get("headers") or []).get(b"content-length")
@@ -400,10 +409,12 @@ def create_app(
     ``identify`` (the console's API tokens: :mod:`confide.web`). ``agent_routes``: serve
     ``/v1/register`` and ``/v1/agent/sync``, which only agents with certificates may call.
     """
+    pages = {} if identify is None else {"docs_url": None, "redoc_url": None, "openapi_url": None}
     app = FastAPI(
         title="Confide controller",
         version="1",
         description="Parties, dataset metadata, data-access grants, jobs as stateful sessions, checkpoints.",
+        **pages,
     )
 
     app.state.ca_pem = ca_pem
@@ -411,10 +422,7 @@ def create_app(
 
     @app.exception_handler(ConfideError)
     async def _confide_error(_request: Request, error: ConfideError) -> JSONResponse:
-        for kind, status in _STATUS:
-            if isinstance(error, kind):
-                return JSONResponse({"error": type(error).__name__, "detail": str(error)}, status_code=status)
-        return JSONResponse({"error": type(error).__name__, "detail": str(error)}, status_code=500)
+        return JSONResponse({"error": type(error).__name__, "detail": str(error)}, status_code=http_status(error))
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_request: Request, error: RequestValidationError) -> JSONResponse:
@@ -581,5 +589,5 @@ def create_app(
         """Stop the session's processes (resumable)."""
         return await call(controller.cancel, who, token)
 
-    app.add_middleware(_BodyLimit, limit=max_request_bytes)
+    app.add_middleware(BodyLimit, limit=max_request_bytes)
     return app

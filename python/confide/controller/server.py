@@ -26,6 +26,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from confide.controller.api import create_app
 from confide.controller.service import Controller
 from confide.controller.store import open_store
+from confide.errors import CertificateError
 from confide.transport.certs import CA_CERT_FILE, Identity
 
 __all__ = ["ControllerServer", "serve"]
@@ -56,6 +57,17 @@ class _ConsoleServer(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self):
         yield
+
+
+class _MainServer(uvicorn.Server):
+    """The controller's server: a signal that stops it stops the console with it."""
+
+    companion: uvicorn.Server | None = None
+
+    def handle_exit(self, sig, frame) -> None:
+        super().handle_exit(sig, frame)
+        if self.companion is not None:
+            self.companion.should_exit = True
 
 
 def _bound_socket(address: str) -> socket.socket:
@@ -109,7 +121,7 @@ class ControllerServer:
             backlog=2048,
             limit_concurrency=4096,
         )
-        self.server = uvicorn.Server(config)
+        self.server = _MainServer(config)
         self.console = None
         self.console_port = None
         if console_address is not None:
@@ -117,19 +129,26 @@ class ControllerServer:
 
             self.console_socket = _bound_socket(console_address)
             self.console_port = self.console_socket.getsockname()[1]
-            self.console = _ConsoleServer(
-                uvicorn.Config(
-                    create_console_app(self.controller),
-                    ssl_certfile=console_cert or str(root / f"{name}.crt"),
-                    ssl_keyfile=console_key or str(root / f"{name}.key"),
-                    log_level="warning",
-                    access_log=False,
-                    timeout_keep_alive=30,
-                    # Live pages hold event streams open: shutting down waits this long for them.
-                    timeout_graceful_shutdown=2,
-                    proxy_headers=False,
-                )
+            console_config = uvicorn.Config(
+                create_console_app(self.controller),
+                ssl_certfile=console_cert or str(root / f"{name}.crt"),
+                ssl_keyfile=console_key or str(root / f"{name}.key"),
+                log_level="warning",
+                access_log=False,
+                timeout_keep_alive=30,
+                # Live pages hold event streams open: shutting down waits this long for them.
+                timeout_graceful_shutdown=2,
+                proxy_headers=False,
             )
+            try:
+                console_config.load()  # a bad certificate or key fails here, before anything serves
+            except (OSError, ssl.SSLError) as error:
+                self.store.close()
+                self.socket.close()
+                self.console_socket.close()
+                raise CertificateError(f"the console's TLS certificate or key cannot be used: {error}") from None
+            self.console = _ConsoleServer(console_config)
+            self.server.companion = self.console
 
     def run(self) -> None:
         """Serve (blocking) until stopped."""
@@ -143,11 +162,11 @@ class ControllerServer:
 
     async def _serve_both(self) -> None:
         console = asyncio.create_task(self.console.serve(sockets=[self.console_socket]))
-        try:
-            await self.server.serve(sockets=[self.socket])
-        finally:
-            self.console.should_exit = True
-            await console
+        controller = asyncio.create_task(self.server.serve(sockets=[self.socket]))
+        # Either ending (the console failing to bind, say) ends both: neither serves alone.
+        await asyncio.wait([console, controller], return_when=asyncio.FIRST_COMPLETED)
+        self.stop()
+        await asyncio.gather(console, controller)
 
     def stop(self) -> None:
         """Ask the server to finish (from another thread or a signal handler)."""

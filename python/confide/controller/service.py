@@ -595,10 +595,7 @@ class Controller:
         if problem is not None:
             log.info("%s %s denied: %s", caller.name, action, denied)
             raise problem
-        if fl_data.version != spec.fl_data_object().version:
-            # Encodings agreed from the published schemas: every party gets the same categories.
-            spec = parse_job({**spec.model_dump(mode="json"), "fl_data": fl_data.to_dict()})
-        return approvals, spec
+        return approvals, _with_agreed(spec, fl_data)
 
     def _access_decisions(self, spec: JobSpec, grantee: str) -> tuple[dict, list[dict], Exception | None, Any]:
         """Per dataset of ``spec``: allowed or denied for ``grantee``, and why (reads only)."""
@@ -733,12 +730,7 @@ class Controller:
                 f"session {session.token} changed concurrently: its log head is no longer entry {base}; "
                 "read 'confide session log' and try again"
             )
-        previous = previous or {}
-        deltas = {
-            name: cfg.delta(previous.get(name), configs.get(name))
-            for name in sorted(previous.keys() | configs.keys())
-            if cfg.delta(previous.get(name), configs.get(name))
-        }
+        deltas = _deltas(previous or {}, configs)
         entry = SessionEntry(
             session_id=session.id,
             seq=base + 1,
@@ -894,18 +886,19 @@ class Controller:
 
     def preview_tune(self, caller: Caller, token: str, *, settings: dict[str, Any] | None = None) -> dict:
         """The deltas a tuning would push to each recipient, without storing or auditing anything."""
-        spec, _owner, base_seq = self._tuned(caller, token, settings, None, None, None)
+        spec, owner, base_seq = self._tuned(caller, token, settings, None, None, None)
+        # The same access decisions and agreed encodings as the tuning itself (not audited).
+        _approvals, _decisions, problem, fl_data = self._access_decisions(spec, owner)
+        if problem is not None:
+            raise problem
+        spec = _with_agreed(spec, fl_data)
         with self.store.transaction() as db:
             session = self._session(db, caller, token)
             head = self._head(db, session)
             configs = cfg.build_configs(
                 spec, session=token, routing=head.configs[_first_aggregator(head.configs)]["routing"]
             )
-        deltas = {
-            name: cfg.delta(head.configs.get(name), configs.get(name))
-            for name in sorted(head.configs.keys() | configs.keys())
-            if cfg.delta(head.configs.get(name), configs.get(name))
-        }
+        deltas = _deltas(head.configs, configs)
         return {"session": token, "base_seq": base_seq, "deltas": deltas, "restart": session.state in ACTIVE}
 
     def _check_unchanged_since(self, db: Session, session: JobSession, base_seq: int) -> None:
@@ -1257,22 +1250,19 @@ class Controller:
         participant.failure = _checked_failure(report.get("failure"))
         if isinstance(report.get("result"), dict):
             participant.result = report["result"]
+        # What the console shows (metrics, protection report, shared log lines): a malformed or
+        # oversized value is dropped with a warning, never failing the heartbeat it came with.
         if report.get("metrics") is not None:
-            participant.metrics = _merged_metrics(participant.metrics or [], report["metrics"], run, index)
+            participant.metrics = _merged_metrics(participant.metrics or [], report["metrics"], run, caller.name)
         protection = report.get("protection")
         if isinstance(protection, dict) and protection != participant.protection:
-            if len(json.dumps(protection)) > MAX_PROTECTION_BYTES:
-                raise InvalidParameterError(
-                    f"reports[{index}].protection is over the limit of {MAX_PROTECTION_BYTES} bytes of JSON"
-                )
-            participant.protection = protection
+            if len(json.dumps(protection)) <= MAX_PROTECTION_BYTES:
+                participant.protection = protection
+            else:
+                log.warning("%s: a protection report over %d bytes, not kept", caller.name, MAX_PROTECTION_BYTES)
         tail = report.get("log_tail")
-        if tail is not None:
-            if not isinstance(tail, list) or len(tail) > MAX_LOG_LINES or not all(isinstance(x, str) for x in tail):
-                raise InvalidParameterError(
-                    f"reports[{index}].log_tail must be a list of at most {MAX_LOG_LINES} strings"
-                )
-            participant.log_tail = [line[:MAX_LOG_LINE_CHARS] for line in tail]
+        if isinstance(tail, list):
+            participant.log_tail = [str(line)[:MAX_LOG_LINE_CHARS] for line in tail[-MAX_LOG_LINES:]]
         participant.updated_at = utcnow()
         if session.state == "verifying" and isinstance(report.get("verification"), list):
             participant.verification = {"run": run, "files": report["verification"]}
@@ -1592,14 +1582,37 @@ def _visible(query, caller: Caller, *, owner, developer):
     return query
 
 
-def _merged_metrics(stored: list, rows: Any, run: int, index: int) -> list:
+def _with_agreed(spec: JobSpec, fl_data: Any) -> JobSpec:
+    """``spec`` with the FL_Data whose encodings were agreed from the published schemas."""
+    if fl_data.version != spec.fl_data_object().version:
+        # Every party gets the same categories.
+        return parse_job({**spec.model_dump(mode="json"), "fl_data": fl_data.to_dict()})
+    return spec
+
+
+def _deltas(previous: dict, configs: dict) -> dict:
+    """Per recipient, the delta from its ``previous`` configuration to ``configs`` (changed ones only)."""
+    out = {}
+    for name in sorted(previous.keys() | configs.keys()):
+        change = cfg.delta(previous.get(name), configs.get(name))
+        if change:
+            out[name] = change
+    return out
+
+
+def _merged_metrics(stored: list, rows: Any, run: int, who: str) -> list:
     """``stored`` with ``rows`` (one per round, numbers only) merged in by round, the newest kept."""
-    if not isinstance(rows, list) or len(rows) > MAX_METRIC_ROWS:
-        raise InvalidParameterError(f"reports[{index}].metrics must be a list of at most {MAX_METRIC_ROWS} rounds")
+    if not isinstance(rows, list):
+        log.warning("%s: metrics must be a list of rounds; not kept", who)
+        return stored
+    if len(rows) > MAX_METRIC_ROWS:
+        log.warning("%s: %d rounds of metrics in one report, the first %d kept", who, len(rows), MAX_METRIC_ROWS)
     by_round = {row["round"]: row for row in stored}
-    for row in rows:
-        if not isinstance(row, dict) or not isinstance(row.get("round"), int) or row["round"] < 0:
-            raise InvalidParameterError(f"reports[{index}].metrics entries need a non-negative int round")
+    for row in rows[:MAX_METRIC_ROWS]:
+        if not isinstance(row, dict) or isinstance(row.get("round"), bool) or not isinstance(row.get("round"), int):
+            continue
+        if row["round"] < 0:
+            continue
         clean = {"round": row["round"], "run": run}
         for key in METRIC_KEYS:
             value = row.get(key)

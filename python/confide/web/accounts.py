@@ -34,12 +34,13 @@ import hashlib
 import logging
 import re
 import secrets
+import threading
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
-from sqlalchemy import delete, func, select
+from sqlalchemy import delete, func, select, update
 
 from confide.controller.service import Caller
 from confide.controller.store import Account, ApiToken, AuditEvent, SignInAttempt, Store, WebSession, utcnow
@@ -68,6 +69,8 @@ IDLE_TIMEOUT_S = 30 * 60
 SESSION_LIFETIME_S = 12 * 3600
 #: A session's ``last_seen_at`` is written at most this often (every page view would be a write).
 TOUCH_EVERY_S = 60
+#: Password checks run at once (argon2id: 64 MiB and ~50 ms of one core each).
+VERIFY_AT_ONCE = 2
 _NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
 
 
@@ -117,6 +120,7 @@ class Accounts:
         self.store = store
         self._hasher = PasswordHasher()
         self._dummy_hash = self._hasher.hash(secrets.token_hex(16))
+        self._verifying = threading.BoundedSemaphore(VERIFY_AT_ONCE)
 
     # ------------------------------------------------------------------ administration (CLI)
 
@@ -189,28 +193,35 @@ class Accounts:
     # ------------------------------------------------------------------ sign-in and sessions
 
     def sign_in(self, name: str, password: str, address: str) -> tuple[str, SignedIn]:
-        """Check a password (rate limited, audited); returns the new session cookie and who signed in."""
+        """Check a password (rate limited, audited); returns the new session cookie and who signed in.
+
+        The attempt is stored as a failure before the password is checked, in the transaction
+        that counts the failures, so parallel guesses cannot all pass the limit in the ~50 ms an
+        argon2 check takes; a right password turns it into a success afterwards.
+        """
         name = (name or "")[:64]
+        # A name that cannot be an account is recorded as "?": the audit log's actor column must
+        # not be writable by anyone who can reach the sign-in form.
+        shown = name if _NAME.fullmatch(name) else "?"
         address = (address or "unknown")[:64]
         now = utcnow()
         since = now - timedelta(seconds=FAILURE_WINDOW_S)
         with self.store.transaction() as db:
-            by_name = db.scalar(
-                select(func.count()).where(
-                    SignInAttempt.name == name, SignInAttempt.at >= since, SignInAttempt.ok.is_(False)
-                )
-            )
-            by_address = db.scalar(
-                select(func.count()).where(
-                    SignInAttempt.address == address, SignInAttempt.at >= since, SignInAttempt.ok.is_(False)
-                )
-            )
+            # Rows the limits no longer count, and sessions long over, go (the audit log keeps the history).
+            db.execute(delete(SignInAttempt).where(SignInAttempt.at < now - timedelta(seconds=4 * FAILURE_WINDOW_S)))
+            db.execute(delete(WebSession).where(WebSession.expires_at < now - timedelta(days=1)))
+            failures = [SignInAttempt.at >= since, SignInAttempt.ok.is_(False)]
+            by_name = db.scalar(select(func.count()).where(SignInAttempt.name == shown, *failures))
+            by_address = db.scalar(select(func.count()).where(SignInAttempt.address == address, *failures))
             limited = by_name >= MAX_FAILURES_PER_NAME or by_address >= MAX_FAILURES_PER_ADDRESS
+            attempt = SignInAttempt(name=shown, address=address, at=now, ok=False)
             if limited:
                 # Audited in this transaction, which commits: the refusal is raised after it.
                 detail = {"address": address, "reason": "rate limited"}
-                self._audit(db, name or "?", "sign-in", f"account/{name}", "deny", detail)
-            account = db.scalar(select(Account).where(Account.name == name))
+                self._audit(db, shown, "sign-in", f"account/{shown}", "deny", detail)
+            else:
+                db.add(attempt)
+            account = db.scalar(select(Account).where(Account.name == shown)) if shown != "?" else None
         if limited:
             raise RateLimitedError(
                 f"too many failed sign-ins (at most {MAX_FAILURES_PER_NAME} per account and "
@@ -222,20 +233,11 @@ class Accounts:
         token = secrets.token_urlsafe(32)
         csrf = secrets.token_urlsafe(32)
         with self.store.transaction() as db:
-            # Rows the limits no longer count, and sessions long over, go (the audit log keeps the history).
-            db.execute(delete(SignInAttempt).where(SignInAttempt.at < now - timedelta(seconds=4 * FAILURE_WINDOW_S)))
-            db.execute(delete(WebSession).where(WebSession.expires_at < now - timedelta(days=1)))
-            db.add(SignInAttempt(name=name, address=address, at=now, ok=ok))
             if not ok:
-                self._audit(
-                    db,
-                    name or "?",
-                    "sign-in",
-                    f"account/{name}",
-                    "deny",
-                    {"address": address, "reason": "bad name or password"},
-                )
+                detail = {"address": address, "reason": "bad name or password"}
+                self._audit(db, shown, "sign-in", f"account/{shown}", "deny", detail)
             else:
+                db.execute(update(SignInAttempt).where(SignInAttempt.id == attempt.id).values(ok=True))
                 db.add(
                     WebSession(
                         account=name,
@@ -252,10 +254,13 @@ class Accounts:
         return token, SignedIn(account.name, account.role, account.party, "session", csrf)
 
     def _verify(self, hashed: str | None, password: str) -> bool:
-        try:
-            return self._hasher.verify(hashed or self._dummy_hash, password[:MAX_PASSWORD]) and hashed is not None
-        except (VerificationError, InvalidHashError):
-            return False
+        # At most VERIFY_AT_ONCE checks at a time (each holds 64 MiB and a worker thread), so a
+        # flood of sign-ins queues here instead of taking every thread the controller has.
+        with self._verifying:
+            try:
+                return self._hasher.verify(hashed or self._dummy_hash, password[:MAX_PASSWORD]) and hashed is not None
+            except (VerificationError, InvalidHashError):
+                return False
 
     def session(self, cookie: str) -> SignedIn:
         """Who a session cookie belongs to; a stale, ended or unknown cookie is refused (and audited)."""
@@ -274,10 +279,10 @@ class Accounts:
             account = db.scalar(select(Account).where(Account.name == row.account)) if row is not None else None
             if reason is None and (account is None or account.disabled_at is not None):
                 reason = "account disabled"
-            if reason is not None:
-                actor = row.account if row is not None else "?"
-                self._audit(db, actor, "session", f"account/{actor}", "deny", {"reason": reason})
-            else:
+            if reason is not None and row is not None:
+                # Known but stale: audited. An unknown cookie is not (anyone could send many).
+                self._audit(db, row.account, "session", f"account/{row.account}", "deny", {"reason": reason})
+            elif reason is None:
                 if (now - _aware(row.last_seen_at)).total_seconds() > TOUCH_EVERY_S:
                     row.last_seen_at = now
                 return SignedIn(account.name, account.role, account.party, "session", row.csrf)
@@ -298,8 +303,8 @@ class Accounts:
             account = db.scalar(select(Account).where(Account.name == row.account)) if row is not None else None
             if row is None or row.revoked_at is not None or account is None or account.disabled_at is not None:
                 reason = "unknown token" if row is None else "revoked token or disabled account"
-                actor = row.account if row is not None else "?"
-                self._audit(db, actor, "token", f"account/{actor}", "deny", {"reason": reason})
+                if row is not None:  # an unknown token is not audited (anyone could send many)
+                    self._audit(db, row.account, "token", f"account/{row.account}", "deny", {"reason": reason})
             else:
                 now = utcnow()
                 if row.last_used_at is None or (now - _aware(row.last_used_at)).total_seconds() > TOUCH_EVERY_S:

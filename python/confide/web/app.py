@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import csv
+import functools
 import io
 import json
 import secrets
@@ -32,13 +33,15 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+import anyio
 import yaml
 from fastapi import FastAPI, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
-from starlette.concurrency import run_in_threadpool
+from markupsafe import escape
 
+from confide.controller.api import MAX_REQUEST_BYTES, BodyLimit, http_status
 from confide.controller.api import create_app as create_rest_app
 from confide.controller.service import Controller
 from confide.errors import ConfideError, InvalidParameterError, PermissionDeniedError, RateLimitedError
@@ -54,6 +57,10 @@ FINAL_STATES = ("completed", "failed", "cancelled", "refused", "revoked")
 #: Seconds between two reads of a live session's status for its event stream.
 EVENT_INTERVAL_S = 1.0
 MAX_SPEC_CHARS = 1_000_000
+#: Threads the console's requests use at most (the mTLS API keeps its own).
+CONSOLE_THREADS = 8
+#: Seconds between two checks, during a live event stream, that its session is still valid.
+STREAM_RECHECK_S = 30
 #: Audit events shown on the audit page (newest first); the CSV export has every match.
 AUDIT_PAGE_ROWS = 500
 _SECURITY_HEADERS = {
@@ -67,7 +74,6 @@ _SECURITY_HEADERS = {
     "strict-transport-security": "max-age=31536000",
     "cache-control": "no-store",
 }
-_STATUS = [(RateLimitedError, 429), (PermissionDeniedError, 403), (InvalidParameterError, 400)]
 
 
 class _SignInRequired(Exception):
@@ -76,15 +82,6 @@ class _SignInRequired(Exception):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
-
-
-def _status_of(error: Exception) -> int:
-    from confide.controller.api import _STATUS as REST_STATUS
-
-    for kind, status in [*_STATUS, *REST_STATUS]:
-        if isinstance(error, kind):
-            return status
-    return 500
 
 
 def create_console_app(controller: Controller, accounts: Accounts | None = None) -> FastAPI:
@@ -96,8 +93,12 @@ def create_console_app(controller: Controller, accounts: Accounts | None = None)
     templates.env.globals["vendor_ready"] = (HERE / "static" / "vendor" / "uPlot.iife.min.js").exists()
     app.state.accounts = accounts
 
+    # The console's own worker threads: a flood of page views or sign-ins waits here, and the
+    # agents' heartbeats on the mTLS port keep the process's shared pool.
+    limiter = anyio.CapacityLimiter(CONSOLE_THREADS)
+
     async def call(function, *args, **kwargs):
-        return await run_in_threadpool(function, *args, **kwargs)
+        return await anyio.to_thread.run_sync(functools.partial(function, *args, **kwargs), limiter=limiter)
 
     async def who(request: Request) -> SignedIn:
         cookie = request.cookies.get(COOKIE)
@@ -141,13 +142,16 @@ def create_console_app(controller: Controller, accounts: Accounts | None = None)
         target = "/signin?next=" + quote(request.url.path)
         if error.reason:
             target += "&expired=1"
-        return RedirectResponse(target, status_code=303)
+        response = RedirectResponse(target, status_code=303)
+        if request.cookies.get(COOKIE):
+            response.delete_cookie(COOKIE, path="/", secure=True, httponly=True, samesite="strict")
+        return response
 
     @app.exception_handler(ConfideError)
     async def _error_page(request: Request, error: ConfideError):
-        status = _status_of(error)
+        status = http_status(error)
         if request.headers.get("hx-request"):
-            return HTMLResponse(f'<p class="error" role="alert">{_escape(str(error))}</p>', status_code=status)
+            return HTMLResponse(f'<p class="error" role="alert">{escape(str(error))}</p>', status_code=status)
         signed = None
         cookie = request.cookies.get(COOKIE)
         if cookie:
@@ -155,6 +159,10 @@ def create_console_app(controller: Controller, accounts: Accounts | None = None)
                 signed = await call(accounts.session, cookie)
             except ConfideError:
                 signed = None
+        if signed is not None and isinstance(error, PermissionDeniedError) and "CSRF" not in str(error):
+            # A signed-in person refused by the controller's rules (another developer's job,
+            # another owner's dataset): the refusal is audited with the account and the page.
+            await call(accounts.refused, signed, "console", f"{request.method} {request.url.path}", str(error)[:500])
         return page(request, "error.html", signed, status, error=str(error), kind=type(error).__name__)
 
     # ------------------------------------------------------------------ sign-in
@@ -183,7 +191,7 @@ def create_console_app(controller: Controller, accounts: Accounts | None = None)
                 request,
                 "signin.html",
                 None,
-                _status_of(error),
+                http_status(error),
                 form_token=token,
                 next=_local(str(form.get("next", "/jobs"))),
                 error=str(error),
@@ -247,7 +255,7 @@ def create_console_app(controller: Controller, accounts: Accounts | None = None)
             reply = await call(controller.submit, signed.caller, _spec_of(form))
         except ConfideError as error:
             result = await call(_safe_preflight, controller, signed, form)
-            return page(request, "editor.html", signed, _status_of(error), text=text, check=result, error=str(error))
+            return page(request, "editor.html", signed, http_status(error), text=text, check=result, error=str(error))
         return RedirectResponse(f"/jobs/{reply['session']}", status_code=303)
 
     @app.get("/jobs/{token}", response_class=HTMLResponse)
@@ -263,7 +271,15 @@ def create_console_app(controller: Controller, accounts: Accounts | None = None)
             signed,
             status=status,
             metrics=metrics,
-            curves={"participants": [{"name": p["name"], "metrics": p["metrics"]} for p in metrics["participants"]]},
+            curves={
+                "participants": [
+                    {"name": p["name"], "metrics": _current(p["metrics"], status)} for p in metrics["participants"]
+                ]
+            },
+            # A party's shared log lines: to the job's developer and admins, and to that party only.
+            logs=[
+                p for p in metrics["participants"] if p["log"] and (signed.role != "owner" or p["name"] == signed.party)
+            ],
             log=log,
             protection=_protection(metrics),
             final=status["state"] in FINAL_STATES,
@@ -280,13 +296,22 @@ def create_console_app(controller: Controller, accounts: Accounts | None = None)
         signed = await who(request)
         await call(controller.status, signed.caller, token)  # refused here, before the stream starts
 
+        cookie = request.cookies.get(COOKIE, "")
+
         async def stream():
-            last_status, after, idle = None, {}, 0
+            last_status, after, idle, run = None, {}, 0, None
+            checked_at = asyncio.get_running_loop().time()
             while not await request.is_disconnected():
                 try:
+                    if asyncio.get_running_loop().time() - checked_at > STREAM_RECHECK_S:
+                        await call(accounts.session, cookie)  # signed out, expired or disabled: the stream ends
+                        checked_at = asyncio.get_running_loop().time()
                     status = await call(controller.status, signed.caller, token)
+                    reset = status["run"] != run
+                    if reset:  # a new run replaces the rounds after its resume point: send them all again
+                        after, run = {}, status["run"]
                     metrics = await call(
-                        controller.metrics, signed.caller, token, after=min(after.values(), default=-1)
+                        controller.metrics, signed.caller, token, after=min(after.values(), default=-1), logs=False
                     )
                 except ConfideError as error:
                     yield _event("problem", {"error": str(error)})
@@ -294,15 +319,15 @@ def create_console_app(controller: Controller, accounts: Accounts | None = None)
                 fresh = []
                 for participant in metrics["participants"]:
                     seen = after.get(participant["name"], -1)
-                    rows = [row for row in participant["metrics"] if row["round"] > seen]
+                    rows = [row for row in _current(participant["metrics"], status) if row["round"] > seen]
                     if rows:
                         after[participant["name"]] = rows[-1]["round"]
                         fresh.append({"name": participant["name"], "metrics": rows})
                     after.setdefault(participant["name"], seen)
                 shown = {**_shown(status), "protection": _protection(metrics)}
-                if shown != last_status or fresh:
+                if shown != last_status or fresh or reset:
                     last_status = shown
-                    yield _event("status", {"status": shown, "metrics": fresh})
+                    yield _event("status", {"status": shown, "metrics": fresh, "reset": reset})
                     idle = 0
                 else:
                     idle += 1
@@ -417,7 +442,8 @@ def create_console_app(controller: Controller, accounts: Accounts | None = None)
                 batch = await call(controller.audit, signed.caller, after=after, limit=5_000, **filters)
                 for e in batch:
                     detail = json.dumps(e["detail"], sort_keys=True)
-                    writer.writerow([e["id"], e["at"], e["actor"], e["action"], e["target"], e["decision"], detail])
+                    cells = [e["id"], e["at"], e["actor"], e["action"], e["target"], e["decision"], detail]
+                    writer.writerow([_cell(value) for value in cells])
                 yield out.getvalue()
                 out.seek(0)
                 out.truncate()
@@ -442,13 +468,10 @@ def create_console_app(controller: Controller, accounts: Accounts | None = None)
             raise PermissionDeniedError("send an API token: 'Authorization: Bearer <token>' (confide console token)")
         return accounts.token(header[7:].strip()).caller
 
+    app.add_middleware(BodyLimit, limit=MAX_REQUEST_BYTES)
     app.mount("/static", StaticFiles(directory=str(HERE / "static")), name="static")
     app.mount("/", create_rest_app(controller, identify=token_caller, agent_routes=False))
     return app
-
-
-def _escape(text: str) -> str:
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&quot;")
 
 
 def _local(target: str) -> str:
@@ -458,6 +481,15 @@ def _local(target: str) -> str:
 
 def _event(name: str, data: Any) -> str:
     return f"event: {name}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
+
+
+def _current(rows: list[dict], status: dict) -> list[dict]:
+    """Rows of the current run's history: an older run's rounds after the resume point were redone."""
+    return [
+        row
+        for row in rows
+        if row.get("run", status["run"]) >= status["run"] or row["round"] <= (status.get("resume_round") or 0)
+    ]
 
 
 def _shown(status: dict) -> dict:
@@ -508,6 +540,13 @@ def _safe_preflight(controller: Controller, signed: SignedIn, form: dict) -> dic
         return controller.preflight(signed.caller, _spec_of(form))
     except ConfideError:
         return None
+
+
+def _cell(value: Any) -> Any:
+    """A CSV cell a spreadsheet shows as text (a leading =, +, -, @ would make it a formula)."""
+    if isinstance(value, str) and value[:1] in ("=", "+", "-", "@", "\t", "\r"):
+        return "'" + value
+    return value
 
 
 def _set(filters: dict[str, str]) -> dict[str, str]:

@@ -209,6 +209,8 @@ def test_another_developers_job_is_refused_and_audited(console):
     token = console["fed"].c.submit(Caller("dev", "developer"), job(job_id="dev-only"))["session"]
     client, csrf = sign_in(console, "eve")
     assert client.get(f"/jobs/{token}").status_code == 403
+    refused = audit(console, action="console", actor="eve", decision="deny")
+    assert refused[-1]["target"] == f"GET /jobs/{token}" and "belongs to 'dev'" in refused[-1]["detail"]["reason"]
     assert client.get(f"/jobs/{token}/events").status_code == 403
     assert client.get(f"/jobs/{token}/metrics.json").status_code == 403
     assert client.post(f"/jobs/{token}/cancel", data={"csrf": csrf}).status_code == 403
@@ -441,6 +443,44 @@ def test_a_party_shares_only_the_tail_of_its_log_and_only_when_it_changes(tmp_pa
     assert "log_tail" not in second[0] and "protection" not in second[0]
 
 
+def test_an_agent_sends_metrics_in_bounded_batches_and_again_for_a_new_run(tmp_path):
+    from confide.controller.agent import METRICS_PER_REPORT, Agent
+
+    class Worker:
+        run = 1
+
+        def state(self, session):
+            rows = [{"round": r, "loss": 1.0} for r in range(1, 2 * METRICS_PER_REPORT + 2)]
+            return {"run": self.run, "status": "running", "round": len(rows), "metrics": rows, "protection": {"m": 1}}
+
+    class Client:
+        def __init__(self):
+            self.sent, self.fail = [], False
+
+        def sync(self, reports):
+            if self.fail:
+                raise ConnectionError("controller away")
+            self.sent.append(reports[0])
+            return {"instructions": []}
+
+    worker, client = Worker(), Client()
+    agent = Agent(client, worker, tmp_path)
+    agent._save("s1", 1, {"x": 1})
+    agent.step()
+    client.fail = True
+    with pytest.raises(ConnectionError):
+        agent.step()  # not acknowledged: the next heartbeat sends the same batch again
+    client.fail = False
+    agent.step()
+    agent.step()
+    batches = [[row["round"] for row in report.get("metrics", [])] for report in client.sent]
+    assert [len(b) for b in batches] == [METRICS_PER_REPORT, METRICS_PER_REPORT, 1]
+    assert batches[1][0] == METRICS_PER_REPORT + 1 and batches[2] == [2 * METRICS_PER_REPORT + 1]
+    worker.run = 2  # a new run reports its protection and its rounds again
+    agent.step()
+    assert client.sent[-1]["protection"] == {"m": 1} and client.sent[-1]["metrics"][0]["round"] == 1
+
+
 def test_audit_filters_run_in_the_database_and_match_literally(fed):
     controller = fed.c
     fed.register_party("site_a")
@@ -458,3 +498,148 @@ def test_audit_filters_run_in_the_database_and_match_literally(fed):
     assert newest[0]["id"] == max(e["id"] for e in controller.audit(admin, limit=10_000))
     with pytest.raises(InvalidParameterError, match="target must be a string"):
         controller.audit(admin, target="x" * 300)
+
+
+def test_owner_approves_a_job_that_waits_for_its_approval(console):
+    controller = console["fed"].c
+    controller.grant(Caller("hospital-a", "party"), dataset="records", developer="eve", approval=True)
+    controller.grant(Caller("hospital-b", "party"), dataset="records", developer="eve")
+    token = controller.submit(Caller("eve", "developer"), job(job_id="needs-approval"))["session"]
+    assert controller.status(Caller("eve", "developer"), token)["state"] == "awaiting"
+    owner, csrf = sign_in(console, "owner-a")
+    uses = owner.get("/data").text
+    assert re.search(r"needs-approval.*?pending.*?Approve", uses, re.S)
+    assert owner.post(f"/jobs/{token}/approve", data={"csrf": "forged", "back": "/data"}).status_code == 403
+    reply = owner.post(f"/jobs/{token}/approve", data={"csrf": csrf, "back": "//evil.example/"})
+    assert reply.status_code == 303 and reply.headers["location"] == "/jobs"  # no open redirect
+    assert controller.status(Caller("eve", "developer"), token)["state"] == "running"
+    assert audit(console, action="approve", actor="hospital-a")[-1]["detail"]["account"] == "owner-a"
+
+
+def test_console_commands_manage_accounts_and_tokens(tmp_path, monkeypatch, capsys):
+    import io
+
+    from confide.cli.main import main
+
+    database = str(tmp_path / "controller.db")
+    monkeypatch.setattr("sys.stdin", io.StringIO(PASSWORD + "\n"))
+    assert (
+        main(
+            [
+                "console",
+                "user",
+                "add",
+                "ward",
+                "--role",
+                "owner",
+                "--party",
+                "hospital-a",
+                "--password-stdin",
+                "--db",
+                database,
+            ]
+        )
+        == 0
+    )
+    assert "account ward (owner of hospital-a) created" in capsys.readouterr().out
+    assert main(["console", "user", "add", "ann", "--role", "developer", "--generate", "--db", database]) == 0
+    generated = capsys.readouterr().out.split("password: ")[1].split()[0]
+    assert main(["console", "token", "ann", "--label", "ci", "--db", database]) == 0
+    token = capsys.readouterr().out.strip()
+    assert token.startswith("cft_")
+    store = __import__("confide.controller.store", fromlist=["open_store"]).open_store(database)
+    try:
+        accounts = Accounts(store)
+        assert accounts.token(token).caller == Caller("ann", "developer", account="ann")
+        _cookie, who = accounts.sign_in("ann", generated, "127.0.0.1")
+        assert who.name == "ann"
+    finally:
+        store.close()
+    assert main(["console", "user", "disable", "ann", "--db", database]) == 0
+    assert main(["console", "user", "list", "--db", database]) == 0
+    listed = capsys.readouterr().out
+    assert "ann" in listed and "(disabled)" in listed and "ward" in listed
+    monkeypatch.setattr("sys.stdin", io.StringIO("short\n"))
+    assert main(["console", "user", "add", "bob", "--role", "developer", "--password-stdin", "--db", database]) == 2
+    assert "password must be 12..1024 characters" in capsys.readouterr().err
+
+
+def test_console_port_has_no_api_docs_and_caps_bodies(console):
+    client = browser(console)
+    for path in ("/docs", "/openapi.json", "/redoc"):
+        assert client.get(path).status_code == 404
+    reply = client.post("/signin", content=b"x" * (4 * 1024 * 1024 + 1), headers={"content-type": "text/plain"})
+    assert reply.status_code == 413
+
+
+def test_unknown_cookies_and_odd_names_do_not_write_the_audit_log_as_someone(console):
+    before = len(audit(console))
+    client = browser(console)
+    client.cookies.set("__Host-confide_session", "made-up")
+    reply = client.get("/jobs")
+    assert reply.status_code == 303 and "__Host-confide_session=" in reply.headers.get("set-cookie", "")
+    assert client.get("/v1/sessions", headers={"authorization": "Bearer cft_made_up"}).status_code == 403
+    assert len(audit(console)) == before  # unknown credentials are refused, not audited
+    form = client.get("/signin")
+    token = re.search(r'name="csrf" value="([^"]+)"', form.text).group(1)
+    client.post("/signin", data={"csrf": token, "name": "=HYPERLINK(1)", "password": "whatever password"})
+    assert audit(console, action="sign-in")[-1]["actor"] == "?"
+
+
+def test_csv_cells_that_a_spreadsheet_would_run_are_neutralised():
+    from confide.web.app import _cell
+
+    assert [_cell(v) for v in ("=1+1", "+x", "-x", "@x", "fine", 7)] == ["'=1+1", "'+x", "'-x", "'@x", "fine", 7]
+
+
+def test_a_live_stream_ends_when_its_session_does(console, monkeypatch):
+    from confide.web import app as app_module
+
+    granted(console)
+    monkeypatch.setattr(app_module, "STREAM_RECHECK_S", 0.0)
+    token = console["fed"].c.submit(Caller("dev", "developer"), job(job_id="stream-ends"))["session"]
+    client, csrf = sign_in(console, "dev")
+    other = browser(console)
+    other.cookies.set("__Host-confide_session", client.cookies.get("__Host-confide_session"))
+    events = []
+    with client.stream("GET", f"/jobs/{token}/events") as stream:
+        for line in stream.iter_lines():
+            if line.startswith("event:"):
+                events.append(line[6:].strip())
+                if events == ["status"]:
+                    assert other.post("/signout", data={"csrf": csrf}).status_code == 303
+            if events and events[-1] == "problem":
+                break
+    assert events[0] == "status" and events[-1] == "problem"
+
+
+def test_a_partys_shared_log_is_shown_to_the_developer_not_to_other_parties(console):
+    granted(console)
+    controller = console["fed"].c
+    token = controller.submit(Caller("dev", "developer"), job(job_id="log-scope"))["session"]
+    report = {"session": token, "run": 1, "status": "running", "round": 1, "log_tail": ["b's own line"]}
+    report["protection"] = {"mode": "plain", "padding": "x" * 20_000}  # over the limit: dropped, sync still fine
+    assert controller.sync(Caller("hospital-b", "party"), [report]) is not None
+    metrics = controller.metrics(Caller("dev", "developer"), token)
+    assert {p["name"]: p["protection"] for p in metrics["participants"]}["hospital-b"] is None
+    developer, _ = sign_in(console, "dev")
+    assert "b&#39;s own line" in developer.get(f"/jobs/{token}").text
+    owner_a, _ = sign_in(console, "owner-a")
+    assert "b&#39;s own line" not in owner_a.get(f"/jobs/{token}").text
+    owner_b, _ = sign_in(console, "owner-b")
+    assert "b&#39;s own line" in owner_b.get(f"/jobs/{token}").text
+
+
+def test_a_console_certificate_that_cannot_be_used_stops_the_controller_from_starting(tmp_path):
+    from confide.errors import CertificateError
+
+    init_federation(tmp_path / "certs", parties=["hospital-a"])
+    (tmp_path / "bad.crt").write_text("not a certificate")
+    with pytest.raises(CertificateError, match="console's TLS certificate"):
+        ControllerServer(
+            certs_dir=tmp_path / "certs",
+            name="controller",
+            database=f"sqlite:///{tmp_path / 'c.db'}",
+            console_address="127.0.0.1:0",
+            console_cert=str(tmp_path / "bad.crt"),
+        )

@@ -30,9 +30,10 @@
     const source = new EventSource("/jobs/" + encodeURIComponent(token) + "/events");
     source.addEventListener("status", function (event) {
       const data = JSON.parse(event.data);
+      if (data.reset) Object.keys(rows).forEach(function (name) { rows[name] = {}; });
       showStatus(data.status);
       data.metrics.forEach(function (p) { merge(p.name, p.metrics); });
-      if (data.metrics.length) redraw();
+      if (data.metrics.length || data.reset) redraw();
     });
     source.addEventListener("end", function () { source.close(); });
     source.addEventListener("problem", function () { source.close(); });
