@@ -79,8 +79,8 @@ def deployment(tmp_path):
         share_log_lines=40,
     )
     d.extra_env.update(with_faults(round_delay_s=0.4))  # rounds slow enough to watch the curves grow
-    d.start()
     try:
+        d.start()  # inside the try: a process failing at start-up must not leave the others running
         d.add_console_user("alice", "developer", PASSWORD)
         d.add_console_user("root", "admin", PASSWORD)
         for party in PARTIES:
