@@ -95,7 +95,7 @@ class Agent:
         self._metrics_sent: dict[tuple[str, int], int] = {}
         self._metrics_marks: dict[tuple[str, int], int] = {}
         # What the controller last acknowledged of values sent only when they change (the
-        # protection report, a shared log tail), per (session, key); and those in flight.
+        # protection report, a shared log tail), per (session, run, key); and those in flight.
         self._unchanged_sent: dict[tuple[str, int, str], Any] = {}
         self._unchanged_marks: dict[tuple[str, int, str], Any] = {}
 

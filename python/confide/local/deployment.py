@@ -206,14 +206,22 @@ class LocalDeployment:
         )
 
     def start(self) -> None:
-        """Controller, aggregator and every agent; waits until all registered."""
+        """Controller, aggregator and every agent; waits until all registered.
+
+        A process that fails to start stops the others before the error is raised, so a caller
+        whose ``start()`` failed has nothing left running.
+        """
         self.prepare()
         started = time.monotonic()
-        self.start_controller()
-        self.start_aggregator()
-        for party in self.parties:
-            self.start_agent(party)
-        self.wait_registered(since=started)
+        try:
+            self.start_controller()
+            self.start_aggregator()
+            for party in self.parties:
+                self.start_agent(party)
+            self.wait_registered(since=started)
+        except BaseException:
+            self.stop()
+            raise
 
     def wait_registered(self, timeout_s: float = 60.0, since: float | None = None) -> None:
         """Wait until the aggregator and every party are registered and online (heard of after ``since``)."""
