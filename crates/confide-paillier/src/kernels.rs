@@ -1149,6 +1149,27 @@ mod tests {
         key().encryption_key()
     }
 
+    #[test]
+    fn pow_shared_many_matches_gmp_for_either_sign_and_both_paths() {
+        let key = public();
+        let plaintexts: Vec<Integer> = (0..11).map(|i| Integer::from(1000 + i)).collect();
+        let cts = key.encrypt_many(&plaintexts, Randomizer::FixedBase).unwrap();
+        // A 4,400-bit exponent, as a threshold share 2·Δ·d_j has.
+        let exponent = (Integer::from(1) << 4400u32) - Integer::from(12345);
+        for e in [exponent.clone(), -exponent] {
+            // 11 ciphertexts: a full batch of 8 on IFMA plus a partial one; 1 takes the GMP path.
+            for take in [11usize, 1] {
+                let out = key.pow_shared_many(&cts[..take], &e).unwrap();
+                for (c, o) in cts[..take].iter().zip(&out) {
+                    let expected = c.as_integer().clone().pow_mod(&e, key.n_squared()).unwrap();
+                    assert_eq!(*o.as_integer(), expected);
+                }
+            }
+        }
+        let zero = key.pow_shared_many(&cts[..3], &Integer::new()).unwrap();
+        assert!(zero.iter().all(|c| *c.as_integer() == 1));
+    }
+
     /// Engines this CPU runs.
     fn engines() -> Vec<Engine> {
         let mut out = vec![Engine::Gmp];

@@ -186,6 +186,44 @@ impl EncryptionKey {
         a.par_iter().zip(scalars.par_iter()).enumerate().map(|(i, (c, s))| with_index(self.mul_scalar(c, s), i)).collect()
     }
 
+    /// Every ciphertext raised to one secret exponent mod n² (threshold partial decryption:
+    /// c^(2·Δ·d_j)). With IFMA, eight ciphertexts share each constant-time exponentiation
+    /// (`pow_shared_exponent`); otherwise GMP's `mpz_powm_sec`. A negative exponent inverts
+    /// the results.
+    ///
+    /// # Errors
+    /// `CiphertextOutOfRange` with the failing index (also when a ciphertext has no inverse).
+    pub fn pow_shared_many(&self, a: &[Ciphertext], exponent: &Integer) -> Result<Vec<Ciphertext>> {
+        for (i, c) in a.iter().enumerate() {
+            check_ciphertext(self, c.as_integer(), i)?;
+        }
+        let magnitude = Integer::from(exponent.abs_ref());
+        let n_squared = self.n_squared();
+        #[cfg(target_arch = "x86_64")]
+        let ifma = if a.len() >= 2 { crate::ifma::IfmaModulus::new(n_squared) } else { None };
+        #[cfg(not(target_arch = "x86_64"))]
+        let ifma: Option<()> = None;
+        let powers: Vec<Integer> = match &ifma {
+            #[cfg(target_arch = "x86_64")]
+            Some(modulus) => a
+                .par_chunks(crate::ifma::LANES)
+                .flat_map_iter(|chunk| modulus.pow_shared_exponent(&chunk.iter().map(|c| c.as_integer()).collect::<Vec<_>>(), &magnitude))
+                .collect(),
+            _ => a
+                .par_iter()
+                .map(|c| if magnitude == 0 { Integer::from(1) } else { c.as_integer().clone().secure_pow_mod(&magnitude, n_squared) })
+                .collect(),
+        };
+        if *exponent >= 0 {
+            return Ok(powers.into_iter().map(Ciphertext).collect());
+        }
+        powers
+            .into_par_iter()
+            .enumerate()
+            .map(|(i, p)| p.invert(n_squared).map(Ciphertext).map_err(|_| Error::CiphertextOutOfRange { index: i }))
+            .collect()
+    }
+
     /// Element-wise re-randomization.
     ///
     /// # Errors

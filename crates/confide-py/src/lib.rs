@@ -42,6 +42,28 @@ struct PackInfo {
     summed: u64,
 }
 
+/// Unpacks and dequantizes decrypted plaintexts of a packed vector: (sums, overflow positions).
+fn decode_packed(pack: &PackInfo, plaintexts: &[Integer]) -> NativeResult<(Vec<f64>, Vec<i64>)> {
+    let layout = codec_layout(&pack.codec);
+    let mut limbs = Vec::with_capacity(plaintexts.len() * layout.limbs);
+    for plaintext in plaintexts {
+        let mut digits = plaintext.to_digits::<u64>(Order::Lsf);
+        if digits.len() > layout.limbs {
+            return Err(NativeError::from(confide_codec::Error::Malformed("a decrypted plaintext exceeds the packing width".into())));
+        }
+        digits.resize(layout.limbs, 0);
+        limbs.extend_from_slice(&digits);
+    }
+    let length = pack.length as usize;
+    Ok(match &pack.codec {
+        Codec::BatchCrypt(c) => {
+            let decoded = c.decode(&limbs, length, pack.summed)?;
+            (decoded.values, decoded.overflow.into_iter().map(|i| i as i64).collect())
+        }
+        Codec::FlBooster(c) => (c.decode(&limbs, length, pack.summed)?, Vec::new()),
+    })
+}
+
 enum Encryptor<'a> {
     Public(&'a EncryptionKey),
     Holder(&'a DecryptionKey),
@@ -349,29 +371,10 @@ impl PyDecryptionKey {
     ) -> PyResult<(Bound<'py, PyArray1<f64>>, Bound<'py, PyArray1<i64>>)> {
         self.check_key(vector)?;
         let pack = vector.pack.as_ref().ok_or_else(|| invalid("vector", "holds raw ciphertexts, not a packed vector: use decrypt_i64"))?;
-        let layout = codec_layout(&pack.codec);
         let (values, overflow) = py.detach(|| {
             threaded(threads, || {
                 let plaintexts = self.key.decrypt_many(&vector.ciphertexts)?;
-                let mut limbs = Vec::with_capacity(plaintexts.len() * layout.limbs);
-                for plaintext in &plaintexts {
-                    let mut digits = plaintext.to_digits::<u64>(Order::Lsf);
-                    if digits.len() > layout.limbs {
-                        return Err(NativeError::from(confide_codec::Error::Malformed(
-                            "a decrypted plaintext exceeds the packing width".into(),
-                        )));
-                    }
-                    digits.resize(layout.limbs, 0);
-                    limbs.extend_from_slice(&digits);
-                }
-                let length = pack.length as usize;
-                Ok(match &pack.codec {
-                    Codec::BatchCrypt(c) => {
-                        let decoded = c.decode(&limbs, length, pack.summed)?;
-                        (decoded.values, decoded.overflow.into_iter().map(|i| i as i64).collect())
-                    }
-                    Codec::FlBooster(c) => (c.decode(&limbs, length, pack.summed)?, Vec::new()),
-                })
+                decode_packed(pack, &plaintexts)
             })
         })?;
         Ok((PyArray1::from_vec(py, values), PyArray1::from_vec(py, overflow)))
@@ -547,6 +550,41 @@ impl PyCiphertextVector {
             })
         })?;
         Ok(self.derived(out))
+    }
+    /// Every element raised to one signed big-endian exponent mod n² (threshold partial
+    /// decryption: c^(2·Δ·d_j)). The result is a raw vector: it no longer encrypts the packing.
+    #[pyo3(signature = (exponent, negative = false, threads = 0))]
+    fn power(&self, py: Python<'_>, exponent: &[u8], negative: bool, threads: usize) -> PyResult<Self> {
+        if exponent.is_empty() || exponent.len() > 4096 {
+            return Err(invalid("exponent", format!("must hold 1 to 4096 bytes, got {}", exponent.len())));
+        }
+        let mut scalar = Integer::from_digits(exponent, Order::Msf);
+        if negative {
+            scalar = -scalar;
+        }
+        let out = py.detach(|| threaded(threads, || Ok(self.key.pow_shared_many(&self.ciphertexts, &scalar)?)))?;
+        Ok(PyCiphertextVector::new(self.key.clone(), out, None))
+    }
+    /// Unpacks and dequantizes plaintexts recovered outside this process (threshold
+    /// decryption), one big-endian integer per ciphertext of this packed vector.
+    #[allow(clippy::type_complexity)]
+    fn decode_plaintexts<'py>(
+        &self,
+        py: Python<'py>,
+        plaintexts: Vec<Vec<u8>>,
+    ) -> PyResult<(Bound<'py, PyArray1<f64>>, Bound<'py, PyArray1<i64>>)> {
+        let pack = self.pack.as_ref().ok_or_else(|| invalid("vector", "holds raw ciphertexts, not a packed vector"))?;
+        if plaintexts.len() != self.ciphertexts.len() {
+            return Err(invalid(
+                "plaintexts",
+                format!("must hold {} values, one per ciphertext, got {}", self.ciphertexts.len(), plaintexts.len()),
+            ));
+        }
+        let (values, overflow) = py.detach(|| {
+            let plaintexts: Vec<Integer> = plaintexts.iter().map(|b| Integer::from_digits(b, Order::Msf)).collect();
+            decode_packed(pack, &plaintexts)
+        })?;
+        Ok((PyArray1::from_vec(py, values), PyArray1::from_vec(py, overflow)))
     }
     #[pyo3(signature = (threads = 0))]
     fn rerandomize(&self, py: Python<'_>, threads: usize) -> PyResult<Self> {
