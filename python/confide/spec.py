@@ -138,7 +138,7 @@ class DataSpec(_Strict):
 class ProtectionSpec(_Strict):
     """Protection mode and its parameters (docs/runtime.md has the threat model of each)."""
 
-    mode: Literal["plain", "secagg", "paillier", "groupmask", "tee"] = "paillier"
+    mode: Literal["plain", "secagg", "paillier", "groupmask", "tee", "threshold"] = "paillier"
     key_bits: Literal[2048, 3072, 4096] = 2048
     bits: int = Field(16, ge=2, le=32)
     clipping: Literal["daciq", "max"] = "daciq"
@@ -147,6 +147,10 @@ class ProtectionSpec(_Strict):
     share_timeout_s: float = Field(30.0, gt=0, le=3600)
     setup_timeout_s: float = Field(120.0, gt=0, le=3600)
     mask_bound: float | None = Field(8.0, gt=0, le=2**20)
+    #: threshold: key shares needed to decrypt; None takes (parties + 1) // 2.
+    threshold: int | None = Field(None, ge=2, le=MAX_PARTIES)
+    #: threshold: "distributed" (no one ever holds the key) or "dealer" (the leader deals, and saw the key).
+    keygen: Literal["distributed", "dealer"] = "distributed"
 
     def params(self):
         """The :class:`confide.protect.ProtectionParams` of this section (the mode's own parameters)."""
@@ -291,11 +295,38 @@ class JobSpec(_Strict):
             if self.data.guest is not None and self.data.guest not in self.parties:
                 raise ValueError(f"data.guest {self.data.guest!r} is not one of the parties {self.parties}")
         self._check_model()
+        self._check_threshold()
         if self.protection.min_parties > len(self.parties):
             raise ValueError(
                 f"protection.min_parties ({self.protection.min_parties}) exceeds the {len(self.parties)} parties"
             )
         return self
+
+    def _check_threshold(self) -> None:
+        protection, m = self.protection, len(self.parties)
+        if protection.mode != "threshold":
+            if protection.threshold is not None:
+                raise ValueError(f"protection.threshold is for mode threshold, not {protection.mode}")
+            return
+        t = protection.threshold or (m + 1) // 2
+        if m < 3 and protection.keygen == "distributed":
+            raise ValueError(
+                f"protection.mode threshold with keygen distributed needs at least 3 parties (BGW needs an honest "
+                f"majority), got {m}; keygen: dealer runs with 2, but the leader then sees the key"
+            )
+        if t > m:
+            raise ValueError(f"protection.threshold ({t}) exceeds the {m} parties")
+        if protection.keygen == "distributed" and t > (m + 1) // 2:
+            raise ValueError(
+                f"protection.threshold ({t}) must be at most (parties + 1) // 2 = {(m + 1) // 2} with keygen "
+                f"distributed: the modulus is computed by BGW, which hides its factors from at most "
+                f"{(m - 1) // 2} colluders"
+            )
+        if protection.min_parties < t:
+            raise ValueError(
+                f"protection.min_parties ({protection.min_parties}) is below protection.threshold ({t}): a round with "
+                f"fewer than t parties could not be decrypted"
+            )
 
     def _check_model(self) -> None:
         model = self.model

@@ -10,7 +10,7 @@ import pytest
 from confide.local import run_local
 from tests.integration.conftest import make_spec
 
-MODES = ["plain", "secagg", "paillier", "groupmask", "tee"]
+MODES = ["plain", "secagg", "paillier", "groupmask", "tee", "threshold"]
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +36,7 @@ def test_mode_trains_and_reports_what_ran(reports, mode):
     assert Path(report["files"]["plot"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.mark.parametrize("mode", ["secagg", "paillier", "groupmask", "tee"])
+@pytest.mark.parametrize("mode", ["secagg", "paillier", "groupmask", "tee", "threshold"])
 def test_protected_modes_match_plain_auc(reports, mode):
     assert abs(reports[mode]["final_auc"] - reports["plain"]["final_auc"]) <= 0.005
 
@@ -49,6 +49,16 @@ def test_paillier_report_states_protection(reports):
     assert "nothing" in reports["paillier"]["aggregator_saw"]
     assert "sum" in reports["secagg"]["aggregator_saw"]
     assert "every" in reports["plain"]["aggregator_saw"]
+
+
+def test_threshold_key_was_generated_by_the_parties(reports):
+    # Distributed key generation at 2048 bits between the three party processes, over the relay.
+    protection = reports["threshold"]["protection"]
+    assert protection["keygen"] == "distributed"
+    assert protection["threshold"] == 2 and protection["parties"] == 3
+    assert protection["keygen_seconds"] > 0
+    assert "nobody" in protection["secret_key_holders"]
+    assert "shares" in reports["threshold"]["aggregator_saw"]
 
 
 def test_label_skew_split_trains(tmp_path):

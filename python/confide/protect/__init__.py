@@ -8,6 +8,8 @@ secagg      only the sum                      pairwise X25519 keys           ~pl
 paillier    nothing                           one Paillier key (leader)      packed HE
 groupmask   nothing                           one group key (leader)         ~plain
 tee         nothing outside the enclave       session key (leader → enclave) AES-256-GCM
+threshold   nothing                           shares of one Paillier key     packed HE, t of m
+                                              (distributed key generation)   decrypt (no CRT)
 =========== ================================= ============================== =================
 
 ``tee`` runs against a simulated enclave where no SGX exists, and its report says so.
@@ -24,6 +26,7 @@ from confide.protect.masking import GroupMask, SecAgg
 from confide.protect.paillier import PaillierProtection
 from confide.protect.plain import Plain
 from confide.protect.tee import TeeProtection
+from confide.protect.threshold import ThresholdProtection
 
 __all__ = ["MODES", "Exchange", "Protection", "ProtectionParams", "RoundContext", "make_protection"]
 
@@ -33,6 +36,7 @@ MODES: dict[str, type[Protection]] = {
     "paillier": PaillierProtection,
     "groupmask": GroupMask,
     "tee": TeeProtection,
+    "threshold": ThresholdProtection,
 }
 
 

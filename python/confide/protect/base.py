@@ -59,6 +59,10 @@ class ProtectionParams:
     mask_bound : float or None
         secagg/groupmask: public clipping bound of the fixed-point encoding; None agrees on the
         largest magnitude every round instead (one more message, nothing clipped).
+    threshold : int or None
+        threshold: key shares needed to decrypt (t); None takes (m + 1) // 2.
+    keygen : {"distributed", "dealer"}
+        threshold: key generation among the parties, or dealt by the leader (who then saw the key).
     """
 
     key_bits: int = 2048
@@ -67,6 +71,8 @@ class ProtectionParams:
     share_timeout_s: float = 30.0
     setup_timeout_s: float = 120.0
     mask_bound: float | None = 8.0
+    threshold: int | None = None
+    keygen: str = "distributed"
 
 
 @dataclass

@@ -141,6 +141,16 @@ class PaillierProtection(GroupShared, Protection):
         """Decrypt our 1/m of the slices, share them, receive the rest."""
         m, me = len(context.participants), context.position
         mine = {i: self._decrypt(result(i).payload) for i in range(me, context.num_slices, m)}
+        return self._assemble(context, mine, lambda peer, expected: self._decrypt_locally(context, peer, expected))
+
+    def _assemble(
+        self,
+        context: RoundContext,
+        mine: dict[int, np.ndarray],
+        missing: Callable[[str, list[int]], dict[int, np.ndarray]],
+    ) -> np.ndarray:
+        """Share our decoded slices (i mod m), receive the others' (``missing`` on a timeout), rescale."""
+        m = len(context.participants)
         tag = context.tag("shares")
         if mine:
             self.share(context.round, tag, pack_parts(mine), context.peers)
@@ -152,7 +162,7 @@ class PaillierProtection(GroupShared, Protection):
             try:
                 theirs = unpack_parts(self.collect(context.round, tag, peer, timeout=self.params.share_timeout_s))
             except MessageTimeoutError:
-                theirs = self._decrypt_locally(context, peer, expected)
+                theirs = missing(peer, expected)
             if sorted(theirs) != expected:
                 raise ProtocolError(f"decrypted share of {peer!r} holds slices {sorted(theirs)[:5]}..., not its own")
             parts.update(theirs)

@@ -58,7 +58,7 @@ def test_defaults():
     assert job.transport.slice_bytes == 64 * 1024
 
 
-@pytest.mark.parametrize("mode", ["plain", "secagg", "paillier", "groupmask"])
+@pytest.mark.parametrize("mode", ["plain", "secagg", "paillier", "groupmask", "tee", "threshold"])
 def test_every_mode_accepted(mode):
     assert parse_job(spec(protection={"mode": mode})).protection.mode == mode
 
@@ -190,3 +190,33 @@ def test_parties_come_from_an_fl_data_value_with_lineage_too():
     fl_data = FLData.create({"b": "d", "a": "d"}, "y", [{"name": "s", "op": "encode", "params": {"columns": ["c"]}}])
     spec = parse_job({"job_id": "j", "fl_data": fl_data.to_dict(), "protection": {"mode": "secagg"}})
     assert spec.parties == ["a", "b"]
+
+
+FIVE = ["h-1", "h-2", "h-3", "h-4", "h-5"]
+
+
+@pytest.mark.parametrize(
+    "data,message",
+    [
+        (spec(protection={"mode": "threshold", "threshold": 4}), "protection.threshold (4) exceeds the 3 parties"),
+        (spec(protection={"mode": "threshold", "threshold": 1}), "protection.threshold"),
+        (spec(protection={"mode": "threshold", "threshold": 3}), "at most (parties + 1) // 2 = 2"),
+        (spec(protection={"mode": "paillier", "threshold": 2}), "protection.threshold is for mode threshold"),
+        (spec(parties=["a-1", "a-2"], protection={"mode": "threshold"}), "needs at least 3 parties"),
+        (spec(parties=FIVE, protection={"mode": "threshold"}), "protection.min_parties (2) is below"),
+        (spec(protection={"mode": "threshold", "keygen": "trusted"}), "protection.keygen"),
+    ],
+)
+def test_threshold_settings_that_cannot_run_are_refused(data, message):
+    assert message in error_of(data)
+
+
+def test_threshold_defaults_and_the_labelled_dealer():
+    job = parse_job(spec(protection={"mode": "threshold"}))
+    assert job.protection.threshold is None and job.protection.keygen == "distributed"
+    dealt = parse_job(
+        spec(parties=["a-1", "a-2"], protection={"mode": "threshold", "keygen": "dealer", "threshold": 2})
+    )
+    assert dealt.protection.params().keygen == "dealer" and dealt.protection.params().threshold == 2
+    five = parse_job(spec(parties=FIVE, protection={"mode": "threshold", "min_parties": 3}))
+    assert five.protection.params().threshold is None

@@ -1,0 +1,231 @@
+"""Threshold Paillier: distributed key generation, t-of-m decryption, proofs that name a cheater.
+
+Key generation runs at 512 bits over an in-memory channel (every party in its own thread) so the
+protocol's algebra is checked quickly; tests/integration/test_modes.py runs it at 2048 bits
+between processes. The native engine needs 2048-bit keys, so the packed path uses the dealer.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import replace
+
+import gmpy2
+import numpy as np
+import pytest
+
+from confide.crypto import BatchCryptCodec, encrypt_packed, sum_encrypted
+from confide.crypto import threshold as th
+from confide.errors import InvalidParameterError, ProtocolError
+
+BITS = 512
+
+
+def generate(parties: int, threshold: int, bits: int = BITS):
+    hub = th.LocalChannels(parties, timeout=300)
+    keys, errors = {}, []
+
+    def run(i):
+        try:
+            keys[i] = th.generate_threshold_key(hub.channel(i), bits=bits, threshold=threshold, batch=256)
+        except BaseException as error:  # noqa: BLE001 - reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(1, parties + 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(300)
+    assert not errors, errors
+    return [keys[i] for i in range(1, parties + 1)], hub
+
+
+@pytest.fixture(scope="module")
+def three():
+    return generate(3, 2)
+
+
+@pytest.fixture(scope="module")
+def five():
+    return generate(5, 3)
+
+
+def test_every_party_ends_with_the_same_public_key_and_its_own_share(three):
+    keys, _ = three
+    public = keys[0].public
+    assert all(k.public == public for k in keys)
+    assert public.n.bit_length() == BITS
+    assert len({k.share for k in keys}) == 3
+    assert public.threshold == 2 and public.parties == 3 and not public.dealer
+    assert "share=<redacted>" in repr(keys[0])
+    with pytest.raises(TypeError, match="cannot be pickled"):
+        __import__("pickle").dumps(keys[0])
+
+
+@pytest.mark.parametrize("fixture", ["three", "five"])
+def test_any_t_parties_decrypt(fixture, request):
+    keys, _ = request.getfixturevalue(fixture)
+    public = keys[0].public
+    values = [0, 1, 42, public.n - 1, 2**200 + 7]
+    ciphertexts = th.encrypt_integers(public, values)
+    partials = [th.partial_decrypt(k, ciphertexts) for k in keys]
+    for partial in partials:
+        th.verify_partial(public, ciphertexts, partial)
+    t = public.threshold
+    import itertools
+
+    for subset in itertools.combinations(partials, t):
+        assert th.combine_partials(public, list(subset)) == values
+
+
+def test_the_joint_modulus_is_a_product_of_two_primes_nobody_was_given():
+    # Step 1 alone, with each party's additive shares returned so the test (and only the test)
+    # can add them up: p and q are primes of half the size, 3 mod 4, and N = pq has exactly k bits.
+    hub = th.LocalChannels(3, timeout=300)
+    out = {}
+
+    def run(i):
+        out[i] = th._find_modulus(hub.channel(i), BITS, 256)
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in (1, 2, 3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(300)
+    assert len(out) == 3
+    moduli = {out[i][0] for i in out}
+    assert len(moduli) == 1
+    n = moduli.pop()
+    p = sum(out[i][1] for i in out)
+    q = sum(out[i][2] for i in out)
+    assert p * q == n and n.bit_length() == BITS
+    assert gmpy2.is_prime(p) and gmpy2.is_prime(q)
+    assert p % 4 == 3 and q % 4 == 3
+    for i in out:  # no party's own shares are a factor
+        assert math.gcd(out[i][1], n) == 1 and math.gcd(out[i][2], n) == 1
+
+
+def test_fewer_than_t_parties_plus_the_aggregator_cannot_decrypt(five):
+    # t-1 = 2 colluders hold their shares, their partial decryptions and every ciphertext
+    # the aggregator saw; combining what they have with any coefficients fails.
+    keys, _ = five
+    public = keys[0].public
+    secret = 123456789
+    ciphertexts = th.encrypt_integers(public, [secret])
+    colluders = keys[:2]
+    partials = [th.partial_decrypt(k, ciphertexts) for k in colluders]
+    with pytest.raises(ProtocolError, match="needs 3 partial decryptions"):
+        th.combine_partials(public, partials)
+    n, n2 = public.n, public.n_squared
+    scale = pow(4 * public.delta**2 * public.theta % n, -1, n)
+    # Every Lagrange-style combination of the two partials over small integer weights misses.
+    for a in range(-6, 7):
+        for b in range(-6, 7):
+            value = gmpy2.powmod(partials[0].values[0], a, n2) * gmpy2.powmod(partials[1].values[0], b, n2) % n2
+            assert (int(value) - 1) // n * scale % n != secret
+    # Two shares together do not form a multiple of phi(N) usable as a decryption exponent.
+    exponent = 2 * public.delta * (colluders[0].share + colluders[1].share)
+    value = int(gmpy2.powmod(ciphertexts[0], exponent, n2))
+    assert (value - 1) % n != 0 or (value - 1) // n * scale % n != secret
+
+
+def test_no_party_view_holds_the_factors(three):
+    # Each party's view: its own shares plus every payload it received. None of the numbers in
+    # it shares a factor with N (a factor of N, or a multiple of one, would reveal p or q).
+    keys, hub = three
+    n = keys[0].public.n
+    for index in range(1, 4):
+        for payload in hub.received[index]:
+            for width in (1, 8, 32, 64, 65, 66):  # read the payload as integers of several widths
+                for offset in range(0, max(1, len(payload) - width + 1), width):
+                    value = int.from_bytes(payload[offset : offset + width], "big")
+                    if value > 1:
+                        assert math.gcd(value, n) in (1, n)
+        assert math.gcd(keys[index - 1].share, n) == 1
+    # And no single share decrypts.
+    ciphertext = th.encrypt_integers(keys[0].public, [5])[0]
+    for key in keys:
+        value = int(gmpy2.powmod(ciphertext, key.share, keys[0].public.n_squared))
+        assert (value - 1) % n != 0 or (value - 1) // n != 5
+
+
+def test_a_wrong_partial_decryption_is_detected_and_named(three):
+    keys, _ = three
+    public = keys[0].public
+    ciphertexts = th.encrypt_integers(public, [3, 4, 5])
+    honest = th.partial_decrypt(keys[1], ciphertexts)
+    forged_values = list(honest.values)
+    forged_values[2] = forged_values[2] * 2 % public.n_squared
+    forged = replace(honest, values=tuple(forged_values))
+    with pytest.raises(th.CheatingPartyError, match="party 2") as caught:
+        th.verify_partial(public, ciphertexts, forged)
+    assert caught.value.party == 2
+    # A share that is not the party's own fails too, even with a self-consistent proof.
+    impostor = th.ThresholdKey(public, 2, keys[0].share)
+    with pytest.raises(th.CheatingPartyError, match="party 2"):
+        th.verify_partial(public, ciphertexts, th.partial_decrypt(impostor, ciphertexts))
+    # The error survives pickling (it crosses Ray and process boundaries).
+    import pickle
+
+    again = pickle.loads(pickle.dumps(caught.value))
+    assert again.party == 2 and "party 2" in str(again)
+
+
+def test_partial_decryption_round_trips_and_rejects_bad_bytes(three):
+    keys, _ = three
+    public = keys[0].public
+    ciphertexts = th.encrypt_integers(public, [9])
+    partial = th.partial_decrypt(keys[0], ciphertexts)
+    assert th.PartialDecryption.from_bytes(partial.to_bytes(public.n), public.n) == partial
+    with pytest.raises(ProtocolError):
+        th.PartialDecryption.from_bytes(partial.to_bytes(public.n)[:-3], public.n)
+    with pytest.raises(ProtocolError, match="outside"):
+        th.PartialDecryption.from_bytes(
+            partial.to_bytes(public.n)[:6] + b"\x00" * 128 + partial.to_bytes(public.n)[134:], public.n
+        )
+    assert th.ThresholdPublicKey.from_bytes(public.to_bytes()) == public
+
+
+@pytest.mark.parametrize(
+    ("parties", "threshold", "message"),
+    [
+        (3, 4, "must not exceed"),
+        (3, 1, "at least 2"),
+        (5, 4, r"at most \(parties \+ 1\) // 2 = 3"),
+        (1, 2, "parties must be at least 2"),
+    ],
+)
+def test_impossible_thresholds_are_clear_errors(parties, threshold, message):
+    with pytest.raises(InvalidParameterError, match=message):
+        th.check_threshold(parties, threshold)
+
+
+def test_dealer_fallback_lifts_the_majority_cap_and_says_so():
+    keys = th.deal_threshold_keys(4, 4, bits=BITS)
+    public = keys[0].public
+    assert public.dealer
+    ciphertexts = th.encrypt_integers(public, [77])
+    partials = [th.partial_decrypt(k, ciphertexts) for k in keys]
+    for partial in partials:
+        th.verify_partial(public, ciphertexts, partial)
+    assert th.combine_partials(public, partials) == [77]
+    with pytest.raises(ProtocolError, match="needs 4"):
+        th.combine_partials(public, partials[:3])
+
+
+def test_packed_vectors_decrypt_on_the_native_engine():
+    keys = th.deal_threshold_keys(3, 2, bits=2048)
+    public = keys[0].public
+    key = public.encryption_key()
+    rng = np.random.default_rng(3)
+    updates = [rng.normal(0, 0.1, 1000) for _ in range(3)]
+    codec = BatchCryptCodec(bits=16, max_parties=3, alpha=0.5)
+    total = sum_encrypted([encrypt_packed(u, codec, key) for u in updates])
+    partials = [th.partial_decrypt(k, total) for k in keys[1:]]
+    for partial in partials:
+        th.verify_partial(public, total, partial)
+    values = th.decrypt_packed_threshold(public, total, partials)
+    assert np.allclose(values, np.clip(updates, -0.5, 0.5).sum(axis=0), atol=3 * 3 * 0.5 / 2**14)
+    with pytest.raises(ProtocolError, match="needs 2"):
+        th.decrypt_packed_threshold(public, total, partials[:1])
