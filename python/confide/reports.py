@@ -105,11 +105,12 @@ class Failure(_Report):
     """Why a party stopped, in a form that may cross sites: names and counts, never values.
 
     ``stage``: ``data`` (the party's rows do not fit the pipeline), ``model`` (the model cannot be
-    built for them), ``access`` (the owner revoked the grant), ``round`` (a round failed),
-    ``internal`` (an unexpected error; its details stay in the party's own log).
+    built for them), ``privacy`` (the job's privacy budget cannot be met on this party's rows),
+    ``access`` (the owner revoked the grant), ``round`` (a round failed), ``internal`` (an
+    unexpected error; its details stay in the party's own log).
     """
 
-    stage: Literal["data", "model", "access", "round", "internal"]
+    stage: Literal["data", "model", "privacy", "access", "round", "internal"]
     error: str
     message: str
     dataset: str | None = None

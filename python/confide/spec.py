@@ -25,6 +25,7 @@ of the embedded ``data`` generator; ``parties`` then defaults to the FL_Data par
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -159,6 +160,35 @@ class ProtectionSpec(_Strict):
         return ProtectionParams(**self.model_dump(include=set(ProtectionParams.__dataclass_fields__)))
 
 
+class PrivacySpec(_Strict):
+    """Differential privacy with a budget (docs/privacy.md): every epsilon comes from dp-accounting."""
+
+    #: "distributed": each party clips its update and adds its share of discrete Gaussian noise
+    #: before protection (party-level DP of the sum); "dp_sgd": per-record clipping and noise in
+    #: each party's local training (record-level DP; homo_lr).
+    mechanism: Literal["distributed", "dp_sgd"]
+    #: The whole job's budget (> 0).
+    epsilon: float = Field(gt=0, le=1000)
+    delta: float = Field(1e-5, gt=0, lt=0.1)
+    #: L2 bound of a party's update (distributed) or of one record's gradient (dp_sgd).
+    clip_norm: float = Field(1.0, gt=0, le=1e6)
+    #: Fixed noise multiplier; None calibrates the smallest one that meets epsilon over the rounds.
+    noise_multiplier: float | None = Field(None, gt=0, le=10_000)
+    #: A calibrated multiplier above this is refused (too much noise to learn anything).
+    max_noise_multiplier: float = Field(50.0, gt=0, le=10_000)
+    accountant: Literal["rdp", "pld"] = "rdp"
+    #: What happens when the next round would spend more than epsilon.
+    on_budget_spent: Literal["stop", "warn"] = "stop"
+    #: distributed: adapt clip_norm to the target quantile of the update norms (Andrew et al. 2021).
+    adaptive_clipping: bool = False
+    target_quantile: float = Field(0.5, gt=0, lt=1)
+    clip_learning_rate: float = Field(0.2, gt=0, le=10)
+    #: distributed, adaptive: noise multiplier of the clip count, as a multiple of the update's.
+    count_noise_ratio: float = Field(2.0, gt=0, le=1000)
+    #: distributed: parties that may subtract their own noise shares with the calibration still holding.
+    tolerate_colluders: int = Field(0, ge=0, le=MAX_PARTIES)
+
+
 class StrategySpec(_Strict):
     """How the sum of the parties' changes becomes the next global model (:mod:`confide.ml.strategies`)."""
 
@@ -211,6 +241,8 @@ class JobSpec(_Strict):
     data: DataSpec = DataSpec()
     protection: ProtectionSpec = ProtectionSpec()
     transport: TransportSpec = TransportSpec()
+    #: Differential privacy (None: none).
+    privacy: PrivacySpec | None = None
     seed: int = Field(0, ge=0, le=2**32 - 1)
     #: Data provisioning as FL_Data (participants, label, pipeline); None: the embedded ``data``.
     fl_data: dict[str, Any] | None = None
@@ -296,11 +328,63 @@ class JobSpec(_Strict):
                 raise ValueError(f"data.guest {self.data.guest!r} is not one of the parties {self.parties}")
         self._check_model()
         self._check_threshold()
+        self._check_privacy()
         if self.protection.min_parties > len(self.parties):
             raise ValueError(
                 f"protection.min_parties ({self.protection.min_parties}) exceeds the {len(self.parties)} parties"
             )
         return self
+
+    def _check_privacy(self) -> None:
+        privacy = self.privacy
+        if privacy is None:
+            return
+        if self.vertical:
+            raise ValueError(f"privacy: model.algorithm {self.model.algorithm} is vertical; DP covers horizontal jobs")
+        if privacy.mechanism == "dp_sgd":
+            if self.model.algorithm != "homo_lr":
+                raise ValueError(
+                    f"privacy.mechanism dp_sgd runs inside homo_lr's training; model.algorithm {self.model.algorithm} "
+                    f"is covered by mechanism distributed (update-level)"
+                )
+            if self.model.batch_size == 0:
+                raise ValueError("privacy.mechanism dp_sgd samples records: model.batch_size must be > 0")
+            if privacy.adaptive_clipping or privacy.tolerate_colluders:
+                raise ValueError("privacy.adaptive_clipping and tolerate_colluders are for mechanism distributed")
+            return
+        if privacy.tolerate_colluders >= self.protection.min_parties:
+            raise ValueError(
+                f"privacy.tolerate_colluders ({privacy.tolerate_colluders}) must be below protection.min_parties "
+                f"({self.protection.min_parties})"
+            )
+        from confide.privacy import distributed_plan
+        from confide.privacy.distributed import MASKING, PAILLIER
+
+        if self.protection.mode not in MASKING + PAILLIER:
+            raise ValueError(
+                f"privacy.mechanism distributed needs a protection that hides single updates (secagg, groupmask, "
+                f"paillier, threshold); with protection.mode {self.protection.mode} the aggregator would see each "
+                f"party's update with only its share of the noise"
+            )
+        if self.protection.mode in MASKING and self.protection.mask_bound is None:
+            raise ValueError(
+                "protection.mask_bound: null makes the parties exchange their largest value every round, which "
+                "differential privacy does not cover; set a public bound"
+            )
+        plan = distributed_plan(privacy, self.rounds)
+        from confide.privacy.distributed import grid_bits
+
+        for parties in sorted({self.protection.min_parties, len(self.parties)}):
+            # The model's size is not known here (d = 0): the party checks again with it.
+            grid_bits(
+                self.protection.mode,
+                bits=self.protection.bits,
+                mask_bound=self.protection.mask_bound,
+                parties=parties,
+                clip=privacy.clip_norm,
+                noise=plan.noise_multiplier / math.sqrt(parties - privacy.tolerate_colluders),
+                dimension=0,
+            )
 
     def _check_threshold(self) -> None:
         protection, m = self.protection, len(self.parties)

@@ -461,6 +461,20 @@ def print_summary(report: dict) -> None:
     if job.mode == "tee":
         enclave = protection.get("enclave", {})
         print(f"  {protection['note']}  (enclave report: mode {enclave.get('mode')!r}, {enclave.get('note', '')})")
+    if job.mode == "threshold":
+        print(
+            f"  threshold Paillier {protection['key_bits']}-bit: {protection['secret_key_holders']}; key generation "
+            f"{protection['keygen']} ({protection['keygen_seconds']:.1f} s); {protection['decryption']}"
+        )
+    privacy = (protection or {}).get("privacy")
+    if privacy:
+        print(
+            f"differential privacy: epsilon {privacy['epsilon_spent']:.3f} spent of {privacy['epsilon_budget']:g} "
+            f"(delta {privacy['delta']:g}), {privacy['mechanism']}; unit: {privacy['unit']}; noise multiplier "
+            f"{privacy['noise_multiplier']:.3g}, clip {privacy['clip_norm']:g}; accountant {privacy['accountant']}"
+        )
+        if "stopped_before_round" in privacy:
+            print(f"  budget spent: stopped before round {privacy['stopped_before_round']}")
     if job.model is not None:
         model = job.model
         backend = f", backend {model.backend}" if model.backend else ""

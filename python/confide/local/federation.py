@@ -481,7 +481,20 @@ def build_report(spec: JobSpec, reports: dict[str, dict], wall_seconds: float, d
                 "train_s": float(np.mean([e["train_s"] for e in entries])),
             }
         )
-    protection = first["protection"]
+    protection = dict(first["protection"])
+    if "privacy" in protection:
+        # DP-SGD calibrates per party (its own row count): the job states the worst party's epsilon.
+        per_party = {
+            p: r["protection"]["privacy"] for p, r in reports.items() if (r.get("protection") or {}).get("privacy")
+        }
+        worst = max(per_party.values(), key=lambda v: v["epsilon_spent"])
+        protection["privacy"] = {
+            **worst,
+            "per_party": {
+                p: {"epsilon_spent": v["epsilon_spent"], "noise_multiplier": v["noise_multiplier"]}
+                for p, v in per_party.items()
+            },
+        }
     report = JobReport(
         job_id=spec.job_id,
         mode=protection["mode"],

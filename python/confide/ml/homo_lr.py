@@ -264,7 +264,13 @@ class HomoLR:
     # ------------------------------------------------------------------ training
 
     def local_train(
-        self, X: Any, y: Any, *, epochs: int | None = None, proximal: tuple[float, np.ndarray] | None = None
+        self,
+        X: Any,
+        y: Any,
+        *,
+        epochs: int | None = None,
+        proximal: tuple[float, np.ndarray] | None = None,
+        dp_sgd: tuple[float, float] | None = None,
     ) -> float:
         """Run mini-batch SGD from the current weights over the local rows.
 
@@ -279,6 +285,12 @@ class HomoLR:
         proximal : (mu, anchor), optional
             FedProx: after every step, ``w <- w - lr * mu * (w - anchor)`` (``anchor``: the global
             weights, shape ``(d + 1,)``).
+        dp_sgd : (noise_multiplier, clip_norm), optional
+            Record-level DP-SGD instead of shuffled batches: ``epochs * ceil(n / batch_size)``
+            steps, each sampling every row with probability ``batch_size / n`` (Poisson),
+            clipping each row's gradient to L2 norm ``clip_norm`` and adding Gaussian noise of
+            deviation ``noise_multiplier * clip_norm`` to their sum, divided by the expected
+            batch size. The noise comes from the OS, not from ``seed``.
 
         Returns
         -------
@@ -303,7 +315,10 @@ class HomoLR:
                 raise InvalidParameterError(f"proximal anchor must have shape {w.shape}, got {anchor.shape}")
             proximal = (mu, anchor) if mu > 0 else None
         with np.errstate(over="ignore", invalid="ignore"):  # divergence is checked once, below
-            self._sgd(X, y, w, epochs, lr, shrink, bs, buf, proximal)
+            if dp_sgd is not None:
+                self._dp_sgd(X, y, w, epochs, lr, shrink, bs, proximal, dp_sgd)
+            else:
+                self._sgd(X, y, w, epochs, lr, shrink, bs, buf, proximal)
         if not np.isfinite(w).all():
             raise InvalidParameterError(
                 f"training diverged (non-finite weights, model left unchanged); lower learning_rate "
@@ -346,6 +361,48 @@ class HomoLR:
                 w[-1] -= lr * float(np.mean(r, dtype=np.float64))
                 if proximal is not None:
                     w -= (lr * proximal[0]) * (w - proximal[1])
+
+    def _dp_sgd(
+        self,
+        X: Any,
+        y: np.ndarray,
+        w: np.ndarray,
+        epochs: int,
+        lr: float,
+        shrink: float,
+        bs: int,
+        proximal: tuple[float, np.ndarray] | None,
+        dp_sgd: tuple[float, float],
+    ) -> None:
+        from confide.privacy.noise import generator
+
+        z, clip = float(dp_sgd[0]), float(dp_sgd[1])
+        n, dt = X.shape[0], X.dtype
+        rate = min(1.0, bs / n)
+        expected = rate * n
+        # |gradient of row i| = |r_i| * sqrt(|x_i|^2 + 1) for (coef, intercept).
+        if _is_sparse(X):
+            row_norms = np.sqrt(np.asarray(X.multiply(X).sum(axis=1)).ravel() + 1.0)
+        else:
+            row_norms = np.sqrt(np.einsum("ij,ij->i", X, X, dtype=np.float64) + 1.0)
+        rng = generator()
+        coef = w[:-1]
+        for _ in range(epochs * math.ceil(n / bs)):
+            idx = np.flatnonzero(rng.random(n) < rate)
+            total = np.zeros(w.size, dtype=np.float64)
+            if idx.size:
+                xb = X[idx]
+                z_b = xb @ coef.astype(dt, copy=False) + dt.type(w[-1])
+                r = (_sigmoid(np.asarray(z_b)) - y[idx]).astype(np.float64)
+                r *= np.minimum(1.0, clip / np.maximum(np.abs(r) * row_norms[idx], 1e-300))
+                total[:-1] = np.asarray(xb.T @ r.astype(dt)).ravel()
+                total[-1] = r.sum()
+            total += rng.normal(0.0, z * clip, w.size)
+            if shrink != 1.0:
+                coef *= shrink
+            w -= (lr / expected) * total
+            if proximal is not None:
+                w -= (lr * proximal[0]) * (w - proximal[1])
 
     def train_partitioned(self, data: Any, *, proximal: tuple[float, np.ndarray] | None = None) -> float:
         """Full-batch gradient descent over partitioned rows; returns the loss after training.
@@ -598,10 +655,13 @@ class HomoLRModel:
         if config.proximal_mu > 0 and config.global_weights is not None:
             g = config.global_weights
             proximal = (config.proximal_mu, np.concatenate([np.ravel(g["lr/coef"]), np.ravel(g["lr/intercept"])]))
+        dp_sgd = getattr(config, "dp_sgd", None)
         if _is_partitioned(X):
+            if dp_sgd is not None:
+                raise InvalidParameterError("privacy.mechanism dp_sgd does not run on partitioned (Ray) data yet")
             loss = self.estimator.train_partitioned(X, proximal=proximal)
         else:
-            loss = self.estimator.local_train(X, y, proximal=proximal)
+            loss = self.estimator.local_train(X, y, proximal=proximal, dp_sgd=dp_sgd)
         return FitResult(num_examples=int(X.shape[0]), metrics={"loss": float(loss)})
 
     def predict(self, X: Any) -> np.ndarray:

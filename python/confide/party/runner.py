@@ -445,6 +445,12 @@ def run_party(
             model = DataParallel(model, recipe)
         model.build(data.example_shape, data.classes)
         layout = WeightLayout.of(model.get_weights())
+        stage = "privacy"
+        privacy = None
+        if spec.privacy is not None:
+            from confide.privacy.party import PartyPrivacy
+
+            privacy = PartyPrivacy(spec, party_id, int(data.X.shape[0]))
     except Exception as error:
         # Before any peer is contacted: the report says why, and the launcher stops the others.
         report_failure(workdir, spec.job_id, party_id, error, stage=stage, dataset=dataset, round_number=0)
@@ -456,6 +462,8 @@ def run_party(
     if resume_round:
         if party_id not in joining:
             _load_checkpoint(checkpoint_dir, resume_round, model, layout, strategy)
+            if privacy is not None:
+                _load_privacy(checkpoint_dir, resume_round, privacy)
         first_round = resume_round + 1
     _drop_later_checkpoints(checkpoint_dir, resume_round)
     report = PartyReport(
@@ -540,23 +548,28 @@ def run_party(
             client,
             counts,
             slice_length,
+            privacy,
         )
         for round_number in range(first_round, spec.rounds + 1):
             current = {"round": round_number}
             _check_stop(stop_file)  # a round boundary: an owner's revocation takes effect here
+            if privacy is not None and not privacy.allow(round_number):
+                break  # the budget is spent: every party decides the same from the same ledger
             entry = _train_and_aggregate(training, participants, round_number)
             participants = entry.participants
             report.rounds.append(entry)
             report.status = "running"
             interval = spec.checkpoint_interval
             if interval and (round_number % interval == 0 or round_number == spec.rounds):
-                _checkpoint(checkpoint_dir, round_number, model, layout, strategy, participants)
+                _checkpoint(checkpoint_dir, round_number, model, layout, strategy, participants, privacy)
             _write_report(report_path, report)
             if on_round is not None:
                 on_round(entry.model_dump(mode="json", exclude_none=True))
             HOOKS.round_done(round_number)
         report.status = "completed"
         report.protection = protection.report()
+        if privacy is not None:
+            report.protection["privacy"] = privacy.report()
         final = layout.flatten(model.get_weights())
         report.weights = final.tolist() if final.size <= MAX_WEIGHTS_IN_REPORT else None
         _save_model(workdir / f"{party_id}.model.npz", model, layout, spec)
@@ -619,6 +632,7 @@ class _Training:
     client: AggregatorClient
     counts: dict
     slice_length: int
+    privacy: object = None
 
 
 def _train_and_aggregate(training: _Training, participants: list[str], round_number: int) -> RoundReport:
@@ -641,6 +655,7 @@ def _train_and_aggregate(training: _Training, participants: list[str], round_num
         epochs=spec.model.local_epochs,
         proximal_mu=strategy.proximal_mu,
         global_weights=layout.unflatten(global_vector) if strategy.proximal_mu > 0 else None,
+        dp_sgd=training.privacy.fit_dp_sgd() if training.privacy is not None else None,
     )
     started = time.perf_counter()
     fitted = model.fit(data.X, data.y, config)
@@ -650,7 +665,9 @@ def _train_and_aggregate(training: _Training, participants: list[str], round_num
     attempt = 0
     while True:
         total = sum(float(counts[p][0]) for p in participants)
-        vector = strategy.contribution(delta, float(counts[party_id][0]) / total)
+        vector = training.privacy.privatize(delta, participants, protection) if training.privacy else None
+        if vector is None:
+            vector = strategy.contribution(delta, float(counts[party_id][0]) / total)
         context = RoundContext(
             round=round_number,
             attempt=attempt,
@@ -677,6 +694,9 @@ def _train_and_aggregate(training: _Training, participants: list[str], round_num
             log.warning("%s; retrying round %d with %s", aborted, round_number, aborted.survivors)
             participants = list(aborted.survivors)
             attempt += 1
+    if training.privacy is not None:
+        aggregate = training.privacy.finish(np.asarray(aggregate, dtype=np.float64), participants)
+        context.stats["privacy"] = training.privacy.record()
     new_global = strategy.apply(global_vector, np.asarray(aggregate, dtype=np.float64))
     if not np.isfinite(new_global).all():
         raise JobFailedError(f"round {round_number}: the aggregated model is not finite (a participant diverged)")
@@ -833,8 +853,13 @@ def _npz(arrays: dict[str, np.ndarray]) -> bytes:
     return buffer.getvalue()
 
 
-def _checkpoint(directory: Path, round_number: int, model, layout: WeightLayout, strategy, participants) -> None:
-    """``weights.npz`` (the global model by tensor name), the strategy's and the model's local state."""
+def _checkpoint(
+    directory: Path, round_number: int, model, layout: WeightLayout, strategy, participants, privacy=None
+) -> None:
+    """``weights.npz`` (the global model by tensor name), the strategy's and the model's local state.
+
+    With differential privacy, ``privacy.json`` holds the ledger of the rounds run so far.
+    """
     state = {"round": round_number, "participants": list(participants), "format": 2, "layout": layout.to_dict()}
     files = {
         "weights.npz": _npz(model.get_weights()),
@@ -842,6 +867,8 @@ def _checkpoint(directory: Path, round_number: int, model, layout: WeightLayout,
         "local.npz": _npz(model.state() if hasattr(model, "state") else {}),
         "state.json": json.dumps(state, sort_keys=True).encode(),
     }
+    if privacy is not None:
+        files["privacy.json"] = json.dumps(privacy.state(), sort_keys=True).encode()
     target = directory / ckpt.round_name(round_number)
     if target.exists():  # a previous run of this session wrote it; this run's files replace it
         shutil.rmtree(target)
@@ -884,6 +911,20 @@ def _load_checkpoint(directory: Path, round_number: int, model, layout: WeightLa
     strategy.load_state(strategy_state)
     if local and hasattr(model, "load_state"):
         model.load_state(local)
+
+
+def _load_privacy(directory: Path, round_number: int, privacy) -> None:
+    """The ledger of the rounds before a resume: they count against the budget as they ran."""
+    path = directory / ckpt.round_name(round_number) / "privacy.json"
+    try:
+        privacy.load_state(json.loads(path.read_text()))
+    except FileNotFoundError:
+        raise JobFailedError(
+            f"cannot resume with privacy: checkpoint {path.parent} holds no privacy ledger (it was written without "
+            f"differential privacy), so the rounds already run cannot be accounted"
+        ) from None
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise JobFailedError(f"cannot resume: privacy ledger {path} is unreadable: {error}") from None
 
 
 def _save_model(path: Path, model, layout: WeightLayout, spec: JobSpec) -> None:
