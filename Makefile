@@ -91,7 +91,7 @@ bench: setup
 	@$(PYTHON) -m pip install -q "sf-heu==0.5.2b0" 2>/dev/null \
 		|| echo "sf-heu==0.5.2b0 does not install here: HEU anchors will be skipped"
 	$(PYTHON) benchmarks/crypto_bench.py
-	$(PYTHON) benchmarks/threshold_bench.py
+	$(PYTHON) benchmarks/privacy_bench.py
 	$(PYTHON) benchmarks/runtime_bench.py
 	$(PYTHON) benchmarks/controller_bench.py --stores sqlite,postgres
 	$(PYTHON) benchmarks/console_bench.py --write

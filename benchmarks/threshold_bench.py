@@ -14,7 +14,8 @@ In one run, on this host:
   machines runs it faster); anchor: python-paillier generating one 2048-bit key alone.
   The number of candidate moduli is random (geometric), so quote the median of runs.
 
-Writes benchmarks/results/threshold.json (``--no-write`` to only print).
+Prints its records; ``benchmarks/privacy_bench.py`` runs them with the DP records and writes
+benchmarks/results/privacy.json.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchutil import machine, record, results_table, write  # noqa: E402
+from benchutil import record, results_table  # noqa: E402
 
 from confide.crypto import (  # noqa: E402
     BatchCryptCodec,
@@ -111,12 +112,8 @@ def keygen_seconds(parties: int, threshold: int) -> float:
     return time.perf_counter() - start
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--keygen-runs", type=int, default=3, help="runs of the 3-party key generation")
-    parser.add_argument("--keygen-parties", default="3,10", help="party counts of the key-generation records")
-    parser.add_argument("--no-write", action="store_true")
-    args = parser.parse_args()
+def threshold_records(keygen_runs: int = 3, keygen_parties: tuple[int, ...] = (3, 10)) -> list[dict]:
+    """Every ``threshold.*`` record of this run."""
     keys = th.deal_threshold_keys(PARTIES, T, bits=2048)
     crt_key = DecryptionKey.generate(2048)
     results = per_ciphertext(keys, crt_key)
@@ -136,9 +133,9 @@ def main() -> None:
     from phe import paillier
 
     anchor = median_seconds(lambda: paillier.generate_paillier_keypair(n_length=2048), 3)
-    for parties in (int(p) for p in args.keygen_parties.split(",")):
+    for parties in keygen_parties:
         threshold = (parties + 1) // 2
-        runs = [keygen_seconds(parties, threshold) for _ in range(args.keygen_runs if parties <= 3 else 1)]
+        runs = [keygen_seconds(parties, threshold) for _ in range(keygen_runs if parties <= 3 else 1)]
         print(f"keygen m={parties} t={threshold}: {[round(r, 1) for r in runs]} s", flush=True)
         results.append(
             record(
@@ -150,9 +147,16 @@ def main() -> None:
                 {"parties": parties, "threshold": threshold, "runs_seconds": [round(r, 2) for r in runs]},
             )
         )
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--keygen-runs", type=int, default=3, help="runs of the 3-party key generation")
+    parser.add_argument("--keygen-parties", default="3,10", help="party counts of the key-generation records")
+    args = parser.parse_args()
+    results = threshold_records(args.keygen_runs, tuple(int(p) for p in args.keygen_parties.split(",")))
     print("\n".join(results_table(results, value=",.3f", anchor=",.3f")))
-    if not args.no_write:
-        print(write("threshold", machine(), results))
 
 
 if __name__ == "__main__":

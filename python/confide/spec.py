@@ -136,6 +136,11 @@ class DataSpec(_Strict):
     id_column: str | None = Field(None, min_length=1, max_length=128)
 
 
+def default_threshold(parties: int) -> int:
+    """The threshold when ``protection.threshold`` is unset: a majority, at least 2."""
+    return max(2, (parties + 1) // 2)
+
+
 class ProtectionSpec(_Strict):
     """Protection mode and its parameters (docs/runtime.md has the threat model of each)."""
 
@@ -148,7 +153,7 @@ class ProtectionSpec(_Strict):
     share_timeout_s: float = Field(30.0, gt=0, le=3600)
     setup_timeout_s: float = Field(120.0, gt=0, le=3600)
     mask_bound: float | None = Field(8.0, gt=0, le=2**20)
-    #: threshold: key shares needed to decrypt; None takes (parties + 1) // 2.
+    #: threshold: key shares needed to decrypt; None takes max(2, (parties + 1) // 2).
     threshold: int | None = Field(None, ge=2, le=MAX_PARTIES)
     #: threshold: "distributed" (no one ever holds the key) or "dealer" (the leader deals, and saw the key).
     keygen: Literal["distributed", "dealer"] = "distributed"
@@ -186,7 +191,8 @@ class PrivacySpec(_Strict):
     #: distributed, adaptive: noise multiplier of the clip count, as a multiple of the update's.
     count_noise_ratio: float = Field(2.0, gt=0, le=1000)
     #: distributed: parties that may subtract their own noise shares with the calibration still holding.
-    tolerate_colluders: int = Field(0, ge=0, le=MAX_PARTIES)
+    #: 1 (the default) keeps the guarantee against every participant, who knows its own share.
+    tolerate_colluders: int = Field(1, ge=0, le=MAX_PARTIES)
 
 
 class StrategySpec(_Strict):
@@ -249,6 +255,21 @@ class JobSpec(_Strict):
     #: Parties and aggregator checkpoint every this many rounds (0: never).
     checkpoint_interval: int = Field(5, ge=0, le=100_000)
     metrics: list[Literal["loss", "auc", "accuracy"]] = ["loss", "auc"]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _threshold_min_parties(cls, data: Any) -> Any:
+        """In threshold mode, an unset ``protection.min_parties`` is the threshold (fewer cannot decrypt)."""
+        if not isinstance(data, dict):
+            return data
+        protection, parties = data.get("protection"), data.get("parties")
+        if isinstance(protection, dict) and protection.get("mode") == "threshold" and "min_parties" not in protection:
+            t = protection.get("threshold")
+            if t is None and isinstance(parties, list):
+                t = default_threshold(len(parties))
+            if isinstance(t, int) and not isinstance(t, bool) and t >= 2:
+                data = {**data, "protection": {**protection, "min_parties": t}}
+        return data
 
     @model_validator(mode="before")
     @classmethod
@@ -342,15 +363,23 @@ class JobSpec(_Strict):
         if self.vertical:
             raise ValueError(f"privacy: model.algorithm {self.model.algorithm} is vertical; DP covers horizontal jobs")
         if privacy.mechanism == "dp_sgd":
-            if self.model.algorithm != "homo_lr":
+            if self.model.algorithm not in ("homo_lr", "custom", "keras"):
                 raise ValueError(
-                    f"privacy.mechanism dp_sgd runs inside homo_lr's training; model.algorithm {self.model.algorithm} "
-                    f"is covered by mechanism distributed (update-level)"
+                    f"privacy.mechanism dp_sgd runs inside homo_lr's training, a Keras network's on the jax backend or "
+                    f"a PyTorch model's (custom, through Opacus); model.algorithm {self.model.algorithm} is covered by "
+                    f"mechanism distributed (update-level)"
                 )
+            if self.model.algorithm == "keras":
+                backends = {self.model.backend, *self.model.backends.values()}
+                if backends != {"jax"}:
+                    raise ValueError(
+                        f"privacy.mechanism dp_sgd runs Keras networks on the jax backend only (per-record gradients "
+                        f"by jax.vmap); this job uses {sorted(backends)}"
+                    )
             if self.model.batch_size == 0:
                 raise ValueError("privacy.mechanism dp_sgd samples records: model.batch_size must be > 0")
-            if privacy.adaptive_clipping or privacy.tolerate_colluders:
-                raise ValueError("privacy.adaptive_clipping and tolerate_colluders are for mechanism distributed")
+            if privacy.adaptive_clipping:
+                raise ValueError("privacy.adaptive_clipping is for mechanism distributed")
             return
         if privacy.tolerate_colluders >= self.protection.min_parties:
             raise ValueError(
@@ -384,6 +413,7 @@ class JobSpec(_Strict):
                 clip=privacy.clip_norm,
                 noise=plan.noise_multiplier / math.sqrt(parties - privacy.tolerate_colluders),
                 dimension=0,
+                count_noise=(plan.count_noise_multiplier or 0.0) / math.sqrt(parties - privacy.tolerate_colluders),
             )
 
     def _check_threshold(self) -> None:
@@ -392,7 +422,7 @@ class JobSpec(_Strict):
             if protection.threshold is not None:
                 raise ValueError(f"protection.threshold is for mode threshold, not {protection.mode}")
             return
-        t = protection.threshold or (m + 1) // 2
+        t = protection.threshold or default_threshold(m)
         if m < 3 and protection.keygen == "distributed":
             raise ValueError(
                 f"protection.mode threshold with keygen distributed needs at least 3 parties (BGW needs an honest "
@@ -409,7 +439,7 @@ class JobSpec(_Strict):
         if protection.min_parties < t:
             raise ValueError(
                 f"protection.min_parties ({protection.min_parties}) is below protection.threshold ({t}): a round with "
-                f"fewer than t parties could not be decrypted"
+                f"fewer than t parties could not be decrypted (left out, min_parties follows the threshold)"
             )
 
     def _check_model(self) -> None:

@@ -82,6 +82,8 @@ __all__ = [
 KAPPA = 128
 #: Biprimality repetitions (error <= 2^-BIPRIME_TESTS for a non-biprime N).
 BIPRIME_TESTS = 40
+#: Candidate batches before the key generation gives up (expected: ~126,000 candidates at k = 2048).
+MAX_MODULUS_BATCHES = 2000
 #: Public N are trial-divided by the primes below this bound before the biprimality test.
 TRIAL_BOUND = 4096
 _PRIMORIAL = math.prod(p for p in range(3, TRIAL_BOUND) if gmpy2.is_prime(p))
@@ -427,6 +429,11 @@ def _find_modulus(channel: Channel, bits: int, batch: int) -> tuple[int, int, in
     round_number = 0
     while True:
         round_number += 1
+        if round_number > MAX_MODULUS_BATCHES:
+            raise ProtocolError(
+                f"no biprime modulus after {MAX_MODULUS_BATCHES} batches of {batch} candidates (about "
+                f"{30 * 2048 // batch} are expected at 2048 bits): a party is deviating from the key generation"
+            )
         tag = f"dkg/modulus/{round_number}"
         ps, qs = _candidate_shares(me, m, bits // 2, batch)
         outgoing: dict[int, list[int]] = {j: [] for j in range(1, m + 1)}

@@ -58,9 +58,10 @@ class FitConfig:
     epochs: int = 1
     proximal_mu: float = 0.0
     global_weights: Weights | None = None
-    #: Record-level DP-SGD: (noise multiplier, per-record clip norm); models that support it
-    #: (homo_lr) train with it, the runner refuses it for the others before the job starts.
-    dp_sgd: tuple[float, float] | None = None
+    #: Record-level DP-SGD: (noise multiplier, per-record clip norm, Poisson sample rate); models
+    #: with ``supports_dp_sgd`` (homo_lr, PyTorch through Opacus) train with it, the runner
+    #: refuses the others before the job starts.
+    dp_sgd: tuple[float, float, float] | None = None
 
 
 @dataclass

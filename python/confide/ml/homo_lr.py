@@ -270,7 +270,7 @@ class HomoLR:
         *,
         epochs: int | None = None,
         proximal: tuple[float, np.ndarray] | None = None,
-        dp_sgd: tuple[float, float] | None = None,
+        dp_sgd: tuple[float, float, float] | None = None,
     ) -> float:
         """Run mini-batch SGD from the current weights over the local rows.
 
@@ -285,12 +285,12 @@ class HomoLR:
         proximal : (mu, anchor), optional
             FedProx: after every step, ``w <- w - lr * mu * (w - anchor)`` (``anchor``: the global
             weights, shape ``(d + 1,)``).
-        dp_sgd : (noise_multiplier, clip_norm), optional
+        dp_sgd : (noise_multiplier, clip_norm, sample_rate), optional
             Record-level DP-SGD instead of shuffled batches: ``epochs * ceil(n / batch_size)``
-            steps, each sampling every row with probability ``batch_size / n`` (Poisson),
+            steps, each sampling every row with probability ``sample_rate`` (Poisson),
             clipping each row's gradient to L2 norm ``clip_norm`` and adding Gaussian noise of
             deviation ``noise_multiplier * clip_norm`` to their sum, divided by the expected
-            batch size. The noise comes from the OS, not from ``seed``.
+            batch size ``sample_rate * n``. The noise comes from the OS, not from ``seed``.
 
         Returns
         -------
@@ -372,13 +372,12 @@ class HomoLR:
         shrink: float,
         bs: int,
         proximal: tuple[float, np.ndarray] | None,
-        dp_sgd: tuple[float, float],
+        dp_sgd: tuple[float, float, float],
     ) -> None:
         from confide.privacy.noise import generator
 
-        z, clip = float(dp_sgd[0]), float(dp_sgd[1])
+        z, clip, rate = (float(v) for v in dp_sgd)
         n, dt = X.shape[0], X.dtype
-        rate = min(1.0, bs / n)
         expected = rate * n
         # |gradient of row i| = |r_i| * sqrt(|x_i|^2 + 1) for (coef, intercept).
         if _is_sparse(X):
@@ -626,8 +625,16 @@ class HomoLRModel:
     tensors form one layer (one dACIQ threshold), so a job trains as it did before the seam.
     """
 
+    #: Runs record-level DP-SGD itself (``FitConfig.dp_sgd``).
+    supports_dp_sgd = True
+
     def __init__(self, estimator: HomoLR) -> None:
         self.estimator = estimator
+
+    @property
+    def batch_size(self) -> int:
+        """Rows per step (what DP-SGD's sample rate is computed from)."""
+        return self.estimator.batch_size
 
     def build(self, example_shape: tuple[int, ...], classes: int) -> None:
         """Zero weights for ``example_shape = (d,)`` features; binary labels only."""

@@ -25,6 +25,7 @@ per-batch hook that all three backends honour. docs/models.md says so.
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from typing import Any
@@ -187,8 +188,15 @@ class KerasModel:
 
     # ------------------------------------------------------------------ training
 
+    @property
+    def supports_dp_sgd(self) -> bool:
+        """Record-level DP-SGD runs on the JAX backend (per-record gradients by ``jax.vmap``)."""
+        return self.backend == "jax"
+
     def fit(self, X: Any, y: np.ndarray, config: FitConfig) -> FitResult:
         """``local_epochs`` over the rows in numpy-drawn order; FedProx's pull after each epoch."""
+        if config.dp_sgd is not None:
+            return self._fit_private(X, y, config)
         model = self._require()
         X, y = np.asarray(X), np.asarray(y)
         rng = np.random.default_rng(list(config.seed))
@@ -205,6 +213,72 @@ class KerasModel:
                     value = self._numpy(variable)
                     variable.assign((value - pull * (value - anchor)).astype(value.dtype))
         return FitResult(num_examples=len(X), metrics={"loss": loss})
+
+    def _fit_private(self, X: Any, y: np.ndarray, config: FitConfig) -> FitResult:
+        """DP-SGD, the JAX way: per-record gradients by ``vmap(grad)`` over ``stateless_call``.
+
+        Each of ``epochs * ceil(n / batch_size)`` steps samples every row with probability q
+        (Poisson), clips each row's gradient (all tensors together) to the clip norm, adds
+        Gaussian noise N(0, (z C)^2) to the sum, divides by qn and hands it to the network's
+        own optimizer. Batches are padded to a power of two (masked) so few shapes compile.
+        BatchNormalization is refused: a record's gradient would depend on its batch.
+        """
+        import jax
+        import jax.numpy as jnp
+
+        from confide.privacy.noise import generator
+
+        if self.backend != "jax":
+            raise InvalidParameterError(f"{self.who}: privacy.mechanism dp_sgd runs Keras networks on the jax backend")
+        model = self._require()
+        if any(type(layer).__name__.startswith("BatchNormalization") for layer in model.layers):
+            raise InvalidParameterError(
+                f"{self.who}: privacy.mechanism dp_sgd: BatchNormalization mixes the records of a batch; use "
+                "LayerNormalization or GroupNormalization"
+            )
+        z, clip, rate = (float(v) for v in config.dp_sgd)
+        X, y = np.asarray(X, dtype=np.float32), np.asarray(y)
+        n = len(X)
+        loss_fn = self.keras.losses.get(self.network.get("loss", "sparse_categorical_crossentropy"))
+        trainable, frozen = model.trainable_variables, model.non_trainable_variables
+
+        def record_loss(tv, ntv, x, t):
+            out, _ = model.stateless_call(tv, ntv, x[None], training=True)
+            return jnp.mean(loss_fn(t[None], out))
+
+        @jax.jit
+        def clipped_sum(tv, ntv, xb, yb, mask):
+            grads = jax.vmap(jax.grad(record_loss), in_axes=(None, None, 0, 0))(tv, ntv, xb, yb)
+            norms = jnp.sqrt(sum(jnp.sum(g.reshape(g.shape[0], -1) ** 2, axis=1) for g in grads))
+            factor = jnp.minimum(1.0, clip / jnp.maximum(norms, 1e-12)) * mask
+            return [jnp.tensordot(factor, g, axes=1) for g in grads]
+
+        rng = generator()
+        steps = config.epochs * math.ceil(n / self.batch_size)
+        for _ in range(steps):
+            index = np.flatnonzero(rng.random(n) < rate)
+            tv = [v.value for v in trainable]
+            if index.size:
+                size = 1 << (int(index.size) - 1).bit_length()
+                xb = np.zeros((size, *X.shape[1:]), dtype=np.float32)
+                yb = np.zeros((size, *y.shape[1:]), dtype=y.dtype)
+                xb[: index.size], yb[: index.size] = X[index], y[index]
+                mask = (np.arange(size) < index.size).astype(np.float32)
+                sums = clipped_sum(tv, [v.value for v in frozen], xb, yb, mask)
+            else:
+                sums = [jnp.zeros_like(t) for t in tv]
+            noisy = [
+                (s + rng.normal(0.0, z * clip, s.shape).astype(np.float32)) / (rate * n) for s in map(np.asarray, sums)
+            ]
+            model.optimizer.apply(noisy, trainable)
+            if config.proximal_mu > 0 and config.global_weights is not None:
+                pull = min(1.0, self.learning_rate * config.proximal_mu)
+                for variable in trainable:
+                    value = self._numpy(variable)
+                    anchor = np.asarray(config.global_weights[variable.path])
+                    variable.assign((value - pull * (value - anchor)).astype(value.dtype))
+        loss = float(model.evaluate(X, y, batch_size=max(self.batch_size, 256), verbose=0, return_dict=True)["loss"])
+        return FitResult(num_examples=n, metrics={"loss": loss, "dp_sgd_steps": float(steps)})
 
     def predict(self, X: Any) -> np.ndarray:
         """P(label = 1) per row for a binary network, class probabilities ``(n, k)`` otherwise."""

@@ -450,7 +450,7 @@ def run_party(
         if spec.privacy is not None:
             from confide.privacy.party import PartyPrivacy
 
-            privacy = PartyPrivacy(spec, party_id, int(data.X.shape[0]))
+            privacy = PartyPrivacy(spec, party_id, int(data.X.shape[0]), model)
     except Exception as error:
         # Before any peer is contacted: the report says why, and the launcher stops the others.
         report_failure(workdir, spec.job_id, party_id, error, stage=stage, dataset=dataset, round_number=0)
@@ -460,10 +460,15 @@ def run_party(
     first_round = 1
     joining = [p for p in joining if p in spec.parties]
     if resume_round:
+        if privacy is not None and joining:
+            raise JobFailedError(
+                f"a job with privacy cannot take in new parties on resume ({', '.join(joining)}): they hold no "
+                f"ledger of the rounds already run, so their noise and budget would differ from the others'"
+            )
         if party_id not in joining:
             _load_checkpoint(checkpoint_dir, resume_round, model, layout, strategy)
             if privacy is not None:
-                _load_privacy(checkpoint_dir, resume_round, privacy)
+                _load_privacy(checkpoint_dir, privacy)
         first_round = resume_round + 1
     _drop_later_checkpoints(checkpoint_dir, resume_round)
     report = PartyReport(
@@ -508,9 +513,10 @@ def run_party(
         client.connect()
         started = time.perf_counter()
         protection.setup(list(spec.parties))
-        counts = protection.exchange_values(
-            0, "samples", [float(data.X.shape[0])], [p for p in spec.parties if p != party_id]
-        )
+        # Under differential privacy every party weighs the same: an exact row count reveals
+        # whether a record is in (and the distributed mechanism's sensitivity assumes equal weights).
+        shared_count = 1.0 if privacy is not None else float(data.X.shape[0])
+        counts = protection.exchange_values(0, "samples", [shared_count], [p for p in spec.parties if p != party_id])
         _agree_on_model(protection, party_id, list(spec.parties), model, layout, distribute=not resume_round)
         report.setup_seconds = time.perf_counter() - started
         report.protection = protection.report()
@@ -553,15 +559,17 @@ def run_party(
         for round_number in range(first_round, spec.rounds + 1):
             current = {"round": round_number}
             _check_stop(stop_file)  # a round boundary: an owner's revocation takes effect here
-            if privacy is not None and not privacy.allow(round_number):
-                break  # the budget is spent: every party decides the same from the same ledger
+            if privacy is not None and not _privacy_allows(protection, privacy, party_id, participants, round_number):
+                break  # the budget is spent for some party: all stop together
             entry = _train_and_aggregate(training, participants, round_number)
+            if privacy is not None:
+                _write_ledger(checkpoint_dir, privacy)
             participants = entry.participants
             report.rounds.append(entry)
             report.status = "running"
             interval = spec.checkpoint_interval
             if interval and (round_number % interval == 0 or round_number == spec.rounds):
-                _checkpoint(checkpoint_dir, round_number, model, layout, strategy, participants, privacy)
+                _checkpoint(checkpoint_dir, round_number, model, layout, strategy, participants)
             _write_report(report_path, report)
             if on_round is not None:
                 on_round(entry.model_dump(mode="json", exclude_none=True))
@@ -591,7 +599,7 @@ def run_party(
             party=party_id,
             session=session,
             data=data,
-            rounds=spec.rounds,
+            rounds=report.rounds[-1].round if report.rounds else spec.rounds,
             protection=report.protection,
             metrics=metrics,
             runtime_job_id=runtime_job_id,
@@ -696,7 +704,8 @@ def _train_and_aggregate(training: _Training, participants: list[str], round_num
             attempt += 1
     if training.privacy is not None:
         aggregate = training.privacy.finish(np.asarray(aggregate, dtype=np.float64), participants)
-        context.stats["privacy"] = training.privacy.record()
+        steps = fitted.metrics.get("dp_sgd_steps")
+        context.stats["privacy"] = training.privacy.record(int(steps) if steps is not None else None)
     new_global = strategy.apply(global_vector, np.asarray(aggregate, dtype=np.float64))
     if not np.isfinite(new_global).all():
         raise JobFailedError(f"round {round_number}: the aggregated model is not finite (a participant diverged)")
@@ -853,13 +862,8 @@ def _npz(arrays: dict[str, np.ndarray]) -> bytes:
     return buffer.getvalue()
 
 
-def _checkpoint(
-    directory: Path, round_number: int, model, layout: WeightLayout, strategy, participants, privacy=None
-) -> None:
-    """``weights.npz`` (the global model by tensor name), the strategy's and the model's local state.
-
-    With differential privacy, ``privacy.json`` holds the ledger of the rounds run so far.
-    """
+def _checkpoint(directory: Path, round_number: int, model, layout: WeightLayout, strategy, participants) -> None:
+    """``weights.npz`` (the global model by tensor name), the strategy's and the model's local state."""
     state = {"round": round_number, "participants": list(participants), "format": 2, "layout": layout.to_dict()}
     files = {
         "weights.npz": _npz(model.get_weights()),
@@ -867,8 +871,6 @@ def _checkpoint(
         "local.npz": _npz(model.state() if hasattr(model, "state") else {}),
         "state.json": json.dumps(state, sort_keys=True).encode(),
     }
-    if privacy is not None:
-        files["privacy.json"] = json.dumps(privacy.state(), sort_keys=True).encode()
     target = directory / ckpt.round_name(round_number)
     if target.exists():  # a previous run of this session wrote it; this run's files replace it
         shutil.rmtree(target)
@@ -913,18 +915,41 @@ def _load_checkpoint(directory: Path, round_number: int, model, layout: WeightLa
         model.load_state(local)
 
 
-def _load_privacy(directory: Path, round_number: int, privacy) -> None:
-    """The ledger of the rounds before a resume: they count against the budget as they ran."""
-    path = directory / ckpt.round_name(round_number) / "privacy.json"
+#: The privacy ledger beside the checkpoints, rewritten after every round (a round released after
+#: the last checkpoint still counts when the job resumes from it).
+LEDGER = "privacy-ledger.json"
+
+
+def _write_ledger(directory: Path, privacy) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    temporary = directory / (LEDGER + ".tmp")
+    temporary.write_text(json.dumps(privacy.state(), sort_keys=True))
+    os.replace(temporary, directory / LEDGER)
+
+
+def _load_privacy(directory: Path, privacy) -> None:
+    """Every round released before a resume, as it ran: they count against the budget."""
+    path = directory / LEDGER
     try:
         privacy.load_state(json.loads(path.read_text()))
     except FileNotFoundError:
         raise JobFailedError(
-            f"cannot resume with privacy: checkpoint {path.parent} holds no privacy ledger (it was written without "
-            f"differential privacy), so the rounds already run cannot be accounted"
+            f"cannot resume with privacy: {path} is missing (the run was without differential privacy, or its "
+            f"ledger was lost), so the rounds already run cannot be accounted"
         ) from None
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise JobFailedError(f"cannot resume: privacy ledger {path} is unreadable: {error}") from None
+
+
+def _privacy_allows(protection, privacy, party_id: str, participants: list[str], round_number: int) -> bool:
+    """Each party's budget check, shared: one party over its budget stops every party (no one waits)."""
+    mine = privacy.allow(round_number)
+    peers = [p for p in participants if p != party_id]
+    votes = protection.exchange_values(round_number, "privacy/allow", [1.0 if mine else 0.0], peers)
+    allowed = all(float(v[0]) == 1.0 for v in votes.values())
+    if not allowed and privacy.stopped_at is None:
+        privacy.stopped_at = round_number
+    return allowed
 
 
 def _save_model(path: Path, model, layout: WeightLayout, spec: JobSpec) -> None:

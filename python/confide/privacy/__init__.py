@@ -3,7 +3,8 @@
 - ``distributed`` (:mod:`confide.privacy.distributed`): party-level DP of the aggregate, each
   party adding its share of discrete Gaussian noise under any protection that hides single
   updates (secagg, groupmask, paillier, threshold).
-- ``dp_sgd`` (:mod:`confide.privacy.sgd`): record-level DP-SGD inside each party's training.
+- ``dp_sgd``: record-level DP-SGD inside each party's training (``HomoLR.local_train``, the
+  PyTorch adapter through Opacus, Keras networks on JAX), calibrated per party by :func:`sgd_plan`.
 
 :func:`distributed_plan` and :func:`sgd_plan` turn a ``privacy`` section into the noise
 multiplier that meets its budget, or a clear error before the job starts.
@@ -89,11 +90,15 @@ def _distributed_plan(epsilon, delta, rounds, fixed, maximum, ratio, accountant)
 
 
 def sgd_plan(privacy, *, samples: int, batch_size: int, epochs: int, rounds: int) -> SgdPlan:
-    """One party's DP-SGD calibration from its own row count (Poisson sampling at batch_size / samples)."""
+    """One party's DP-SGD calibration from its own row count.
+
+    Poisson sampling at q = 1 / ceil(samples / batch_size), ceil(samples / batch_size) steps per epoch.
+    """
     if samples < 2:
         raise InvalidParameterError(f"privacy: DP-SGD needs at least 2 records, this party has {samples}")
-    rate = min(1.0, batch_size / samples)
-    steps = max(1, epochs * math.ceil(samples / batch_size))
+    batches = max(1, math.ceil(samples / batch_size))
+    rate = 1.0 / batches  # what Opacus' DPDataLoader samples at; homo_lr does the same
+    steps = epochs * batches
     total = rounds * steps
 
     def event(z: float):

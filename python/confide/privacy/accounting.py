@@ -19,6 +19,7 @@ budget with ``dp_accounting.mechanism_calibration.calibrate_dp_mechanism``.
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass, field
 from importlib.metadata import version
@@ -39,10 +40,12 @@ __all__ = [
     "sgd_event",
 ]
 
+# The RDP accountant logs a warning for every order whose series does not converge during a
+# calibration's search and leaves that order out (the bound stays valid, from the others).
+logging.getLogger("absl").setLevel(logging.ERROR)
+
 #: What computes every epsilon, for reports.
 ACCOUNTANT_LIBRARY = f"dp-accounting {version('dp-accounting')}"
-
-_MAX_SEARCH = 1e4
 
 
 def _accountant(kind: str):
@@ -92,7 +95,7 @@ def calibrate(make_event, epsilon: float, delta: float, accountant: str = "rdp")
         )
     except (mechanism_calibration.NoBracketIntervalFoundError, ValueError, OverflowError) as error:
         raise InvalidParameterError(
-            f"privacy: no noise multiplier up to {_MAX_SEARCH:g} meets epsilon {epsilon} at delta {delta}: {error}"
+            f"privacy: no noise multiplier meets privacy.epsilon {epsilon} at privacy.delta {delta}: {error}"
         ) from None
 
 

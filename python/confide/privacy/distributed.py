@@ -8,9 +8,10 @@ Per round attempt with m participants, party i (docs/privacy.md has the argument
 2. scales it by 2^g and rounds it to the integers at random (unbiased); the L2 norm of the
    rounded vector is at most Delta = 2^g C + sqrt(d), whatever the rounding drew;
 3. adds discrete Gaussian noise N_Z(0, (z Delta)^2 / (m - k)) to every coordinate, z the
-   noise multiplier the accountant calibrated and k = ``tolerate_colluders``: the m shares
-   sum to variance m/(m-k) (z Delta)^2, so even after k parties subtract their own shares the
-   sum keeps (z Delta)^2;
+   noise multiplier the accountant calibrated and k = ``tolerate_colluders`` (default 1: every
+   participant knows its own share and sees the sum): the m shares sum to variance
+   m/(m-k) (z Delta)^2, so even after k parties subtract their own shares the sum keeps
+   (z Delta)^2;
 4. hands (rounded + noise) / 2^g to the protection, which adds integers exactly: ``secagg``
    and ``groupmask`` through fixed point with 2^f >= 2^g, ``paillier`` and ``threshold``
    through BatchCrypt with alpha = floor(Q/m) / 2^g (scale exactly 2^g, no clipping: the
@@ -45,13 +46,27 @@ PAILLIER = ("paillier", "threshold")
 
 
 def grid_bits(
-    mode: str, *, bits: int, mask_bound: float | None, parties: int, clip: float, noise: float, dimension: int
+    mode: str,
+    *,
+    bits: int,
+    mask_bound: float | None,
+    parties: int,
+    clip: float,
+    noise: float,
+    dimension: int,
+    count_noise: float = 0.0,
 ) -> int:
     """The grid 2^g for this mode: the finest whose values the protection carries exactly.
 
-    ``noise`` is the noise multiplier z times sqrt(m / (m - k)) / sqrt(m) (the per-party share's
-    deviation per unit of sensitivity).
+    ``noise`` is the per-party share's deviation per unit of sensitivity (z / sqrt(m - k));
+    ``count_noise`` that of the adaptive clip count, whose coordinate must fit as well. A
+    coordinate needs room for its value plus :data:`TAIL_SIGMAS` deviations of its share.
     """
+
+    def need(g: int) -> float:  # the largest coordinate, in the update's units
+        update = clip + TAIL_SIGMAS * noise * (clip + math.sqrt(dimension) / 2.0**g)
+        return max(update, 1.0 + TAIL_SIGMAS * count_noise if count_noise else 0.0)
+
     if mode in MASKING:
         from confide.protect.masking import FixedPoint
 
@@ -61,17 +76,16 @@ def grid_bits(
                 "differential privacy does not cover; set a public bound"
             )
         g = FixedPoint(mask_bound, parties).fraction_bits
-        spread = clip + TAIL_SIGMAS * noise * (clip + math.sqrt(dimension) / 2**g)
-        if spread > mask_bound:
+        if need(g) > mask_bound:
             raise InvalidParameterError(
                 f"protection.mask_bound ({mask_bound:g}) must hold the clipped update plus its noise share: at least "
-                f"{spread:.3g} for privacy.clip_norm {clip:g} and {parties} parties"
+                f"{need(g):.3g} for privacy.clip_norm {clip:g} and {parties} parties"
             )
         return g
     if mode in PAILLIER:
         per = ((1 << (bits - 1)) - 1) // parties
-        g = math.floor(math.log2(per / (clip + TAIL_SIGMAS * noise * clip))) if per > 0 else -1
-        while g >= 0 and 2**g * clip + TAIL_SIGMAS * noise * (2**g * clip + math.sqrt(dimension)) > per:
+        g = math.floor(math.log2(per / need(60))) if per > 0 else -1
+        while g >= 0 and 2**g * need(g) > per:
             g -= 1
         if g < 0:
             raise InvalidParameterError(
@@ -108,6 +122,9 @@ class DistributedNoise:
         d = delta.size
         self.dimension = d
         share = self._share_deviation(m)
+        count_share = 0.0
+        if self.privacy.adaptive_clipping:
+            count_share = self.plan.count_noise_multiplier / math.sqrt(m - self.privacy.tolerate_colluders)
         g = grid_bits(
             self.protection.mode,
             bits=self.protection.bits,
@@ -116,6 +133,7 @@ class DistributedNoise:
             clip=self.clip,
             noise=share,
             dimension=d,
+            count_noise=count_share,
         )
         scale = float(2**g)
         sensitivity = scale * self.clip + math.sqrt(d)
@@ -130,15 +148,15 @@ class DistributedNoise:
         grid = randomized_round(clipped * scale, rng) + discrete_gaussian(sigma, d, rng)
         parts = [grid]
         if self.privacy.adaptive_clipping:
-            count_sigma = self.plan.count_noise_multiplier / math.sqrt(m - self.privacy.tolerate_colluders)
             inside = int(norm <= self.clip)
-            parts.append(np.array([inside * int(scale)]) + discrete_gaussian(count_sigma * scale, 1, rng))
+            parts.append(np.array([inside * int(scale)]) + discrete_gaussian(count_share * scale, 1, rng))
         vector = np.concatenate(parts).astype(np.float64) / scale
         if np.max(np.abs(vector)) >= 2.0**52 / scale:
-            raise InvalidParameterError("a noisy coordinate left float64's exact range; lower the protection grid")
+            raise InvalidParameterError(
+                "a noisy coordinate left float64's exact range: lower protection.bits or protection.mask_bound"
+            )
         self.last = {
             "clip_norm": self.clip,
-            "update_norm": norm,
             "grid_bits": g,
             "noise_sigma_per_party": sigma / scale,
             "sensitivity": sensitivity / scale,

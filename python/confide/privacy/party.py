@@ -13,6 +13,7 @@ import logging
 
 import numpy as np
 
+from confide.errors import InvalidParameterError
 from confide.privacy import distributed_plan, sgd_plan
 from confide.privacy.accounting import ACCOUNTANT_LIBRARY, PrivacyLedger
 from confide.privacy.distributed import DistributedNoise
@@ -25,7 +26,7 @@ log = logging.getLogger("confide.privacy")
 class PartyPrivacy:
     """The ``privacy`` section of a job, as one party runs it."""
 
-    def __init__(self, spec, party_id: str, samples: int) -> None:
+    def __init__(self, spec, party_id: str, samples: int, model=None) -> None:
         privacy = spec.privacy
         self.privacy = privacy
         self.party_id = party_id
@@ -41,10 +42,15 @@ class PartyPrivacy:
             if self.plan.count_noise_multiplier is not None:
                 self._entry["count_z"] = self.plan.count_noise_multiplier
         else:
+            if model is not None and not getattr(model, "supports_dp_sgd", False):
+                raise InvalidParameterError(
+                    f"privacy.mechanism dp_sgd: this party's model ({type(model).__name__}) computes no per-record "
+                    f"gradients; use homo_lr, a PyTorch TorchModel (Opacus), or mechanism distributed"
+                )
             self.plan = sgd_plan(
                 privacy,
                 samples=samples,
-                batch_size=spec.model.batch_size,
+                batch_size=int(getattr(model, "batch_size", spec.model.batch_size) or spec.model.batch_size),
                 epochs=spec.model.local_epochs,
                 rounds=spec.rounds,
             )
@@ -77,11 +83,11 @@ class PartyPrivacy:
         self.over_budget = True
         return True
 
-    def fit_dp_sgd(self) -> tuple[float, float] | None:
-        """(noise multiplier, clip) for the local training, under dp_sgd."""
+    def fit_dp_sgd(self) -> tuple[float, float, float] | None:
+        """(noise multiplier, clip, sample rate) for the local training, under dp_sgd."""
         if self.noise is not None:
             return None
-        return (self.plan.noise_multiplier, self.privacy.clip_norm)
+        return (self.plan.noise_multiplier, self.privacy.clip_norm, self.plan.sample_rate)
 
     def privatize(self, delta: np.ndarray, participants: list[str], protection) -> np.ndarray | None:
         """The vector to protect (distributed), setting the paillier modes' public alpha; None under dp_sgd."""
@@ -98,9 +104,12 @@ class PartyPrivacy:
             return aggregate
         return self.noise.finish(aggregate, participants)
 
-    def record(self) -> dict:
-        """Adds the round to the ledger; the round's figures for the report."""
-        self.ledger.entries.append(dict(self._entry))
+    def record(self, steps: int | None = None) -> dict:
+        """Adds the round to the ledger (with the DP-SGD steps that ran, if the model counted them)."""
+        entry = dict(self._entry)
+        if steps is not None and "steps" in entry:
+            entry["steps"] = int(steps)
+        self.ledger.entries.append(entry)
         out = {"epsilon_spent": self.ledger.spent()}
         if self.noise is not None:
             out.update(self.noise.last)

@@ -60,7 +60,7 @@ class ProtectionParams:
         secagg/groupmask: public clipping bound of the fixed-point encoding; None agrees on the
         largest magnitude every round instead (one more message, nothing clipped).
     threshold : int or None
-        threshold: key shares needed to decrypt (t); None takes (m + 1) // 2.
+        threshold: key shares needed to decrypt (t); None takes max(2, (m + 1) // 2).
     keygen : {"distributed", "dealer"}
         threshold: key generation among the parties, or dealt by the leader (who then saw the key).
     """

@@ -9,10 +9,13 @@ and the decoded sums, which every party learns anyway.
 Per round attempt: dACIQ ranges and packing exactly as in ``paillier`` (shared code); each
 slice is encrypted under the public key (no party can use CRT). The aggregator multiplies the
 ciphertexts and sends every combined slice to every participant. Slice i is decrypted by the t
-participants at positions i, i+1, ..., i+t-1 (mod the round's participants): each raises the
-slice to its key share (native engine) and sends the partial decryptions with a batched proof,
-sealed, to the slice's combiner (position i), who checks every proof, names a party whose proof
-fails, combines, decodes and shares the float sums with everyone. Fewer than t participants,
+participants at positions i, i+1, ..., i+t-1 (mod the round's participants). Every participant
+also sends its own slice i, sealed under the group key, to those t: they multiply the slices
+themselves and refuse the aggregator's product if it differs, so an aggregator cannot get one
+party's slice decrypted by passing it off as the sum. Each decryptor raises the product to its
+key share (native engine) and sends the partial decryptions with a batched proof, under the
+group key, to the slice's combiner (position i), who checks every proof, names a party whose
+proof fails, combines, decodes and shares the float sums with everyone. Fewer than t participants,
 or a decryptor silent for ``share_timeout_s``, is a clear error, never a fallback.
 
 Threat model: the aggregator sees ciphertexts, the public key and sealed traffic; any coalition
@@ -26,13 +29,14 @@ but the dealer saw the key).
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 
 import numpy as np
 
 from confide._checks import require
-from confide.crypto import EncryptedVector, EncryptionKey
+from confide.crypto import EncryptedVector, EncryptionKey, sum_encrypted
 from confide.crypto import encrypt_packed as _encrypt_packed
 from confide.crypto.threshold import (
     CheatingPartyError,
@@ -98,11 +102,14 @@ class ThresholdProtection(PaillierProtection):
         self._names: list[str] = []
         self.keygen_seconds = float("nan")
         self.partial_seconds = 0.0
+        #: Our encrypted slices of the open attempt, keyed (round, attempt, index), for the decryptors.
+        self._sent: dict[tuple[int, int, int], bytes] = {}
+        self._sent_ready = threading.Condition()
 
     def setup(self, participants: list[str]) -> None:
         """Group key from the leader, then the threshold key: distributed, or dealt by the leader."""
         m = len(participants)
-        t = self.params.threshold or (m + 1) // 2
+        t = self.params.threshold or max(2, (m + 1) // 2)
         dealer = self.params.keygen == "dealer"
         check_threshold(m, t, dealer=dealer)
         secrets = distribute_group_secrets(self.exchange, self.keys, participants, {}, self.params.setup_timeout_s)
@@ -161,7 +168,19 @@ class ThresholdProtection(PaillierProtection):
             values = np.asarray(values, dtype=np.float64) / self._scale[first:stop]
         data = _encrypt_packed(values, self._codec, self.encryption_key, threads=self.encode_threads).to_bytes()
         self.crypto_seconds += time.perf_counter() - start
+        with self._sent_ready:
+            self._sent[(context.round, context.attempt, index)] = data
+            self._sent_ready.notify_all()
         return data
+
+    def _own_slice(self, key: tuple[int, int, int]) -> bytes:
+        """Our encrypted slice ``key`` (the pipeline may still be encoding it)."""
+        with self._sent_ready:
+            if not self._sent_ready.wait_for(lambda: key in self._sent, timeout=self.params.setup_timeout_s):
+                raise ProtocolError(
+                    f"slice {key[2]} of round {key[0]} was not encoded within {self.params.setup_timeout_s:g} s"
+                )
+            return self._sent[key]
 
     def finish_round(self, context: RoundContext, result: Callable[[int], pb.Slice]) -> np.ndarray:
         """Partial decryptions to each slice's combiner; combine ours; share and receive the sums."""
@@ -177,11 +196,41 @@ class ThresholdProtection(PaillierProtection):
         for name in members:
             if name not in self._names:
                 raise ProtocolError(f"{name!r} holds no share of this job's threshold key")
+        # Every slice goes, sealed under the group key, to its t decryptors, who multiply the
+        # participants' slices themselves: the aggregator cannot have one party's slice decrypted
+        # by passing it off as the product (its own product is checked against theirs).
+        slices_tag = context.tag("slices")
+        key_of = {i: (context.round, context.attempt, i) for i in range(context.num_slices)}
+        for i in range(context.num_slices):
+            decryptors = [members[(i + k) % m] for k in range(t) if (i + k) % m != me]
+            if decryptors:
+                self.share(context.round, f"{slices_tag}/{i}", self._own_slice(key_of[i]), decryptors)
         vectors: dict[int, EncryptedVector] = {}
 
         def vector(i: int) -> EncryptedVector:
             if i not in vectors:
-                vectors[i] = EncryptedVector.from_bytes(result(i).payload, self.encryption_key)
+                parts = [EncryptedVector.from_bytes(self._own_slice(key_of[i]), self.encryption_key)]
+                for peer in context.peers:
+                    try:
+                        data = self.collect(
+                            context.round, f"{slices_tag}/{i}", peer, timeout=self.params.share_timeout_s
+                        )
+                    except MessageTimeoutError:
+                        raise ProtocolError(
+                            f"threshold decryption of round {context.round}: {peer!r} sent no copy of its slice {i} "
+                            f"within {self.params.share_timeout_s:g} s"
+                        ) from None
+                    parts.append(EncryptedVector.from_bytes(data, self.encryption_key))
+                product = sum_encrypted(parts)
+                combined = EncryptedVector.from_bytes(result(i).payload, self.encryption_key)
+                if combined.num_ciphertexts != product.num_ciphertexts or any(
+                    combined.ciphertext(k) != product.ciphertext(k) for k in range(product.num_ciphertexts)
+                ):
+                    raise ProtocolError(
+                        f"round {context.round}: the aggregator's combined slice {i} is not the product of the "
+                        f"participants' slices; nothing was decrypted"
+                    )
+                vectors[i] = product
             return vectors[i]
 
         n = key.public.n
@@ -235,6 +284,10 @@ class ThresholdProtection(PaillierProtection):
             start = time.perf_counter()
             decoded[i] = decrypt_packed_threshold(key.public, vector(i), partials).astype(np.float32)
             self.crypto_seconds += time.perf_counter() - start
+
+        with self._sent_ready:
+            for stale in [k for k in self._sent if k[:2] <= (context.round, context.attempt)]:
+                del self._sent[stale]
 
         def silent(peer: str, expected: list[int]) -> dict[int, np.ndarray]:
             raise ProtocolError(

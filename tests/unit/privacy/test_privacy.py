@@ -31,7 +31,7 @@ def job(protection=None, privacy=None, **extra):
             "job_id": "dp",
             "parties": PARTIES,
             "rounds": 10,
-            "protection": protection or {"mode": "secagg", "mask_bound": 64},
+            "protection": protection or {"mode": "secagg", "mask_bound": 256},
             "privacy": {"mechanism": "distributed", "epsilon": 8, **(privacy or {})},
             **extra,
         }
@@ -224,19 +224,34 @@ def test_budgets_and_settings_that_cannot_run_are_refused_before_the_job_starts(
 
 
 def test_dp_sgd_needs_a_model_that_runs_it():
-    with pytest.raises(InvalidParameterError, match="dp_sgd runs inside homo_lr"):
+    with pytest.raises(InvalidParameterError, match="jax backend only"):
         parse_job(
             {
                 "job_id": "x",
                 "parties": PARTIES,
                 "model": {
                     "algorithm": "keras",
+                    "backend": "torch",
                     "network": {"layers": [{"class_name": "Dense", "config": {"units": 2}}]},
                 },
                 "data": {"dataset": "digits"},
                 "privacy": {"mechanism": "dp_sgd", "epsilon": 3},
             }
         )
+    spec = parse_job(
+        {
+            "job_id": "x",
+            "parties": PARTIES,
+            "model": {"algorithm": "custom", "entry": "m.py:f"},
+            "privacy": {"mechanism": "dp_sgd", "epsilon": 3},
+        }
+    )
+
+    class NoRecords:  # a custom model without per-record gradients
+        batch_size = 32
+
+    with pytest.raises(InvalidParameterError, match="computes no per-record gradients"):
+        PartyPrivacy(spec, "a-1", samples=500, model=NoRecords())
 
 
 def test_dp_sgd_clips_every_record_and_adds_its_noise():
@@ -247,7 +262,7 @@ def test_dp_sgd_clips_every_record_and_adds_its_noise():
     steps, lr, clip, z = math.ceil(400 / 40), 1.0, 0.5, 1e-6
     model = HomoLR(learning_rate=lr, batch_size=40, seed=1)
     model.initialize(5)
-    model.local_train(X, y, epochs=1, dp_sgd=(z, clip))
+    model.local_train(X, y, epochs=1, dp_sgd=(z, clip, 0.1))
     # Each step moves w by at most lr / (q n) * (records in the batch * clip + noise): the
     # huge record cannot dominate, and the whole epoch stays within the bound.
     moved = np.linalg.norm(model.get_weights())
@@ -255,10 +270,10 @@ def test_dp_sgd_clips_every_record_and_adds_its_noise():
     # With noise, two runs from the same seed differ (the noise is not drawn from the seed).
     again = HomoLR(learning_rate=lr, batch_size=40, seed=1)
     again.initialize(5)
-    again.local_train(X, y, epochs=1, dp_sgd=(1.0, clip))
+    again.local_train(X, y, epochs=1, dp_sgd=(1.0, clip, 0.1))
     third = HomoLR(learning_rate=lr, batch_size=40, seed=1)
     third.initialize(5)
-    third.local_train(X, y, epochs=1, dp_sgd=(1.0, clip))
+    third.local_train(X, y, epochs=1, dp_sgd=(1.0, clip, 0.1))
     assert not np.array_equal(again.get_weights(), third.get_weights())
 
 
@@ -274,3 +289,69 @@ def test_dp_sgd_refuses_a_party_too_small_for_its_budget():
     )
     with pytest.raises(InvalidParameterError, match="budget cannot be met"):
         PartyPrivacy(spec, "a-1", samples=80)
+
+
+def test_pytorch_dp_sgd_clips_each_record_under_the_users_own_loop():
+    torch = pytest.importorskip("torch", reason="PyTorch is an extra (confide[torch]); make test installs it")
+    pytest.importorskip("opacus", reason="Opacus comes with the torch extra; make test installs it")
+    from confide.ml.base import FitConfig
+    from confide.ml.torch_adapter import TorchModel
+
+    def train(net, loader, epochs):
+        optimizer = torch.optim.SGD(net.parameters(), lr=1.0)
+        for _ in range(epochs):
+            for x, t in loader:
+                optimizer.zero_grad()
+                torch.nn.functional.cross_entropy(net(x), t).backward()
+                optimizer.step()
+
+    rng = np.random.default_rng(4)
+    X = rng.normal(0, 1, (300, 6)).astype(np.float32)
+    X[0] *= 1e6  # one record whose plain gradient would dwarf the rest
+    y = (X[:, 0] > 0).astype(np.int64)
+    net = torch.nn.Linear(6, 2)
+    model = TorchModel(net, train, batch_size=30)
+    model.build((6,), 2)
+    before = {k: v.copy() for k, v in model.get_weights().items()}
+    config = FitConfig(round=1, seed=(0, 0, 1), epochs=2, dp_sgd=(1e-6, 0.5, 0.1))
+    result = model.fit(X, y, config)
+    assert result.metrics["dp_sgd_steps"] == 2 * 10  # every optimizer step went through the hook
+    moved = np.sqrt(sum(np.sum((model.get_weights()[k] - before[k]) ** 2) for k in before))
+    # lr / (q n) * (records in a batch * clip) per step, 20 steps: far below what the huge record would do.
+    assert moved <= 20 * 1.0 / 30 * (300 * 0.5)
+    assert not hasattr(next(net.parameters()), "grad_sample") or next(net.parameters()).grad_sample is None
+    # Without DP the same loop is untouched (no hook left behind).
+    plain = model.fit(X[1:], y[1:], FitConfig(round=2, seed=(0, 0, 2), epochs=1))
+    assert "dp_sgd_steps" not in plain.metrics
+    batch_norm = TorchModel(torch.nn.Sequential(torch.nn.Linear(6, 2), torch.nn.BatchNorm1d(2)), train, batch_size=30)
+    with pytest.raises(InvalidParameterError, match="Opacus cannot compute per-record gradients"):
+        batch_norm.fit(X, y, config)
+
+
+def test_one_party_over_its_budget_stops_every_party():
+    from confide.party.runner import _privacy_allows
+
+    class Votes:
+        def __init__(self, others):
+            self.others = others
+
+        def exchange_values(self, round_number, tag, values, peers):
+            assert tag == "privacy/allow" and peers == ["a-2", "a-3"]
+            return {"a-1": values, **{p: [v] for p, v in zip(peers, self.others, strict=True)}}
+
+    spec = job(privacy={"epsilon": 8})
+    party = PartyPrivacy(spec, "a-1", samples=100)
+    assert _privacy_allows(Votes([1.0, 1.0]), party, "a-1", PARTIES, 1)
+    assert not _privacy_allows(Votes([1.0, 0.0]), party, "a-1", PARTIES, 1)  # a-3's budget is spent
+    assert party.report()["stopped_before_round"] == 1
+
+
+def test_the_default_noise_holds_against_a_participant_who_knows_its_own_share():
+    spec = job()
+    assert spec.privacy.tolerate_colluders == 1
+    plan = distributed_plan(spec.privacy, spec.rounds)
+    noise = DistributedNoise(spec.privacy, spec.protection, plan)
+    noise.privatize(np.zeros(10), PARTIES)
+    # Each of the 3 shares has variance (z Delta)^2 / 2: the two shares a participant does not know sum to (z Delta)^2.
+    per_party = noise.last["noise_sigma_per_party"]
+    assert per_party == pytest.approx(plan.noise_multiplier * noise.last["sensitivity"] / math.sqrt(2))

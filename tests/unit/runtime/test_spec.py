@@ -203,7 +203,7 @@ FIVE = ["h-1", "h-2", "h-3", "h-4", "h-5"]
         (spec(protection={"mode": "threshold", "threshold": 3}), "at most (parties + 1) // 2 = 2"),
         (spec(protection={"mode": "paillier", "threshold": 2}), "protection.threshold is for mode threshold"),
         (spec(parties=["a-1", "a-2"], protection={"mode": "threshold"}), "needs at least 3 parties"),
-        (spec(parties=FIVE, protection={"mode": "threshold"}), "protection.min_parties (2) is below"),
+        (spec(parties=FIVE, protection={"mode": "threshold", "min_parties": 2}), "protection.min_parties (2) is below"),
         (spec(protection={"mode": "threshold", "keygen": "trusted"}), "protection.keygen"),
     ],
 )
@@ -220,3 +220,11 @@ def test_threshold_defaults_and_the_labelled_dealer():
     assert dealt.protection.params().keygen == "dealer" and dealt.protection.params().threshold == 2
     five = parse_job(spec(parties=FIVE, protection={"mode": "threshold", "min_parties": 3}))
     assert five.protection.params().threshold is None
+    # Left out, min_parties follows the threshold (a smaller round could not be decrypted).
+    assert parse_job(spec(parties=FIVE, protection={"mode": "threshold"})).protection.min_parties == 3
+    assert (
+        parse_job(
+            spec(parties=["a-1", "a-2"], protection={"mode": "threshold", "keygen": "dealer"})
+        ).protection.min_parties
+        == 2
+    )

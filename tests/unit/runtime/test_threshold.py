@@ -47,7 +47,7 @@ class ThresholdSession:
         run_parallel({name: (lambda p=p: p.setup(names)) for name, p in self.parties.items()}, timeout=120)
         self.round = 0
 
-    def run(self, vectors, members=None, skip_finish=()):
+    def run(self, vectors, members=None, skip_finish=(), substitute=None):
         members = members or self.names
         self.round += 1  # the hub keeps every message: a fresh round per run
         round_number = self.round
@@ -73,6 +73,8 @@ class ThresholdSession:
             sum_encrypted([EncryptedVector.from_bytes(payloads[name][i], key) for name in members]).to_bytes()
             for i in range(len(payloads[members[0]]))
         ]
+        if substitute is not None:  # a malicious aggregator passes one party's slices off as the sum
+            combined = list(payloads[substitute])
 
         def finish(name):
             ctx = context(name)
@@ -149,7 +151,9 @@ def test_a_decryptor_missing_at_decryption_is_a_clear_error(federation):
         session.run(vectors_for(session.names, seed=3), skip_finish=("charlie",))
     error = caught.value.__cause__
     assert isinstance(error, ProtocolError)
-    assert "'charlie' sent no partial decryption" in str(error) or "combiner 'charlie'" in str(error)
+    # charlie died after sending its slices to the aggregator: the others name it, whichever of its
+    # messages (its copy of a slice, its partial decryptions, its decoded sums) they were waiting for.
+    assert "'charlie' sent no" in str(error) or "combiner 'charlie'" in str(error)
 
 
 def test_a_round_with_fewer_than_t_participants_is_refused(federation):
@@ -167,3 +171,18 @@ def test_a_round_of_survivors_still_decrypts_with_t_of_them(federation):
     results = session.run(vectors, members=members)
     truth = np.sum(list(vectors.values()), axis=0)
     assert np.max(np.abs(results[members[0]] - truth)) < 0.01
+
+
+def test_an_aggregator_passing_one_partys_slice_off_as_the_sum_gets_nothing_decrypted(session, monkeypatch):
+    decrypted = []
+    real = threshold_module.partial_decrypt
+
+    def watching(key, vector, **kwargs):
+        decrypted.append(key.index)
+        return real(key, vector, **kwargs)
+
+    monkeypatch.setattr(threshold_module, "partial_decrypt", watching)
+    with pytest.raises(AssertionError) as caught:
+        session.run(vectors_for(session.names, seed=6), substitute="alpha")
+    assert "is not the product of the participants' slices" in str(caught.value.__cause__)
+    assert decrypted == []
