@@ -19,7 +19,7 @@ CASES = {
         {"mode": "paillier", "bits": 24},
         {"mechanism": "distributed", "epsilon": 50, "adaptive_clipping": True, "clip_norm": 0.5},
     ),
-    "secagg-distributed": ({"mode": "secagg", "mask_bound": 64}, {"mechanism": "distributed", "epsilon": 8}),
+    "secagg-distributed": ({"mode": "secagg", "mask_bound": 64}, {"mechanism": "distributed", "epsilon": 20}),
     "groupmask-dp-sgd": ({"mode": "groupmask"}, {"mechanism": "dp_sgd", "epsilon": 3}),
 }
 
