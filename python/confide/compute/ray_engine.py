@@ -135,10 +135,19 @@ class _LocalHead:
         import time
         from pathlib import Path
 
+        # Ray's fixed default ports (GCS, dashboard, client server, dashboard agent HTTP): a port the
+        # kernel hands out for one component must not be one another component takes by default
+        # (CI once drew 52365 for the GCS, the dashboard agent's default, and ray start refused).
+        taken = {6379, 8265, 10001, 52365}
+
         def free_port() -> int:
-            with socket.socket() as probe:
-                probe.bind(("127.0.0.1", 0))
-                return probe.getsockname()[1]
+            while True:
+                with socket.socket() as probe:
+                    probe.bind(("127.0.0.1", 0))
+                    port = probe.getsockname()[1]
+                if port not in taken:
+                    taken.add(port)
+                    return port
 
         import shutil
         import tempfile
@@ -156,6 +165,7 @@ class _LocalHead:
             "--head",
             f"--port={port}",
             f"--ray-client-server-port={free_port()}",
+            f"--dashboard-agent-listen-port={free_port()}",
             "--block",
             "--include-dashboard=false",
             "--disable-usage-stats",
