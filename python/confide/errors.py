@@ -7,6 +7,7 @@ Messages name the field and the limit and never contain secret values.
 
 __all__ = [
     "CertificateError",
+    "CertificateRevokedError",
     "ConfideError",
     "ConflictError",
     "CryptoError",
@@ -103,6 +104,26 @@ class TransportUnavailableError(TransportError):
 
 class PermissionDeniedError(TransportError):
     """The peer refused the caller's identity (certificate missing, untrusted or naming someone else)."""
+
+
+class CertificateRevokedError(PermissionDeniedError):
+    """The caller's certificate is on the federation's revocation list; retrying cannot succeed.
+
+    ``name`` and ``serial`` (hex) say which identity and which certificate, where known (a
+    client learns them only from the message).
+    """
+
+    def __init__(self, message: str, *, name: str | None = None, serial: str | None = None) -> None:
+        super().__init__(message)
+        self.name = name
+        self.serial = serial
+
+    def __reduce__(self):
+        return _revoked_error, (str(self), self.name, self.serial)
+
+
+def _revoked_error(message: str, name: str | None, serial: str | None) -> CertificateRevokedError:
+    return CertificateRevokedError(message, name=name, serial=serial)
 
 
 class ResourceLimitError(ConfideError):

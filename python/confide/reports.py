@@ -152,6 +152,9 @@ class PartyReport(_Report):
     compute: dict[str, Any] | None = None
     #: The most memory (resident set, MiB) the party process has held so far.
     peak_rss_mb: float | None = None
+    #: Each time a restarted process of this party rejoined: its checkpoint round, the round it
+    #: was admitted to, the rounds it missed, and which peer admitted it.
+    rejoins: list[dict[str, Any]] = []
 
 
 class VerticalRound(_Report):
@@ -288,6 +291,10 @@ class JobReport(_Report):
     reconnects: int
     spec: dict[str, Any]
     files: dict[str, str] = {}
+    #: Processes the launcher found dead and started again: which, how it died, at which round.
+    restarts: list[dict[str, Any]] = []
+    #: ``confide run --resume``: the checkpointed round this run went on from (0: from the start).
+    resumed_after_round: int = 0
 
 
 class ParticipantStatus(_Report):

@@ -1,4 +1,8 @@
-"""Faults on loopback: a party dying mid-round, the aggregator restarting mid-job."""
+"""Faults on loopback: a party dying mid-round, the aggregator restarting mid-job.
+
+These tests run without the launcher's restarts (``max_restarts=0``), so a dead party stays a
+dropout; tests/integration/test_supervision.py covers the restarts and the rejoin.
+"""
 
 from __future__ import annotations
 
@@ -18,7 +22,9 @@ FAULT = with_faults(exit_round=4)
 @pytest.mark.parametrize("mode", ["secagg", "paillier"])
 def test_party_killed_mid_round_round_is_retried_without_it(tmp_path, mode):
     spec = make_spec(job_id=f"dropout-{mode}", rounds=8, protection={"mode": mode, "on_dropout": "retry"})
-    report = run_local(spec, tmp_path, progress=False, echo=lambda *_: None, party_env={"hospital-c": FAULT})
+    report = run_local(
+        spec, tmp_path, progress=False, echo=lambda *_: None, party_env={"hospital-c": FAULT}, max_restarts=0
+    )
     rounds = report["rounds"]
     assert [r["round"] for r in rounds] == list(range(1, 9))
     assert rounds[2]["participants"] == ["hospital-a", "hospital-b", "hospital-c"]
@@ -31,7 +37,7 @@ def test_party_killed_mid_round_round_is_retried_without_it(tmp_path, mode):
 def test_party_killed_with_on_dropout_fail_fails_the_job_clearly(tmp_path):
     spec = make_spec(job_id="dropout-fail", rounds=6, protection={"mode": "groupmask", "on_dropout": "fail"})
     with pytest.raises(JobFailedError) as failure:
-        run_local(spec, tmp_path, progress=False, echo=lambda *_: None, party_env={"hospital-c": FAULT})
+        run_local(spec, tmp_path, progress=False, echo=lambda *_: None, party_env={"hospital-c": FAULT}, max_restarts=0)
     message = str(failure.value)
     assert "hospital-c" in message and "on_dropout is 'fail'" in message
 
@@ -39,7 +45,7 @@ def test_party_killed_with_on_dropout_fail_fails_the_job_clearly(tmp_path):
 def test_too_few_parties_left_fails_the_job(tmp_path):
     spec = make_spec(job_id="dropout-min", rounds=6, protection={"mode": "plain", "min_parties": 3})
     with pytest.raises(JobFailedError, match="min_parties is 3"):
-        run_local(spec, tmp_path, progress=False, echo=lambda *_: None, party_env={"hospital-c": FAULT})
+        run_local(spec, tmp_path, progress=False, echo=lambda *_: None, party_env={"hospital-c": FAULT}, max_restarts=0)
 
 
 @pytest.mark.parametrize("mode", ["paillier", "secagg"])

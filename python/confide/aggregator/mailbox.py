@@ -4,7 +4,8 @@ Every delivery (a combined slice, a relayed envelope, a round abort) is appended
 recipient's mailbox and pushed to its live Subscribe streams. A party that (re)subscribes gets
 the whole retained mailbox replayed first; its message pool ignores what it already has. So a
 broken stream, a party reconnecting or the aggregator restarting never loses a message that
-still matters. Retention: the current and the previous round of each job, under a byte cap.
+still matters. Retention: the current and the previous round of each job, under a byte cap;
+membership messages (``CONTROL_ROUND``: a restarted party asking to rejoin) until the job ends.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import threading
 from collections.abc import Iterator
 
 from confide.errors import ResourceLimitError
+from confide.transport.client import CONTROL_ROUND
 from confide.v1 import runtime_pb2 as pb
 
 __all__ = ["Mailboxes"]
@@ -67,7 +69,7 @@ class Mailboxes:
             for (job, party), box in self._boxes.items():
                 if job != job_id:
                     continue
-                kept = [entry for entry in box if entry[0] >= before_round]
+                kept = [entry for entry in box if entry[0] >= before_round or entry[0] == CONTROL_ROUND]
                 self._bytes -= sum(entry[2] for entry in box) - sum(entry[2] for entry in kept)
                 self._boxes[(job, party)] = kept
 

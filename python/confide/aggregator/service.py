@@ -22,6 +22,7 @@ from pathlib import Path
 
 import grpc
 import numpy as np
+from google.protobuf.message import DecodeError
 
 from confide import _native
 from confide.aggregator.mailbox import Mailboxes
@@ -30,6 +31,8 @@ from confide.aggregator.store import ResultStore
 from confide.errors import ConfideError, PermissionDeniedError, ProtocolError, RoundClosedError
 from confide.transport import status, tls
 from confide.transport.certs import Identity, name_from_der
+from confide.transport.client import ADMIT_PREFIX, CONTROL_ROUND, REJOIN_PREFIX
+from confide.transport.revocation import RevocationGate, RevocationList
 from confide.v1 import runtime_pb2 as pb
 from confide.v1 import runtime_pb2_grpc as rpc
 
@@ -69,6 +72,10 @@ class AggregatorConfig:
         port, None serves ``PushSlices`` only through the Python gRPC server.
     data_threads : int
         Threads of the data path for TLS and HTTP/2 (0: one per core).
+    crl_path : str or None
+        The federation's CRL (``revoked.crl.pem``): calls of revoked certificates are refused on
+        every port, open streams of a newly revoked one are ended and its round attempts aborted
+        (:mod:`confide.transport.revocation`). None: no revocation checks.
     """
 
     round_timeout_s: float = 120.0
@@ -81,6 +88,7 @@ class AggregatorConfig:
     checkpoint_after_s: float = 1.0
     data_port: int | None = 0
     data_threads: int = 0
+    crl_path: str | None = None
 
 
 class AggregatorCore:
@@ -108,16 +116,22 @@ class AggregatorCore:
         self._stopped = threading.Event()
         #: Per-job (round timeout, dropout grace) set by the controller; others use ``config``.
         self._job_timeouts: dict[str, tuple[float, float]] = {}
+        #: (job, party) of restarted parties no peer has admitted back yet.
+        self._restarted: set[tuple[str, str]] = set()
         #: Called with (header, combined slices by index) after a round completes and is stored.
         self.completion_listeners: list[Callable[[pb.RoundHeader, dict[int, bytes]], None]] = []
         for header, done in self.store.load():
             key = (header.job_id, header.round, header.attempt, header.share)
             self._completed[key] = (header, done)
             self._latest[header.job_id] = max(self._latest.get(header.job_id, 0), header.round)
+        #: Parties cut off for a revoked certificate (name -> why), until one joins a round again.
+        self._revoked_parties: dict[str, str] = {}
         self._monitor = threading.Thread(target=self._watch, name="confide-round-monitor", daemon=True)
         self._monitor.start()
         #: The Rust data path (see :class:`NativeDataPath`), when started by :func:`serve`.
         self.data_server: _native.DataServer | None = None
+        #: The revocation check of every port, when :func:`serve` was given a CRL.
+        self.revocation_gate: RevocationGate | None = None
         self.data_path: NativeDataPath | None = None
 
     def configure_job(self, job_id: str, *, round_timeout_s: float, dropout_grace_s: float) -> None:
@@ -162,6 +176,7 @@ class AggregatorCore:
                 state.check_header(header)
         if state.status == "aborted":
             raise RoundClosedError(f"round {header.round} attempt {header.attempt} was aborted: {state.reason}")
+        self._revoked_parties.pop(header.party_id, None)  # admitted, so its certificate now is not revoked
         with state.lock:
             state.joined.add(header.party_id)
             state.broken.pop(header.party_id, None)
@@ -329,6 +344,49 @@ class AggregatorCore:
         for party in recipients:
             self.mailboxes.deliver(header.job_id, party, header.round, delivery)
 
+    def party_restarted(self, job_id: str, party: str) -> None:
+        """``party``'s process was replaced: abort the open attempts it had not sent its share of.
+
+        Its survivors retry at once instead of waiting out the round timeout for a process that
+        no longer exists (its new one rejoins at a round boundary). Until a peer admits it, an
+        attempt that lists it and has no header from it is aborted too (``_watch``).
+        """
+        with self._lock:
+            self._restarted.add((job_id, party))
+            states = [s for s in self._rounds.values() if s.status == "open" and s.header.job_id == job_id]
+        for state in states:
+            with state.lock:
+                waiting = party in state.participants and party in state.missing()
+            if waiting:
+                self.abort(state, [party], f"{party} restarted: the process in this round attempt is gone")
+
+    def parties_admitted(self, job_id: str, parties: list[str]) -> None:
+        """A peer admitted these restarted parties: attempts that list them wait for them again."""
+        with self._lock:
+            self._restarted.difference_update((job_id, p) for p in parties)
+
+    def drop_revoked(self, party: str, reason: str) -> None:
+        """``party``'s certificate was revoked while connected: abort the open attempts it is part of.
+
+        Its peers retry without it at once (``on_dropout``), as after any dropout. Attempts opened
+        later that list it are aborted too while it has not joined them (``_watch``); joining
+        (possible only with a certificate that is not revoked, e.g. after a rotation) ends that.
+        """
+        with self._lock:
+            self._revoked_parties[party] = reason
+            states = [s for s in self._rounds.values() if s.status == "open" and party in s.participants]
+        for state in states:
+            self.abort(state, [party], reason)
+
+    def _abort_revoked(self, states: list[RoundState]) -> None:
+        if not self._revoked_parties:
+            return
+        for state in states:
+            with state.lock:
+                revoked = [p for p in state.participants if p in self._revoked_parties and p not in state.joined]
+            if revoked:
+                self.abort(state, revoked, "; ".join(self._revoked_parties.get(p, "revoked") for p in revoked))
+
     def abort(self, state: RoundState, dropped: list[str], reason: str) -> None:
         """Abort a round attempt and tell every participant who is left."""
         with state.lock:
@@ -356,12 +414,14 @@ class AggregatorCore:
             now = time.monotonic()
             with self._lock:
                 states = [s for s in self._rounds.values() if s.status == "open"]
+            self._abort_revoked(states)
             for state in states:
                 round_timeout_s, dropout_grace_s = self._timeouts(state.header.job_id)
                 with state.lock:
                     gone = [p for p, t in state.broken.items() if now - t > dropout_grace_s]
                     late = now - state.created > round_timeout_s
                     absent = [p for p in state.participants if p not in state.joined]
+                    replaced = [p for p in absent if (state.header.job_id, p) in self._restarted]
                     stalled = state.missing() if late else []
                     away = (
                         state.checkpoint is None
@@ -370,7 +430,9 @@ class AggregatorCore:
                     )
                 if away and not gone:
                     self._write_checkpoint(state)
-                if gone:
+                if replaced:
+                    self.abort(state, replaced, f"{', '.join(replaced)} restarted and has not been admitted back yet")
+                elif gone:
                     self.abort(
                         state,
                         gone,
@@ -406,9 +468,11 @@ class AggregatorCore:
             return sum(1 for s in self._rounds.values() if s.status == "open")
 
     def close(self) -> None:
-        """Stop the data path and the monitor thread."""
+        """Stop the data path, the monitor thread and the CRL watcher."""
         if self.data_server is not None:
             self.data_server.stop(1.0)
+        if self.revocation_gate is not None:
+            self.revocation_gate.stop()
         self._stopped.set()
 
     def health(self, name: str) -> pb.HealthReply:
@@ -454,7 +518,9 @@ class NativeDataPath:
 
     def open(self, peer_der: bytes | None, raw: bytes) -> tuple[int, int, int] | None:
         """A stream's header: (round id, party position, token), or None if already complete."""
-        header = pb.PushMessage.FromString(raw).header
+        if self._core.revocation_gate is not None:
+            self._core.revocation_gate.check_der(peer_der)
+        header = _push_message(raw).header
         party = tls.check_caller(name_from_der(peer_der), header.party_id, "header.party_id")
         self._core.observe("header", party, header)
         state = self._core.open_round(header)
@@ -474,7 +540,7 @@ class NativeDataPath:
     def observe(self, token: int, raw: bytes) -> None:
         """Hand the slices of a received message to the observer."""
         party, _ = self._stream(token)
-        message = pb.PushMessage.FromString(raw)
+        message = _push_message(raw)
         items = unbatch(message.batch) if message.HasField("batch") else [message.slice]
         for item in items:
             self._core.observe("slice", party, item)
@@ -530,7 +596,7 @@ class AggregationServicer(rpc.AggregationServicer):
             # Messages arrive as received bytes (see add_aggregation_service): batches go to the
             # data plane as they are, so their payload is never copied in Python.
             raw = next(request_iterator, None)
-            first = pb.PushMessage.FromString(raw) if raw is not None else None
+            first = _push_message(raw) if raw is not None else None
             if first is None or not first.HasField("header"):
                 raise ProtocolError("a PushSlices stream must start with a header")
             header = first.header
@@ -547,13 +613,13 @@ class AggregationServicer(rpc.AggregationServicer):
                     raise ProtocolError(str(error)) from None
                 if view is not None:
                     if self._core.observer is not None:
-                        for item in unbatch(pb.PushMessage.FromString(raw).batch):
+                        for item in unbatch(_push_message(raw).batch):
                             self._core.observe("slice", party, item)
                     took, repeated = self._core.push_message(party, state, raw, view)
                     accepted += took
                     duplicates += repeated
                     continue
-                message = pb.PushMessage.FromString(raw)
+                message = _push_message(raw)
                 body = message.WhichOneof("body")
                 if body == "slice":
                     self._core.observe("slice", party, message.slice)
@@ -601,7 +667,12 @@ class RelayServicer(rpc.RelayServicer):
         if not recipients or any(not 0 < len(r) <= MAX_NAME for r in recipients):
             raise ProtocolError(f"envelope.recipients must list 1.. names of 1..{MAX_NAME} characters")
         self._core.observe("envelope", request.sender, request)
-        if request.round > 1:
+        if request.round == CONTROL_ROUND and request.tag.startswith(REJOIN_PREFIX):
+            # A restarted party: the process that held its place in an open round is gone.
+            self._core.party_restarted(request.job_id, request.sender)
+        elif request.round == CONTROL_ROUND and request.tag.startswith(ADMIT_PREFIX):
+            self._core.parties_admitted(request.job_id, recipients)
+        elif request.round > 1:
             # Relay-only jobs (vertical) never push slices: retire by the envelopes' rounds too.
             self._core.mailboxes.retire(request.job_id, request.round - 1)
         delivery = pb.Delivery(job_id=request.job_id, envelope=request)
@@ -636,6 +707,14 @@ def add_aggregation_service(servicer: AggregationServicer, server: grpc.Server) 
         ),
     }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("confide.v1.Aggregation", handlers),))
+
+
+def _push_message(raw: bytes) -> pb.PushMessage:
+    """One received ``PushMessage``; bytes protobuf cannot parse are a :class:`ProtocolError`."""
+    try:
+        return pb.PushMessage.FromString(raw)
+    except DecodeError as error:
+        raise ProtocolError(f"push message ({len(raw)} bytes) does not parse: {error}") from None
 
 
 def unbatch(batch: pb.SliceBatch) -> list[pb.Slice]:
@@ -678,8 +757,17 @@ def serve(
 ) -> tuple[grpc.Server, int, AggregatorCore]:
     """Start the aggregator's gRPC server; returns (server, bound port, core)."""
     keep_freed_memory()
+    gate = None
+    if config.crl_path is not None:
+        gate = RevocationGate(RevocationList(config.crl_path, identity.ca_pem), identity.name)
     core = AggregatorCore(config, observer)
-    server, port = tls.server(identity, address, max_workers=config.max_workers)
+    if gate is not None:
+        core.revocation_gate = gate
+        gate.on_cut(lambda party, _serial, message: core.drop_revoked(party, message))
+        gate.start()
+    server, port = tls.server(
+        identity, address, max_workers=config.max_workers, interceptors=[gate] if gate is not None else []
+    )
     add_aggregation_service(AggregationServicer(core, identity.name), server)
     rpc.add_RelayServicer_to_server(RelayServicer(core), server)
     if config.data_port is not None:

@@ -39,6 +39,9 @@ def add_commands(commands) -> None:
     controller = commands.add_parser("controller", help="run the controller (REST API over mutual TLS)")
     controller.add_argument("--certs", required=True, help="federation certificate directory")
     controller.add_argument("--name", default="controller", help="service identity to serve as")
+    controller.add_argument(
+        "--crl", default=None, help="the federation's revocation list (default: revoked.crl.pem in --certs)"
+    )
     controller.add_argument("--db", default="controller.db", help="SQLite file or postgresql://... URL")
     controller.add_argument("--listen", default="127.0.0.1:8443", help="host:port (port 0 picks a free one)")
     controller.add_argument("--port-file", default=None, help="write the bound port here once listening")
@@ -223,6 +226,7 @@ def _controller(args) -> int:
         console_port_file=args.console_port_file,
         console_cert=args.console_cert,
         console_key=args.console_key,
+        crl=args.crl,
     )
     return 0
 

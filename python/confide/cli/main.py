@@ -1,4 +1,7 @@
-"""``confide certs init | aggregator | cluster | party | run`` and the controller commands (cli/controller.py)."""
+"""``confide certs ... | aggregator | cluster | party | run`` and the controller commands (cli/controller.py).
+
+``certs``: init, add, request, sign, revoke, rotate, crl.
+"""
 
 from __future__ import annotations
 
@@ -59,12 +62,35 @@ def _parser() -> argparse.ArgumentParser:
     sign.add_argument("--role", required=True, choices=["party", "service", "admin", "developer"])
     sign.add_argument("--out", required=True, help="directory for <name>.crt and a copy of ca.crt, sent back")
     sign.add_argument("--days", type=int, default=365)
-    sign.add_argument("--replace", action="store_true", help="re-enroll a site that lost its key")
+    sign.add_argument(
+        "--replace", action="store_true", help="re-enroll a site that lost its key (its old certificates are revoked)"
+    )
+    revoke = certs_commands.add_parser(
+        "revoke", help="revoke every certificate of an identity; services refuse it within a second"
+    )
+    revoke.add_argument("name", help="the identity to revoke, e.g. hospital-c")
+    revoke.add_argument("--dir", required=True, help="the federation's CA directory (ca.crt, ca.key, issued.json)")
+    revoke.add_argument(
+        "--reason",
+        default=None,
+        help="why (kept in the ledger); a CRL reason name such as key_compromise also sets the reason code",
+    )
+    rotate = certs_commands.add_parser(
+        "rotate", help="a fresh key and certificate for an identity (same role and hosts); the old one is revoked"
+    )
+    rotate.add_argument("--dir", required=True, help="the federation's CA directory (holding the identity's key)")
+    rotate.add_argument("--name", required=True)
+    rotate.add_argument("--days", type=int, default=365)
+    crl = certs_commands.add_parser("crl", help="sign the revocation list again (a fresh next-update date)")
+    crl.add_argument("--dir", required=True, help="the federation's CA directory")
 
     aggregator = commands.add_parser("aggregator", help="run the aggregator service")
     aggregator.add_argument("--listen", default="127.0.0.1:50051", help="host:port (port 0 picks a free one)")
     aggregator.add_argument("--certs", required=True, help="federation certificate directory")
     aggregator.add_argument("--name", default="aggregator", help="identity to serve as")
+    aggregator.add_argument(
+        "--crl", default=None, help="the federation's revocation list (default: revoked.crl.pem in --certs)"
+    )
     aggregator.add_argument("--state", default=None, help="directory for completed rounds (survives restarts)")
     aggregator.add_argument("--port-file", default=None, help="write the bound port here once listening")
     aggregator.add_argument("--round-timeout", type=float, default=120.0, help="seconds a participant may be absent")
@@ -104,6 +130,12 @@ def _parser() -> argparse.ArgumentParser:
     party.add_argument("--datasets", default=None, help="this party's dataset catalog (FL_Data jobs)")
     party.add_argument("--joining", default="", help="parties without the resume checkpoint (comma-separated)")
     party.add_argument(
+        "--rejoin",
+        action="store_true",
+        help="this process replaces one of this party that died mid-job: reload the latest checkpoint, "
+        "ask the peers to take it back, go on from the round they admit it to",
+    )
+    party.add_argument(
         "--stop-file", default=None, help="stop at the next round boundary once this file exists (agents use it)"
     )
     party.add_argument(
@@ -121,8 +153,20 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     run = commands.add_parser("run", help="run a job on a local federation (aggregator + parties as processes)")
-    run.add_argument("job", help="job specification (YAML or JSON)")
+    run.add_argument("job", nargs="?", default=None, help="job specification (YAML or JSON)")
     run.add_argument("--workdir", default=None, help="default: reports/<job_id>")
+    run.add_argument(
+        "--resume",
+        action="store_true",
+        help="go on with the job stopped in --workdir (or reports/<job_id>) from the last round every party "
+        "checkpointed",
+    )
+    run.add_argument(
+        "--max-restarts",
+        type=int,
+        default=3,
+        help="times each crashed process (aggregator or party) is started again; 0: never (default 3)",
+    )
     run.add_argument("--mode", default=None, help="override protection.mode")
     run.add_argument("--split", default=None, help="override data.split (iid or label_skew)")
     run.add_argument("--rounds", type=int, default=None, help="override rounds")
@@ -187,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
             return controller_commands.dispatch(args)
         if args.command == "model":
             return model_commands.dispatch(args)
-        return _run(args)
+        return _launch(args)
     except ConfideError as error:
         print(f"confide: error: {error}", file=sys.stderr)
         return 2
@@ -232,6 +276,15 @@ def _certs(args) -> int:
             f"key {Path(args.dir) / (args.name + '.key')} (stays here) and signing request {path}: send the .csr "
             "to the federation operator, and put the .crt and ca.crt they send back into this directory"
         )
+    elif args.certs_command == "revoke":
+        done = certs.revoke_identity(args.dir, args.name, reason=args.reason)
+        _print_revocation(done)
+    elif args.certs_command == "rotate":
+        done = certs.rotate_identity(args.dir, args.name, days=args.days)
+        print(f"issued a new certificate for {done.name}: {done.issued} (and its key next to it)")
+        _print_revocation(done)
+    elif args.certs_command == "crl":
+        print(f"signed {certs.write_crl(args.dir)} again")
     else:
         csr = Path(args.csr)
         if not csr.is_file():
@@ -247,9 +300,23 @@ def _certs(args) -> int:
     return 0
 
 
+def _print_revocation(done) -> None:
+    for entry in done.revoked:
+        print(f"revoked {entry['role']} {done.name}: serial {entry['serial']} (issued {entry['issued_at']})")
+    for entry in done.already:
+        print(f"already revoked: serial {entry['serial']} ({entry['revoked_at']}, {entry['reason']})")
+    if not done.revoked and not done.already:
+        print(f"{done.name} had no other certificate to revoke")
+    print(
+        f"revocation list {done.crl} (CRL number {done.crl_number}): services that read it (their certificate "
+        "directory's copy, or --crl) refuse these certificates within a second; copy it to services elsewhere"
+    )
+
+
 def _aggregator(args) -> int:
     from confide.aggregator import AggregatorConfig, serve
     from confide.transport.certs import Identity
+    from confide.transport.revocation import crl_path_for
 
     identity = Identity.load(args.certs, args.name)
     config = AggregatorConfig(
@@ -260,6 +327,7 @@ def _aggregator(args) -> int:
         max_staged_bytes=args.max_staged_mb * 1024**2,
         max_workers=args.max_streams,
         data_port=None if args.data_port < 0 else args.data_port,
+        crl_path=str(crl_path_for(args.certs, args.crl)),
     )
     server, port, core = serve(identity, args.listen, config)
     if args.port_file:
@@ -351,6 +419,7 @@ def _party(args) -> int:
         stop_file=args.stop_file,
         session=session,
         compute=args.compute,
+        rejoin=args.rejoin,
     )
     logging.getLogger("confide.party").info(
         "%s: %s after %d rounds", args.party, report["status"], len(report["rounds"])
@@ -358,10 +427,34 @@ def _party(args) -> int:
     return 0
 
 
+def _launch(args) -> int:
+    """``confide run``: SIGTERM stops the federation as Ctrl-C does, and says how to go on."""
+    import signal
+
+    def interrupted(_signal, _frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupted)
+    try:
+        return _run(args)
+    except KeyboardInterrupt:
+        where = f" --workdir {args.workdir}" if args.workdir else f" {args.job}"
+        print(f"\nconfide run: stopped; go on from the last checkpoint with: confide run --resume{where}")
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def _run(args) -> int:
     from confide.local import run_local
     from confide.spec import load_job, parse_job
 
+    if args.job is None and not (args.resume and args.workdir):
+        raise InvalidParameterError("confide run needs a job file (or --resume --workdir DIR)")
+    if args.max_restarts < 0:
+        raise InvalidParameterError(f"--max-restarts must be 0 or more, got {args.max_restarts}")
+    if args.resume:
+        return _resume(args, load_job)
     spec = load_job(args.job)
     overrides = spec.model_dump()
     if args.mode:
@@ -382,7 +475,43 @@ def _run(args) -> int:
     catalogs = _per_party("--catalog", "PARTY=PATH", args.catalog)
     compute = _per_party("--compute", "PARTY=ENGINE", args.compute)
     report = run_local(
-        spec, workdir, progress=not args.no_progress, nodes=args.nodes, catalogs=catalogs, compute=compute
+        spec,
+        workdir,
+        progress=not args.no_progress,
+        nodes=args.nodes,
+        catalogs=catalogs,
+        compute=compute,
+        max_restarts=args.max_restarts,
+    )
+    print_summary(report)
+    return 0
+
+
+def _resume(args, load_job) -> int:
+    """``confide run --resume``: the job as it was started (``job.json`` in its work directory)."""
+    from confide.local import run_local
+
+    if args.mode or args.split or args.rounds:
+        raise InvalidParameterError("--resume goes on with the job as it was started: drop --mode, --split, --rounds")
+    workdir = Path(args.workdir) if args.workdir else Path("reports") / load_job(args.job).job_id
+    started = workdir / "job.json"
+    if not started.exists():
+        raise InvalidParameterError(f"--resume: {started} does not exist (no job was started in {workdir})")
+    spec = load_job(started)
+    if args.job is not None and load_job(args.job).job_id != spec.job_id:
+        raise InvalidParameterError(
+            f"--resume: {workdir} holds job {spec.job_id!r}, not {load_job(args.job).job_id!r} from {args.job}"
+        )
+    print(f"confide run --resume: job {spec.job_id!r} in {workdir}")
+    report = run_local(
+        spec,
+        workdir,
+        progress=not args.no_progress,
+        nodes=args.nodes,
+        catalogs=_per_party("--catalog", "PARTY=PATH", args.catalog),
+        compute=_per_party("--compute", "PARTY=ENGINE", args.compute),
+        max_restarts=args.max_restarts,
+        resume=True,
     )
     print_summary(report)
     return 0
@@ -502,4 +631,13 @@ def print_summary(report: dict) -> None:
         f"key set-up {job.setup_seconds:.2f} s; job wall time {job.wall_seconds:.1f} s"
     )
     _print_compute(job.parties)
+    for restart in job.restarts:
+        print(f"restarted: {restart['process']} {restart['how']} at round {restart['round']}")
+    for party, entry in job.parties.items():
+        for rejoin in entry.get("rejoins") or []:
+            missed = rejoin["missed_rounds"]
+            gap = f"missed rounds {missed[0]}-{missed[-1]}" if missed else "missed no round"
+            print(f"  {party} rejoined at round {rejoin['at_round']} ({gap}; admitted by {rejoin['admitted_by']})")
+    for party, why in job.dropped.items():
+        print(f"dropped: {party}: {why}")
     print(f"report: {job.files['json']}\nplot:   {job.files['plot']}")

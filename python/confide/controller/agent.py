@@ -30,7 +30,13 @@ from typing import Any, Protocol
 from confide import checkpoints as ckpt
 from confide.controller.client import ControllerClient
 from confide.controller.sessions import apply_delta, config_digest
-from confide.errors import CertificateError, ConfideError, InvalidParameterError, TransportUnavailableError
+from confide.errors import (
+    CertificateError,
+    CertificateRevokedError,
+    ConfideError,
+    InvalidParameterError,
+    TransportUnavailableError,
+)
 
 __all__ = ["METRICS_PER_REPORT", "Agent", "RunState", "Worker"]
 
@@ -148,8 +154,8 @@ class Agent:
             except TransportUnavailableError as error:
                 log.debug("controller unavailable: %s", error)
                 self._registered = False
-            except CertificateError:
-                raise
+            except (CertificateError, CertificateRevokedError):
+                raise  # retrying with this identity cannot succeed: the operator must act
             except ConfideError as error:
                 log.warning("sync failed: %s", error)
                 if "not registered" in str(error):

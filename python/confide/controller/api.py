@@ -4,11 +4,12 @@ Served over HTTPS with mutual TLS only (:mod:`confide.controller.server`): every
 the caller's certificate, issued by the federation CA, and the certificate's common name and
 role are the caller's identity; no request body can claim another. One exception handler maps
 the ``ConfideError`` family to HTTP statuses, with a JSON body ``{"error": kind, "detail":
-message}``:
+message}``. A client certificate on the federation's revocation list is refused on every route
+(403, ``CertificateRevokedError``) and the refusal audited (``certificate.refused``):
 
 =========================  ======
 InvalidParameterError      400
-PermissionDeniedError      403 (DataAccessDeniedError included)
+PermissionDeniedError      403 (DataAccessDeniedError and CertificateRevokedError included)
 RateLimitedError           429
 NotFoundError              404
 ConflictError              409
@@ -31,6 +32,7 @@ from starlette.concurrency import run_in_threadpool
 
 from confide.controller.service import Caller, Controller, certificate_digest
 from confide.errors import (
+    CertificateRevokedError,
     ConfideError,
     ConflictError,
     InvalidParameterError,
@@ -41,6 +43,7 @@ from confide.errors import (
 )
 from confide.reports import SessionStatus, SessionSummary
 from confide.transport.certs import peer_identity
+from confide.transport.revocation import RevocationList
 
 __all__ = ["HTTP_STATUS", "MAX_REQUEST_BYTES", "BodyLimit", "certificate_caller", "create_app", "http_status"]
 
@@ -402,18 +405,37 @@ def create_app(
     max_request_bytes: int = MAX_REQUEST_BYTES,
     identify: Callable[[Request], Caller] | None = None,
     agent_routes: bool = True,
+    revocations: RevocationList | None = None,
 ) -> FastAPI:
     """The ASGI application for ``controller``.
 
     Callers are identified by their TLS client certificate (checked against ``ca_pem``), or by
     ``identify`` (the console's API tokens: :mod:`confide.web`). ``agent_routes``: serve
     ``/v1/register`` and ``/v1/agent/sync``, which only agents with certificates may call.
+    ``revocations``: the federation's CRL; a revoked client certificate is refused on every route.
     """
     pages = {} if identify is None else {"docs_url": None, "redoc_url": None, "openapi_url": None}
+
+    async def admitted(request: Request) -> None:
+        # Every route, /v1/health included: a revoked certificate opens no call here.
+        chain = ((request.scope.get("extensions") or {}).get("tls") or {}).get("client_cert_chain") or []
+        if revocations is None or not chain:
+            return
+        certificate = chain[0].encode()
+        try:
+            revocations.check(certificate)
+        except CertificateRevokedError as error:
+            peer = revocations.peer(certificate, pem=True)
+            await run_in_threadpool(
+                controller.certificate_refused, Caller(peer.name, peer.role), peer.serial, request.url.path
+            )
+            raise error from None
+
     app = FastAPI(
         title="Confide controller",
         version="1",
         description="Parties, dataset metadata, data-access grants, jobs as stateful sessions, checkpoints.",
+        dependencies=[Depends(admitted)],
         **pages,
     )
 

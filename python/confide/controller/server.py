@@ -7,7 +7,9 @@ without client certificates (people sign in with accounts), over the same store 
 Uvicorn does not pass the peer certificate to the application, so the HTTP protocol class
 below does: per connection it reads the verified client certificate from the TLS object and
 adds it to every request's scope as the ASGI TLS extension (``scope["extensions"]["tls"]
-["client_cert_chain"]``). The handshake itself rejects clients without a certificate from the CA.
+["client_cert_chain"]``). The handshake itself rejects clients without a certificate from the CA;
+the API refuses a certificate on the federation's CRL (``revoked.crl.pem`` in the certificate
+directory, or ``crl``), re-read within half a second of a change.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from confide.controller.service import Controller
 from confide.controller.store import open_store
 from confide.errors import CertificateError
 from confide.transport.certs import CA_CERT_FILE, Identity
+from confide.transport.revocation import RevocationList, crl_path_for
 
 __all__ = ["ControllerServer", "serve"]
 
@@ -100,11 +103,14 @@ class ControllerServer:
         console_address: str | None = None,
         console_cert: str | None = None,
         console_key: str | None = None,
+        crl: str | os.PathLike | None = None,
     ) -> None:
         identity = Identity.load(certs_dir, name)
+        # A CRL that is there but not signed by the federation CA stops the start-up (CertificateError).
+        self.revocations = RevocationList(crl_path_for(certs_dir, crl), identity.ca_pem)
         self.store = open_store(database)
         self.controller = Controller(self.store, alive_s=alive_s)
-        app = create_app(self.controller, ca_pem=identity.ca_pem)
+        app = create_app(self.controller, ca_pem=identity.ca_pem, revocations=self.revocations)
         self.socket = _bound_socket(address)
         self.port = self.socket.getsockname()[1]
         root = Path(certs_dir)
@@ -193,9 +199,11 @@ def serve(
     console_port_file: str | None = None,
     console_cert: str | None = None,
     console_key: str | None = None,
+    crl: str | None = None,
 ) -> None:
     """Run a controller (and its web console) until interrupted (``confide controller``)."""
     server = ControllerServer(
+        crl=crl,
         certs_dir=certs_dir,
         name=name,
         database=database,

@@ -21,6 +21,7 @@ import logging
 import math
 import re
 import secrets
+import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -68,6 +69,8 @@ STATES = ("running", "verifying", "awaiting", "completed", "failed", "cancelled"
 ACTIVE = ("running", "verifying")
 #: Seconds between two sweeps for grants that expired under running sessions.
 EXPIRY_SWEEP_S = 2.0
+#: A revoked certificate's refusals are audited at most this often (seconds) per certificate.
+REFUSAL_AUDIT_S = 60.0
 MAX_GRANT_DAYS = 3650
 CHECKPOINTS_KEPT = 3
 #: Rounds of metrics kept per participant (the newest; a longer job's curve starts later).
@@ -124,6 +127,7 @@ class Controller:
         self.alive_s = alive_s
         self._digests: dict[tuple[int, int, str], str] = {}
         self._last_sweep = 0.0  # when grants were last checked for expiry (utcnow().timestamp())
+        self._refusals: dict[str, float] = {}  # serial -> when its last refusal was audited (monotonic)
 
     # ------------------------------------------------------------------ identities and metadata
 
@@ -560,6 +564,21 @@ class Controller:
     def _audit_now(self, caller: Caller, action: str, target: str, decision: str, detail: dict) -> None:
         with self.store.transaction() as db:
             self._audit(db, caller, action, target, decision, detail)
+
+    def certificate_refused(self, caller: Caller, serial: str, where: str) -> None:
+        """Audit a request refused for a revoked certificate (``certificate.refused``).
+
+        Once a minute per certificate at most: an agent keeps calling every second, and the log
+        should show that it does, not fill up with it.
+        """
+        now = time.monotonic()
+        if now - self._refusals.get(serial, -REFUSAL_AUDIT_S) < REFUSAL_AUDIT_S:
+            return
+        self._refusals[serial] = now
+        log.warning("refused %s (serial %s) at %s: certificate revoked", caller.name, serial, where)
+        self._audit_now(
+            caller, "certificate.refused", f"{caller.name}/certificate", "denied", {"serial": serial, "path": where}
+        )
 
     # ------------------------------------------------------------------ access checks
 

@@ -6,6 +6,14 @@ progress bar tick per completed round, and assembles the job report from the par
 reports: per-round loss and AUC, bytes on the wire, time and crypto time, the protection that
 actually ran and what the aggregator could see; then a loss/AUC plot. Processes talk only
 through gRPC with mutual TLS, as they would across sites.
+
+The launcher supervises what it started (every 0.2 s): a child that dies without having said
+why (SIGKILL, a segfault, the OOM killer) is named at once with how it died and the round the
+job was at, and started again, up to ``max_restarts`` times each. The aggregator comes back on
+its port with its stored rounds and the parties reconnect; a party comes back with ``--rejoin``
+and its peers admit it at the next round boundary (:mod:`confide.party.rejoin`). A party that
+failed and said why in its report is a dropout, not restarted. ``resume=True`` (``confide run
+--resume``) goes on with a stopped job from the last round every party checkpointed.
 """
 
 from __future__ import annotations
@@ -13,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -48,10 +57,25 @@ class LocalFederation:
     catalogs: dict[str, str] = field(default_factory=dict)
     #: Party -> its compute engine for partitioned data (``confide party --compute``).
     compute: dict[str, str] = field(default_factory=dict)
+    #: Party -> environment variables added to its process (kept for its restarts).
+    party_env: dict[str, dict[str, str]] = field(default_factory=dict)
+    #: The job's id at the aggregator (a resumed run gets its own).
+    runtime_job_id: str | None = None
+    #: ``--resume-round`` given to every party at its first start.
+    resume_round: int = 0
+    #: Restarts allowed per process (0: a dead child is a dropout, or fails the job).
+    max_restarts: int = 3
+    #: Every restart: {"process", "pid", "how", "round", "restart"}.
+    restarts: list[dict] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.workdir = Path(self.workdir)
         self.children = Processes(self.workdir / "logs")
+        self._handled: set[int] = set()
+        #: Restarted parties not yet admitted back -> how many rejoins their report showed before.
+        self._rejoining: dict[str, int] = {}
+        #: Restarted parties the job ended without (it finished before a peer admitted them).
+        self.never_admitted: dict[str, str] = {}
 
     @property
     def target(self) -> str:
@@ -126,8 +150,12 @@ class LocalFederation:
             raise JobFailedError(f"the aggregator did not start: {error}") from None
         return self.port
 
-    def start_party(self, party: str, env: dict[str, str] | None = None) -> subprocess.Popen:
-        """Start one party process (``env`` adds environment variables, e.g. fault injection)."""
+    def start_party(self, party: str, env: dict[str, str] | None = None, *, rejoin: bool = False) -> subprocess.Popen:
+        """Start one party process (``env`` adds environment variables, e.g. fault injection).
+
+        ``rejoin``: it replaces a process of this party that died mid-job.
+        """
+        env = env if env is not None else self.party_env.get(party)
         command = [
             "party",
             "--job",
@@ -145,8 +173,98 @@ class LocalFederation:
             command += ["--datasets", str(Path(self.catalogs[party]).resolve())]
         if party in self.compute:
             command += ["--compute", self.compute[party]]
+        if self.runtime_job_id:
+            command += ["--runtime-job-id", self.runtime_job_id]
+        if rejoin:
+            command.append("--rejoin")
+        elif self.resume_round:
+            command += ["--resume-round", str(self.resume_round)]
         self.parties[party] = self.children.spawn(party, command, env)
         return self.parties[party]
+
+    def resume_point(self) -> tuple[int, dict[str, dict]]:
+        """The last round every party checkpointed, and the parties' reports of the stopped run.
+
+        Raises :class:`JobFailedError` when there is nothing to go on from.
+        """
+        from confide.checkpoints import round_name
+
+        rounds = None
+        for party in self.spec.parties:
+            directory = self.workdir / "parties" / f"{party}.checkpoints"
+            held = {n for n in range(1, self.spec.rounds + 1) if (directory / round_name(n) / "state.json").exists()}
+            rounds = held if rounds is None else rounds & held
+        if not rounds:
+            raise JobFailedError(
+                f"cannot resume in {self.workdir}: no round is checkpointed by every party "
+                f"(checkpoint_interval is {self.spec.checkpoint_interval}); run the job again from the start"
+            )
+        earlier = {p: self.report_of(p) or {"rounds": []} for p in self.spec.parties}
+        return max(rounds), earlier
+
+    def supervise(self, echo) -> None:
+        """Name every child that died without saying why, and start it again (within its budget)."""
+        at = _job_round(self)
+        aggregator = self.aggregator
+        if aggregator is not None and aggregator.poll() is not None and aggregator.pid not in self._handled:
+            if any(p.poll() is None for p in self.parties.values()):
+                self._handled.add(aggregator.pid)
+                self._restart("aggregator", aggregator, at, echo, lambda: self.start_aggregator(self.port))
+        for party, process in list(self.parties.items()):
+            code = process.poll()
+            if code in (None, 0) or process.pid in self._handled:
+                continue
+            report = self.report_of(party) or {}
+            if report.get("status") in ("failed", "stopped", "completed") or not report.get("rounds"):
+                continue  # it said why (a dropout), or it never ran a round (the job fails fast)
+            if all(p.poll() is not None for n, p in self.parties.items() if n != party):
+                continue  # nobody left to rejoin
+            self._handled.add(process.pid)
+            if self._restart(party, process, at, echo, lambda party=party: self.start_party(party, rejoin=True)):
+                self._rejoining[party] = len(report.get("rejoins") or [])
+        for party, before in list(self._rejoining.items()):
+            if len((self.report_of(party) or {}).get("rejoins") or []) > before:
+                del self._rejoining[party]  # admitted back
+        if self._rejoining and all(p.poll() is not None for n, p in self.parties.items() if n not in self._rejoining):
+            # Everyone else is done: nobody is left to admit the restarted parties.
+            waiting = sorted(self._rejoining)
+            self.children.stop(waiting)
+            for party in waiting:
+                self.never_admitted[party] = (
+                    f"crashed at round {at}; restarted, but the job ended before a peer admitted it back"
+                )
+                del self._rejoining[party]
+
+    def _restart(self, name: str, process: subprocess.Popen, at: int, echo, start) -> bool:
+        """Start ``name`` again if its budget allows (True); a party past it is a dropout."""
+        how = _how_it_ended(process.returncode)
+        used = sum(1 for r in self.restarts if r["process"] == name)
+        where = f"at round {at} of {self.spec.rounds}"
+        if used >= self.max_restarts:
+            if name != "aggregator":
+                echo(
+                    f"{name} (pid {process.pid}) {how} {where}; not restarted (max_restarts {self.max_restarts}): "
+                    "the others go on without it"
+                )
+                return False
+            raise JobFailedError(
+                f"{name} (pid {process.pid}) {how} {where}; it was restarted {used} time(s) already "
+                f"(max_restarts {self.max_restarts}):\n{self._tail(name)}"
+            )
+        echo(f"{name} (pid {process.pid}) {how} {where}: restarting it ({used + 1}/{self.max_restarts})")
+        started = time.perf_counter()
+        start()
+        self.restarts.append(
+            {
+                "process": name,
+                "pid": process.pid,
+                "how": how,
+                "round": at,
+                "restart": used + 1,
+                "seconds_to_restart": round(time.perf_counter() - started, 3),
+            }
+        )
+        return True
 
     def report_of(self, party: str) -> dict | None:
         """A party's latest report, if it has written one."""
@@ -164,6 +282,32 @@ class LocalFederation:
 
     def _tail(self, name: str, lines: int = 15) -> str:
         return self.children.tail(name, lines)
+
+
+def _how_it_ended(code: int) -> str:
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with status {code} without a report of why"
+
+
+def _last_round(report: dict | None) -> int:
+    rounds = (report or {}).get("rounds") or []
+    return rounds[-1]["round"] if rounds else 0
+
+
+def _job_round(federation: LocalFederation) -> int:
+    """The round the job is at: one past the last round any party completed."""
+    return max((_last_round(federation.report_of(p)) for p in federation.spec.parties), default=0) + 1
+
+
+def _entry(report: dict, number: int) -> dict | None:
+    for entry in reversed(report.get("rounds") or []):
+        if entry["round"] == number:
+            return entry
+    return None
 
 
 def _checked_against_catalogs(spec: JobSpec, catalogs: dict[str, str]) -> JobSpec:
@@ -204,6 +348,8 @@ def run_local(
     nodes: int = 1,
     catalogs: dict[str, str] | None = None,
     compute: dict[str, str] | None = None,
+    max_restarts: int = 3,
+    resume: bool = False,
 ) -> dict:
     """Run ``spec`` on a local federation in ``workdir``; returns the job report.
 
@@ -211,6 +357,8 @@ def run_local(
     runs an aggregator cluster of that many processes instead of one aggregator. ``catalogs``
     gives each party its dataset catalog for jobs whose ``fl_data`` names catalog datasets;
     ``compute`` a party's engine for a partitioned dataset (``inline``, ``ray``, ``ray:ADDRESS``).
+    ``max_restarts``: how often each crashed child is started again (0: never). ``resume``: go on
+    with the job stopped in ``workdir`` from the last round every party checkpointed.
     """
     if spec.fl_data is not None:
         missing = [p for p in spec.parties if p not in (catalogs or {})]
@@ -223,8 +371,25 @@ def run_local(
     unknown = sorted(set(compute or {}) - set(spec.parties))
     if unknown:
         raise JobFailedError(f"--compute names {unknown}, which are not parties of the job {spec.parties}")
-    federation = LocalFederation(spec, Path(workdir), catalogs=dict(catalogs or {}), compute=dict(compute or {}))
-    federation.prepare()
+    federation = LocalFederation(
+        spec,
+        Path(workdir),
+        catalogs=dict(catalogs or {}),
+        compute=dict(compute or {}),
+        party_env=dict(party_env or {}),
+        max_restarts=0 if spec.vertical else max_restarts,
+    )
+    earlier: dict[str, dict] = {}
+    if resume:
+        if spec.vertical:
+            raise JobFailedError("--resume goes on with horizontal jobs; a vertical job runs again from the start")
+        federation.resume_round, earlier = federation.resume_point()
+        if federation.resume_round >= spec.rounds:
+            raise JobFailedError(f"the job in {workdir} has run all its {spec.rounds} rounds: nothing to resume")
+        federation.runtime_job_id = f"{spec.job_id}.resume-{federation.resume_round}-{time.time_ns()}"
+        echo(f"resuming after round {federation.resume_round} (the last round every party checkpointed)")
+    else:
+        federation.prepare()
     started = time.perf_counter()
     try:
         if nodes > 1:
@@ -232,7 +397,7 @@ def run_local(
         else:
             federation.start_aggregator()
         for party in spec.parties:
-            federation.start_party(party, (party_env or {}).get(party))
+            federation.start_party(party)
         if spec.vertical:
             _follow_vertical(federation, echo)
         else:
@@ -242,6 +407,9 @@ def run_local(
     if spec.vertical:
         return _vertical_report(federation, time.perf_counter() - started)
     reports = {p: federation.report_of(p) or {"status": "failed", "rounds": []} for p in spec.parties}
+    for party, before in earlier.items():
+        kept = [r for r in before.get("rounds") or [] if r["round"] <= federation.resume_round]
+        reports[party] = {**reports[party], "rounds": kept + list(reports[party].get("rounds") or [])}
     completed = [r for r in reports.values() if r.get("status") == "completed"]
     final = set(completed[0]["rounds"][-1]["participants"]) if completed else set()
     failed = [p for p, proc in federation.parties.items() if proc.returncode != 0]
@@ -249,7 +417,10 @@ def run_local(
         reasons = [f"{p}: {reports[p].get('error') or federation._tail(p)}" for p in failed]
         raise JobFailedError("job failed:\n  " + "\n  ".join(reasons or ["no party completed"]))
     dropped = {p: reports[p].get("error") or f"exited with status {federation.parties[p].returncode}" for p in failed}
+    dropped.update(federation.never_admitted)
     report = build_report(spec, reports, time.perf_counter() - started, dropped)
+    report["restarts"] = federation.restarts
+    report["resumed_after_round"] = federation.resume_round
     paths = write_report(report, Path(workdir))
     report["files"] = {k: str(v) for k, v in paths.items()}
     return report
@@ -262,13 +433,20 @@ def _follow(federation: LocalFederation, progress: bool, echo) -> None:
     # The bar only where someone watches a terminal; logs and pipes get the round lines alone.
     progress = progress and sys.stderr.isatty()
     bar = tqdm(total=spec.rounds, desc=f"{spec.job_id} [{spec.protection.mode}]", unit="round", disable=not progress)
-    shown = 0
+    shown = federation.resume_round
+    bar.update(shown)
     try:
         while True:
+            federation.supervise(lambda line: bar.write(line) if progress else echo(line))
             alive = [p for p in federation.parties.values() if p.poll() is None]
             by_party = {p: federation.report_of(p) for p in spec.parties}  # read once per tick
-            running = [r for r in by_party.values() if r and r.get("status") != "failed"]
-            done = [len(r["rounds"]) for r in running]
+            # Parties still in the job: a dead one (until it rejoins) and a dropout do not hold the line back.
+            running = [
+                r
+                for p, r in by_party.items()
+                if r and r.get("status") != "failed" and (federation.parties[p].poll() in (None, 0))
+            ]
+            done = [_last_round(r) for r in running]
             # A live party that has not written its report yet has finished no round: wait for it,
             # or the line would count only the parties that happened to write first.
             silent = [p for p, r in by_party.items() if r is None and federation.parties[p].poll() is None]
@@ -369,7 +547,7 @@ def _vertical_report(federation: LocalFederation, wall_seconds: float) -> dict:
 
 
 def _round_line(spec: JobSpec, number: int, reports: list[dict]) -> str:
-    entries = [r["rounds"][number - 1] for r in reports if len(r["rounds"]) >= number]
+    entries = [e for e in (_entry(r, number) for r in reports) if e is not None]
     loss = _weighted_loss(number, reports)
     sent = sum(e["bytes_sent"] for e in entries)
     shown = ""
@@ -384,7 +562,7 @@ def _round_line(spec: JobSpec, number: int, reports: list[dict]) -> str:
 
 def _weighted_loss(number: int, reports: list[dict]) -> float:
     """Sample-weighted mean of the parties' training losses in round ``number``."""
-    pairs = [(r["samples"], r["rounds"][number - 1]["train_loss"]) for r in reports if len(r["rounds"]) >= number]
+    pairs = [(r["samples"], e["train_loss"]) for r in reports if (e := _entry(r, number)) is not None]
     samples = np.array([p[0] for p in pairs], dtype=float)
     return float(np.dot(samples, [p[1] for p in pairs]) / samples.sum())
 
@@ -465,7 +643,7 @@ def build_report(spec: JobSpec, reports: dict[str, dict], wall_seconds: float, d
     first = next(r for r in reports.values() if r.get("status") == "completed")
     rounds = []
     for number in range(1, spec.rounds + 1):
-        entries = [r["rounds"][number - 1] for r in reports.values() if len(r["rounds"]) >= number]
+        entries = [e for e in (_entry(r, number) for r in reports.values()) if e is not None]
         rounds.append(
             {
                 "round": number,
@@ -506,6 +684,7 @@ def build_report(spec: JobSpec, reports: dict[str, dict], wall_seconds: float, d
                 "samples": r.get("samples"),
                 "status": r["status"],
                 **({"compute": r["compute"]} if r.get("compute") else {}),
+                **({"rejoins": r["rejoins"]} if r.get("rejoins") else {}),
             }
             for p, r in reports.items()
         },

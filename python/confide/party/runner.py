@@ -57,6 +57,7 @@ from confide.errors import (
 from confide.ml import FitConfig, WeightLayout, build_model
 from confide.ml.artifact import write_artifact
 from confide.party.hooks import load_hooks
+from confide.party.rejoin import Membership, request_rejoin
 from confide.protect import RoundContext, make_protection
 from confide.reports import Failure, ModelSummary, PartyReport, RoundReport
 from confide.spec import JobSpec
@@ -374,6 +375,7 @@ def run_party(
     stop_file: str | os.PathLike | None = None,
     session: str | None = None,
     compute: str | None = None,
+    rejoin: bool = False,
 ) -> dict:
     """Run this party's side of a job to the end; returns (and writes) its report.
 
@@ -390,7 +392,10 @@ def run_party(
     every round boundary; once it exists (the agent writes it when the data owner revokes the
     grant) the party trains no further round and stops with status ``stopped``. ``compute``: where a
     partitioned dataset's rows are held and worked on (``inline``, ``ray`` or ``ray:ADDRESS``;
-    :func:`confide.compute.open_compute`).
+    :func:`confide.compute.open_compute`). ``rejoin``: this process replaces one of this party that
+    died mid-job: it reloads its latest checkpoint, asks its peers to take it back and goes on
+    from the round they admit it to (:mod:`confide.party.rejoin`); its report keeps the rounds
+    before the crash and names the ones it missed.
 
     Any failure is written to the report as a :class:`~confide.reports.Failure` (step, dataset,
     columns, error class, message, hint; never a value), which the agent forwards to the
@@ -459,7 +464,17 @@ def run_party(
     strategy = spec.strategy.build()
     first_round = 1
     joining = [p for p in joining if p in spec.parties]
-    if resume_round:
+    checkpoint_round = 0
+    if rejoin:
+        if resume_round or joining:
+            raise JobFailedError("--rejoin continues a running job; it does not combine with a resume")
+        latest = ckpt.latest(checkpoint_dir)
+        if latest is not None:
+            checkpoint_round = int(latest.name.rsplit("-", 1)[-1])
+            _load_checkpoint(checkpoint_dir, checkpoint_round, model, layout, strategy)
+        if privacy is not None:
+            _load_privacy(checkpoint_dir, privacy)
+    elif resume_round:
         if privacy is not None and joining:
             raise JobFailedError(
                 f"a job with privacy cannot take in new parties on resume ({', '.join(joining)}): they hold no "
@@ -470,7 +485,8 @@ def run_party(
             if privacy is not None:
                 _load_privacy(checkpoint_dir, privacy)
         first_round = resume_round + 1
-    _drop_later_checkpoints(checkpoint_dir, resume_round)
+    if not rejoin:
+        _drop_later_checkpoints(checkpoint_dir, resume_round)
     report = PartyReport(
         job_id=spec.job_id,
         runtime_job_id=runtime_job_id or spec.job_id,
@@ -490,6 +506,8 @@ def run_party(
         strategy=strategy.describe(),
         compute=getattr(data.X, "engine", None) or None,
     )
+    if rejoin:
+        _carry_over(report, report_path)
     client = AggregatorClient(
         aggregator,
         identity,
@@ -509,18 +527,37 @@ def run_party(
     # Several slices encoded at once, one thread each; without the pipeline one slice uses every core.
     protection.encode_threads = 1 if encode_workers(spec.transport.pipeline) > 1 else 0
     restore = _stop_on_sigterm(stop_file)
+    admitted_round = 0
     try:
         client.connect()
         started = time.perf_counter()
-        protection.setup(list(spec.parties))
-        # Under differential privacy every party weighs the same: an exact row count reveals
-        # whether a record is in (and the distributed mechanism's sensitivity assumes equal weights).
-        shared_count = 1.0 if privacy is not None else float(data.X.shape[0])
-        counts = protection.exchange_values(0, "samples", [shared_count], [p for p in spec.parties if p != party_id])
-        _agree_on_model(protection, party_id, list(spec.parties), model, layout, distribute=not resume_round)
+        if rejoin:
+            admission = _rejoin(spec, protection, exchange, client, model, layout, strategy)
+            counts, participants = admission.counts, admission.participants
+            first_round = admitted_round = admission.round
+            done = [r.round for r in report.rounds]
+            report.rejoins.append(
+                {
+                    "checkpoint_round": checkpoint_round,
+                    "at_round": admission.round,
+                    "missed_rounds": [r for r in range(max(done, default=0) + 1, admission.round)],
+                    "admitted_by": admission.leader,
+                }
+            )
+        else:
+            protection.setup(list(spec.parties))
+            # Under differential privacy every party weighs the same: an exact row count reveals
+            # whether a record is in (and the distributed mechanism's sensitivity assumes equal weights).
+            shared_count = 1.0 if privacy is not None else float(data.X.shape[0])
+            peers = [p for p in spec.parties if p != party_id]
+            counts = protection.exchange_values(0, "samples", [shared_count], peers)
+            _agree_on_model(protection, party_id, list(spec.parties), model, layout, distribute=not resume_round)
+            participants = list(spec.parties)
+        membership = Membership(spec.parties, party_id, protection, exchange, client, counts)
+        if rejoin:
+            membership.handled.update(admission.handled)
         report.setup_seconds = time.perf_counter() - started
         report.protection = protection.report()
-        participants = list(spec.parties)
         slice_length = slice_length_for(spec.transport.slice_bytes)
         if resume_round and joining:
             holders = [p for p in spec.parties if p not in joining]
@@ -555,13 +592,21 @@ def run_party(
             counts,
             slice_length,
             privacy,
+            membership,
         )
         for round_number in range(first_round, spec.rounds + 1):
             current = {"round": round_number}
             _check_stop(stop_file)  # a round boundary: an owner's revocation takes effect here
-            if privacy is not None and not _privacy_allows(protection, privacy, party_id, participants, round_number):
+            admitted = round_number == admitted_round  # this rejoined party's first round: already settled
+            if not admitted:
+                membership.open_round(round_number, participants, lambda: (model.get_weights(), strategy.state()))
+            if (
+                privacy is not None
+                and not admitted
+                and not _privacy_allows(protection, privacy, party_id, participants, round_number)
+            ):
                 break  # the budget is spent for some party: all stop together
-            entry = _train_and_aggregate(training, participants, round_number)
+            entry = _train_and_aggregate(training, participants, round_number, settled=admitted)
             if privacy is not None:
                 _write_ledger(checkpoint_dir, privacy)
             participants = entry.participants
@@ -641,9 +686,17 @@ class _Training:
     counts: dict
     slice_length: int
     privacy: object = None
+    membership: Membership | None = None
 
 
-def _train_and_aggregate(training: _Training, participants: list[str], round_number: int) -> RoundReport:
+def _train_and_aggregate(
+    training: _Training, participants: list[str], round_number: int, *, settled: bool = False
+) -> RoundReport:
+    """One round: local training, then the protected aggregation (retried without dropouts).
+
+    Unless ``settled`` (a rejoined party's first round), the round's membership is read after
+    training: the leader may have admitted a restarted party.
+    """
     spec, party_id, model, layout, strategy, data = (
         training.spec,
         training.party_id,
@@ -670,6 +723,8 @@ def _train_and_aggregate(training: _Training, participants: list[str], round_num
     timings["train_s"] = time.perf_counter() - started
     delta = layout.flatten(model.get_weights(), who=f"party {party_id!r} after local training") - global_vector
     _check_finite(delta, layout, party_id, round_number)
+    if training.membership is not None and not settled:
+        participants = training.membership.settle(round_number, participants, client.message_timeout_s)
     attempt = 0
     while True:
         total = sum(float(counts[p][0]) for p in participants)
@@ -737,6 +792,33 @@ def _train_and_aggregate(training: _Training, participants: list[str], round_num
         entry["weights"] = new_global.tolist()
     entry["eval_s"] = round(time.perf_counter() - started, 6)
     return RoundReport(**entry)
+
+
+def _rejoin(spec: JobSpec, protection, exchange, client, model, layout: WeightLayout, strategy):
+    """Ask the peers to take this restarted party back; load what the admitting leader gave it."""
+    timeout = max(600.0, 3 * spec.transport.round_timeout_s)
+    admission = request_rejoin(protection, exchange, client, list(spec.parties), timeout)
+    protection.adopt_secrets(admission.secrets)
+    try:
+        layout.check(admission.weights, who=f"the model {admission.leader!r} handed over")
+    except InvalidParameterError as error:
+        raise JobFailedError(f"cannot rejoin: {error}") from None
+    model.set_weights(admission.weights)
+    strategy.load_state(admission.strategy)
+    log.info("rejoined at round %d (admitted by %s)", admission.round, admission.leader)
+    return admission
+
+
+def _carry_over(report: PartyReport, path: Path) -> None:
+    """The rounds this party's crashed process completed, and its earlier rejoins."""
+    try:
+        earlier = PartyReport.model_validate_json(path.read_text())
+    except (OSError, ValueError):
+        return
+    if earlier.job_id != report.job_id:
+        return
+    report.rounds = list(earlier.rounds)
+    report.rejoins = list(earlier.rejoins)
 
 
 def _check_finite(delta: np.ndarray, layout: WeightLayout, party_id: str, round_number: int) -> None:
@@ -877,6 +959,15 @@ def _checkpoint(directory: Path, round_number: int, model, layout: WeightLayout,
     ckpt.write_checkpoint(target, files)
 
 
+def _read_npz(path: Path) -> dict[str, np.ndarray]:
+    """The arrays of an ``.npz`` archive; a file of another kind is a ``ValueError``."""
+    loaded = np.load(path, allow_pickle=False)
+    if not isinstance(loaded, np.lib.npyio.NpzFile):
+        raise ValueError(f"{path.name} is not an .npz archive")
+    with loaded as npz:
+        return {name: npz[name] for name in npz.files}
+
+
 def _load_checkpoint(directory: Path, round_number: int, model, layout: WeightLayout, strategy) -> None:
     """Restore round ``round_number``'s checkpoint into ``model`` and ``strategy``.
 
@@ -886,18 +977,19 @@ def _load_checkpoint(directory: Path, round_number: int, model, layout: WeightLa
     target = directory / ckpt.round_name(round_number)
     try:
         state = json.loads((target / "state.json").read_text())
+        if not isinstance(state, dict):
+            raise ValueError(f"state.json holds a {type(state).__name__}, not an object")
         if state.get("format", 1) == 1:
             flat = np.load(target / "weights.npy", allow_pickle=False)
+            if not isinstance(flat, np.ndarray):
+                raise ValueError("weights.npy is not one array")
             weights = layout.unflatten(flat) if flat.shape == (layout.size,) else None
             strategy_state, local = {}, {}
         else:
-            with np.load(target / "weights.npz", allow_pickle=False) as npz:
-                weights = {name: npz[name] for name in npz.files}
-            with np.load(target / "strategy.npz", allow_pickle=False) as npz:
-                strategy_state = {name: npz[name] for name in npz.files}
-            with np.load(target / "local.npz", allow_pickle=False) as npz:
-                local = {name: npz[name] for name in npz.files}
-    except (OSError, ValueError, KeyError) as error:
+            weights = _read_npz(target / "weights.npz")
+            strategy_state = _read_npz(target / "strategy.npz")
+            local = _read_npz(target / "local.npz")
+    except ckpt.UNREADABLE_FILE_ERRORS as error:
         raise JobFailedError(f"cannot resume: checkpoint {target} is unreadable: {error}") from None
     if state.get("round") != round_number or weights is None:
         raise JobFailedError(
@@ -907,12 +999,12 @@ def _load_checkpoint(directory: Path, round_number: int, model, layout: WeightLa
     try:
         weights = {name: weights[name] for name in (t.name for t in layout.tensors) if name in weights} or weights
         layout.check(weights, who=f"checkpoint {target}")
+        model.set_weights(weights)
+        strategy.load_state(strategy_state)
+        if local and hasattr(model, "load_state"):
+            model.load_state(local)
     except InvalidParameterError as error:
         raise JobFailedError(f"cannot resume: {error}") from None
-    model.set_weights(weights)
-    strategy.load_state(strategy_state)
-    if local and hasattr(model, "load_state"):
-        model.load_state(local)
 
 
 #: The privacy ledger beside the checkpoints, rewritten after every round (a round released after

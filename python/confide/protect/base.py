@@ -17,6 +17,7 @@ from typing import ClassVar, Protocol
 
 import numpy as np
 
+from confide.errors import ProtocolError
 from confide.transport.certs import Identity
 from confide.v1 import runtime_pb2 as pb
 
@@ -125,13 +126,22 @@ class Protection(ABC):
     aggregator_sees: ClassVar[str]
     #: Threads one ``encode`` call may use (0: every core; 1 when several slices are encoded at once).
     encode_threads: int = 0
+    #: Whether a restarted party can take its place again: everything it held can be handed back
+    #: to it by a peer (not so for a threshold key share, which dies with its process).
+    rejoinable: ClassVar[bool] = True
 
     def __init__(self, exchange: Exchange, params: ProtectionParams) -> None:
         self.exchange = exchange
         self.params = params
+        #: The secrets every participant holds (group key, the shared Paillier key), for a rejoiner.
+        self.group_secrets: dict[str, bytes] = {}
 
     def setup(self, participants: list[str]) -> None:  # noqa: B027 - optional hook
         """Job-level key set-up with the other participants (none by default)."""
+
+    def adopt_secrets(self, secrets: dict[str, bytes]) -> None:
+        """Take the group secrets a leader handed out: at set-up, or to a party that rejoins."""
+        self.group_secrets = dict(secrets)
 
     @abstractmethod
     def share(self, round_number: int, tag: str, payload: bytes, peers: Sequence[str]) -> None:
@@ -184,15 +194,24 @@ def pack_parts(parts: dict[int, np.ndarray]) -> bytes:
 
 
 def unpack_parts(data: bytes) -> dict[int, np.ndarray]:
-    """Inverse of :func:`pack_parts`."""
+    """Inverse of :func:`pack_parts`; a malformed message is a :class:`ProtocolError` naming the field."""
+    if len(data) < 4:
+        raise ProtocolError(f"decrypted-share message: count needs 4 bytes, got {len(data)}")
     (count,) = struct.unpack_from("<I", data, 0)
     offset = 4
     parts = {}
-    for _ in range(count):
+    for number in range(count):
+        if offset + 8 > len(data):
+            raise ProtocolError(f"decrypted-share message: part {number} of {count} is truncated at offset {offset}")
         index, length = struct.unpack_from("<II", data, offset)
         offset += 8
+        if offset + 4 * length > len(data):
+            raise ProtocolError(
+                f"decrypted-share message: part {number} (slice {index}) declares {length} values, "
+                f"only {(len(data) - offset) // 4} follow"
+            )
         parts[index] = np.frombuffer(data, dtype="<f4", count=length, offset=offset)
         offset += 4 * length
     if offset != len(data):
-        raise ValueError(f"decrypted-share message has {len(data) - offset} trailing bytes")
+        raise ProtocolError(f"decrypted-share message has {len(data) - offset} trailing bytes")
     return parts

@@ -49,7 +49,7 @@ def decode_fields(data: bytes, *required: str) -> dict:
     """Inverse of :func:`encode_fields`; a missing field is a :class:`ProtocolError` naming it."""
     try:
         raw = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as error:
+    except (ValueError, UnicodeDecodeError, RecursionError) as error:
         raise ProtocolError(f"message is not a valid fields encoding: {error}") from None
     if not isinstance(raw, dict):
         raise ProtocolError("message is not a valid fields encoding: not an object")
@@ -83,16 +83,26 @@ class PeerKeys:
         )
         self._peers: dict[str, X25519PublicKey] = {}
         self._pair_cache: dict[tuple[str, bytes], bytes] = {}
+        #: The verified signed announcements, by party (ours too), to hand a rejoining party.
+        self.announcements: dict[str, bytes] = {}
 
     def announcement(self) -> bytes:
         """The signed announcement of this party's public key."""
-        statement = _statement(self._job_id, self._identity.name, self.public)
-        return encode_fields(
-            public=self.public, certificate=self._identity.cert_pem, signature=self._identity.sign(statement)
-        )
+        mine = self.announcements.get(self._identity.name)
+        if mine is None:
+            statement = _statement(self._job_id, self._identity.name, self.public)
+            mine = encode_fields(
+                public=self.public, certificate=self._identity.cert_pem, signature=self._identity.sign(statement)
+            )
+            self.announcements[self._identity.name] = mine
+        return mine
 
-    def accept(self, peer: str, announcement: bytes) -> None:
-        """Verify a peer's announcement (CA, name, signature) and remember its key."""
+    def accept(self, peer: str, announcement: bytes, *, replace: bool = False) -> None:
+        """Verify a peer's announcement (CA, name, signature) and remember its key.
+
+        ``replace``: the peer restarted with a new key (it rejoins); its old pair keys are dropped.
+        A second, different key is otherwise a protocol error.
+        """
         fields = decode_fields(announcement, "public", "certificate", "signature")
         public = fields["public"]
         if not isinstance(public, bytes) or len(public) != 32:
@@ -101,6 +111,10 @@ class PeerKeys:
             if not isinstance(fields[name], bytes):
                 raise ProtocolError(f"announcement of {peer!r}: {name} must be bytes")
         known = self._peers.get(peer)
+        if known is not None and replace:
+            if known.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw) == public:
+                return
+            known = None
         if known is not None:
             if known.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw) != public:
                 raise ProtocolError(f"{peer!r} announced a second, different key for job {self._job_id!r}")
@@ -116,6 +130,8 @@ class PeerKeys:
         except CertificateError as error:
             raise CertificateError(f"announcement of {peer!r} refused: {error}") from None
         self._peers[peer] = X25519PublicKey.from_public_bytes(public)
+        self._pair_cache = {k: v for k, v in self._pair_cache.items() if k[0] != peer}
+        self.announcements[peer] = announcement
 
     def pair_key(self, peer: str, purpose: bytes) -> bytes:
         """``K_uv`` for ``purpose`` (32 bytes), identical on both sides."""

@@ -185,9 +185,15 @@ class GroupMask(GroupShared, _Masking):
 
     def setup(self, participants: list[str]) -> None:
         """Announce keys; the leader hands every party the group key, sealed pairwise."""
-        secrets = distribute_group_secrets(self.exchange, self.keys, participants, {}, self.params.setup_timeout_s)
+        self.adopt_secrets(
+            distribute_group_secrets(self.exchange, self.keys, participants, {}, self.params.setup_timeout_s)
+        )
+
+    def adopt_secrets(self, secrets: dict[str, bytes]) -> None:
+        """The group key the pads derive from."""
         self._group_key = secrets["group_key"]
         self._group = GroupCipher(self._group_key, self.exchange.job_id)
+        super().adopt_secrets(secrets)
 
     def begin_round(self, context: RoundContext, vector: np.ndarray) -> None:
         """Agree on the bound; derive this attempt's pad keys."""

@@ -68,12 +68,18 @@ class PaillierProtection(GroupShared, Protection):
         if self.exchange.party_id == participants[0]:
             key = DecryptionKey.generate(self.params.key_bits)
             extra["secret_key"] = key.export_secret()
-        secrets = distribute_group_secrets(self.exchange, self.keys, participants, extra, self.params.setup_timeout_s)
+        self.adopt_secrets(
+            distribute_group_secrets(self.exchange, self.keys, participants, extra, self.params.setup_timeout_s)
+        )
+
+    def adopt_secrets(self, secrets: dict[str, bytes]) -> None:
+        """The shared Paillier key and the group key."""
         if "secret_key" not in secrets or not isinstance(secrets["secret_key"], bytes):
-            raise ProtocolError(f"key bundle from leader {participants[0]!r} lacks the Paillier secret key")
+            raise ProtocolError("the key bundle from the leader lacks the Paillier secret key")
         self._key = DecryptionKey.import_secret(secrets["secret_key"])
         self._key.precompute()
         self._group = GroupCipher(secrets["group_key"], self.exchange.job_id)
+        super().adopt_secrets(secrets)
 
     @property
     def encryption_key(self):

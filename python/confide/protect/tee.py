@@ -116,16 +116,22 @@ class TeeProtection(GroupShared, Protection):
                 "tee_wrapped": wrap_session_key(session_key, health.enclave_public_key, self.exchange.job_id),
                 "tee_report": health.enclave_report.encode(),
             }
-        secrets = distribute_group_secrets(self.exchange, self.keys, participants, extra, self.params.setup_timeout_s)
+        self.adopt_secrets(
+            distribute_group_secrets(self.exchange, self.keys, participants, extra, self.params.setup_timeout_s)
+        )
+
+    def adopt_secrets(self, secrets: dict[str, bytes]) -> None:
+        """The enclave session key, its wrapping for the enclave, the enclave's report, the group key."""
         for name in ("tee_session_key", "tee_wrapped", "tee_report"):
             if not isinstance(secrets.get(name), bytes):
-                raise ProtocolError(f"key bundle from leader {participants[0]!r} lacks {name}")
+                raise ProtocolError(f"the key bundle from the leader lacks {name}")
         if len(secrets["tee_session_key"]) != 32:
             raise ProtocolError("tee session key must be 32 bytes")
         self._aead = AESGCM(secrets["tee_session_key"])
         self._wrapped = secrets["tee_wrapped"]
         self.enclave = json.loads(secrets["tee_report"].decode())
         self._group = GroupCipher(secrets["group_key"], self.exchange.job_id)
+        super().adopt_secrets(secrets)
 
     def header_key(self) -> bytes:
         """The session key wrapped to the enclave."""

@@ -94,6 +94,8 @@ class ThresholdProtection(PaillierProtection):
     kind = pb.AGGREGATION_KIND_PAILLIER_PRODUCT
     routing = pb.RESULT_ROUTING_ALL
     aggregator_sees = "nothing: Paillier ciphertexts and the public key; the secret key exists only as shares"
+    #: A key share lives only in its party's process: no peer can hand it back.
+    rejoinable = False
 
     def __init__(self, exchange, params, fetch=None):
         super().__init__(exchange, params, fetch=None)
@@ -143,9 +145,7 @@ class ThresholdProtection(PaillierProtection):
                 self.exchange.send(SETUP_ROUND, tag, self.keys.seal_to(peer, tag, message), [peer])
             return keys[0]
         sealed = self.exchange.recv(SETUP_ROUND, tag, leader, timeout=self.params.setup_timeout_s)
-        fields = decode_fields(self.keys.open_from(leader, tag, sealed), "public", "share")
-        public = ThresholdPublicKey.from_bytes(fields["public"])
-        return ThresholdKey(public, participants.index(me) + 1, int.from_bytes(fields["share"], "big"))
+        return _dealt_key(self.keys.open_from(leader, tag, sealed), participants.index(me) + 1)
 
     @property
     def encryption_key(self):
@@ -318,6 +318,15 @@ class ThresholdProtection(PaillierProtection):
         return out
 
 
+def _dealt_key(message: bytes, index: int) -> ThresholdKey:
+    """Key holder ``index``'s share as the dealer sent it (fields ``public`` and ``share``, both bytes)."""
+    fields = decode_fields(message, "public", "share")
+    for name in ("public", "share"):
+        if not isinstance(fields[name], bytes):
+            raise ProtocolError(f"dealt threshold key: field {name!r} must be bytes, got {type(fields[name]).__name__}")
+    return ThresholdKey(ThresholdPublicKey.from_bytes(fields["public"]), index, int.from_bytes(fields["share"], "big"))
+
+
 def _int_bytes(value: int) -> bytes:
     return value.to_bytes(max(1, (value.bit_length() + 7) // 8), "big")
 
@@ -330,7 +339,7 @@ def _unpack_blobs(data: bytes) -> dict[int, bytes]:
     fields = decode_fields(data)
     out = {}
     for name, blob in fields.items():
-        if not name.isdigit() or not isinstance(blob, bytes):
+        if not (name.isascii() and name.isdigit()) or not isinstance(blob, bytes):
             raise ProtocolError("partial decryption message must map slice indices to bytes")
         out[int(name)] = blob
     return out

@@ -20,16 +20,27 @@ clients can check them; parties and admins get their own name as DNS name.
 :func:`peer_identity` and :func:`verify_signature` check a certificate against
 the federation CA; :func:`name_from_auth_context` reads the peer's name from a
 gRPC call that the TLS layer has already authenticated.
+
+Revocation: the CA directory keeps a ledger of every certificate it issued
+(``issued.json``: serial, name, role, validity, whether the key stayed with the CA or
+with a site, and revocations). :func:`revoke_identity` marks every certificate of a
+name revoked and :func:`rotate_identity` replaces a CA-held key and certificate, revoking
+the old one; both rewrite ``revoked.crl.pem``, an X.509 CRL signed by the CA key, which
+services read (:mod:`confide.transport.revocation`). The CRL number grows by one with
+every write, so a service can refuse an older list put back in place of a newer one.
 """
 
 from __future__ import annotations
 
+import fcntl
 import ipaddress
+import json
 import os
 import re
 import secrets
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -45,14 +56,21 @@ from confide.errors import CertificateError, InvalidParameterError, MissingFileE
 __all__ = [
     "CA_CERT_FILE",
     "CA_KEY_FILE",
+    "CRL_FILE",
+    "ISSUED_LEDGER",
     "ROLES",
     "ROLE_ADMIN",
     "ROLE_DEVELOPER",
     "ROLE_PARTY",
     "ROLE_SERVICE",
     "Identity",
+    "Revocation",
     "init_federation",
     "issue_identity",
+    "issued_certificates",
+    "revoke_identity",
+    "rotate_identity",
+    "write_crl",
     "make_request",
     "sign_request",
     "name_from_auth_context",
@@ -70,6 +88,12 @@ ROLES = (ROLE_PARTY, ROLE_SERVICE, ROLE_ADMIN, ROLE_DEVELOPER)
 
 CA_CERT_FILE = "ca.crt"
 CA_KEY_FILE = "ca.key"
+#: The federation's certificate revocation list (PEM), in the CA directory and in every service's.
+CRL_FILE = "revoked.crl.pem"
+#: The CA directory's record of every certificate it issued, and of revocations.
+ISSUED_LEDGER = "issued.json"
+#: Validity of a CRL (its nextUpdate); services keep enforcing a stale one, and say so.
+CRL_DAYS = 30
 
 DEFAULT_HOSTS = ("localhost", "127.0.0.1")
 MAX_NAME_LEN = 64
@@ -391,11 +415,18 @@ def init_federation(
     root.mkdir(mode=0o700, parents=True, exist_ok=True)
     ca_key, ca_cert = _make_ca(days)
     out: dict[str, Path] = {}
+    issued: list[x509.Certificate] = []
     for name, role in roles.items():
         key, cert = _make_leaf(ca_key, ca_cert, name, role, host_names, days)
         _write_file(root / f"{name}.key", _key_pem(key), 0o600)
         _write_file(root / f"{name}.crt", _cert_pem(cert), 0o644)
         out[name] = root / f"{name}.crt"
+        issued.append(cert)
+    # A new CA: the old ledger and CRL speak of another CA's serials (services would refuse that CRL).
+    with _ledger(root, fresh=True) as ledger:
+        for cert in issued:
+            ledger.add(cert, key_held="ca")
+        (root / CRL_FILE).unlink(missing_ok=True)
     # The CA goes last, so that an interrupted run does not leave a CA without its identities.
     _write_file(root / CA_KEY_FILE, _key_pem(ca_key), 0o600)
     _write_file(root / CA_CERT_FILE, _cert_pem(ca_cert), 0o644)
@@ -457,9 +488,11 @@ def issue_identity(
         raise CertificateError(f"{root / CA_KEY_FILE} does not belong to {root / CA_CERT_FILE}")
     if ca_cert.not_valid_after_utc <= datetime.now(timezone.utc):
         raise CertificateError(f"the federation CA expired at {ca_cert.not_valid_after_utc.isoformat()}")
-    key, cert = _make_leaf(ca_key, ca_cert, name, role, host_names, days)
-    _write_file(key_path, _key_pem(key), 0o600)
-    _write_file(cert_path, _cert_pem(cert), 0o644)
+    with _ledger(root) as ledger:
+        key, cert = _make_leaf(ca_key, ca_cert, name, role, host_names, days)
+        _write_file(key_path, _key_pem(key), 0o600)
+        _write_file(cert_path, _cert_pem(cert), 0o644)
+        ledger.add(cert, key_held="ca")
     return cert_path
 
 
@@ -519,7 +552,9 @@ def sign_request(
     Refused (CertificateError) when the CSR's signature does not verify with its own public key
     (forged or altered), its key is not ECDSA P-256, it asks for another role than ``role`` (the
     operator's decision), or names an identity the CA already issued (unless ``replace``: a site
-    that lost its key). The signed certificate is also kept as ``issued/<name>.crt``.
+    that lost its key; every certificate issued to the name before is then revoked, reason
+    superseded, and ``revoked.crl.pem`` rewritten). The signed certificate is also kept as
+    ``issued/<name>.crt`` and recorded in ``issued.json``.
     """
     role = _check_role(role)
     days = _check_days(days)
@@ -563,11 +598,310 @@ def sign_request(
     ca_key = _load_key(_read_file(root / CA_KEY_FILE, "CA key"), "ca.key")
     if ca_key.public_key().public_numbers() != ca_cert.public_key().public_numbers():
         raise CertificateError(f"{root / CA_KEY_FILE} does not belong to {root / CA_CERT_FILE}")
-    _, cert = _make_leaf(ca_key, ca_cert, name, role, hosts, days, public_key=public)
-    pem = _cert_pem(cert)
-    issued.parent.mkdir(mode=0o700, exist_ok=True)
-    _write_file(issued, pem, 0o644)
+    with _ledger(root) as ledger:
+        _, cert = _make_leaf(ca_key, ca_cert, name, role, hosts, days, public_key=public)
+        pem = _cert_pem(cert)
+        issued.parent.mkdir(mode=0o700, exist_ok=True)
+        _write_file(issued, pem, 0o644)
+        ledger.add(cert, key_held="site")
+        if replace:
+            # The site's old key is lost (or may be in other hands): its certificates must stop working.
+            old = [e for e in ledger.of(name) if e["serial"] != _hex(cert.serial_number)]
+            if ledger.revoke(old, "superseded", "re-enrolled with 'certs sign --replace'"):
+                ledger.write_crl(ca_key, ca_cert)
     return name, pem
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Public API: the ledger of issued certificates, revocation and rotation
+
+#: CRLReason names ``--reason`` may use to set the reason code; any other text is kept in the ledger only.
+_REASON_FLAGS = {flag.name: flag for flag in x509.ReasonFlags if flag is not x509.ReasonFlags.unspecified}
+
+
+def _hex(serial: int) -> str:
+    return format(serial, "x")
+
+
+def _iso(moment: datetime) -> str:
+    return moment.astimezone(timezone.utc).isoformat(timespec="seconds")
+
+
+def _hosts_of(cert: x509.Certificate) -> list[str]:
+    try:
+        sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return []
+    # In the certificate's order, so that a rotated certificate names its hosts as the old one did.
+    return [str(n.value) for n in sans if isinstance(n, (x509.IPAddress, x509.DNSName))]
+
+
+class _Ledger:
+    """``issued.json``, read and written under an exclusive lock of the CA directory."""
+
+    def __init__(self, root: Path, data: dict) -> None:
+        self.root = root
+        self.data = data
+
+    @property
+    def entries(self) -> list[dict]:
+        return self.data["certificates"]
+
+    def add(self, cert: x509.Certificate, *, key_held: str) -> None:
+        self.entries.append(
+            {
+                "serial": _hex(cert.serial_number),
+                "name": _single_attr(cert, NameOID.COMMON_NAME, "common name (CN)"),
+                "role": _single_attr(cert, NameOID.ORGANIZATIONAL_UNIT_NAME, "organizational unit (OU)"),
+                "hosts": _hosts_of(cert),
+                "issued_at": _iso(datetime.now(timezone.utc)),
+                "not_after": _iso(cert.not_valid_after_utc),
+                "key_held": key_held,
+                "revoked_at": None,
+                "reason": None,
+                "reason_code": None,
+            }
+        )
+
+    def of(self, name: str) -> list[dict]:
+        return [e for e in self.entries if e["name"] == name]
+
+    def revoke(self, entries: list[dict], reason_code: str, reason: str) -> list[dict]:
+        """Mark ``entries`` revoked (those already revoked stay as they were); returns the newly revoked."""
+        now = _iso(datetime.now(timezone.utc))
+        fresh = [e for e in entries if e["revoked_at"] is None]
+        for entry in fresh:
+            entry.update(revoked_at=now, reason=reason, reason_code=reason_code)
+        return fresh
+
+    def write_crl(self, ca_key: ec.EllipticCurvePrivateKey, ca_cert: x509.Certificate, days: int = CRL_DAYS) -> int:
+        """Sign and write ``revoked.crl.pem`` with every revoked serial; returns its CRL number."""
+        number = int(self.data.get("crl_number", 0)) + 1
+        now = datetime.now(timezone.utc)
+        builder = (
+            x509.CertificateRevocationListBuilder()
+            .issuer_name(ca_cert.subject)
+            .last_update(now - _BACKDATE)
+            .next_update(min(now + timedelta(days=days), max(ca_cert.not_valid_after_utc, now + _BACKDATE)))
+            .add_extension(x509.CRLNumber(number), critical=False)
+            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_cert.public_key()), critical=False)
+        )
+        for entry in self.entries:
+            if entry["revoked_at"] is None:
+                continue
+            revoked = (
+                x509.RevokedCertificateBuilder()
+                .serial_number(int(entry["serial"], 16))
+                .revocation_date(datetime.fromisoformat(entry["revoked_at"]))
+            )
+            flag = _REASON_FLAGS.get(entry.get("reason_code") or "")
+            if flag is not None:  # RFC 5280: "unspecified" is expressed by leaving the extension out
+                revoked = revoked.add_extension(x509.CRLReason(flag), critical=False)
+            builder = builder.add_revoked_certificate(revoked.build())
+        crl = builder.sign(ca_key, hashes.SHA256())
+        _write_file(self.root / CRL_FILE, crl.public_bytes(serialization.Encoding.PEM), 0o644)
+        self.data["crl_number"] = number
+        return number
+
+
+def _backfill(root: Path) -> dict:
+    """A ledger for a CA directory made before ledgers existed: the certificates it still holds."""
+    data: dict = {"version": 1, "crl_number": 0, "certificates": []}
+    try:
+        ca = _load_cert(_read_file(root / CA_CERT_FILE, "CA certificate"), "ca.crt")
+    except (MissingFileError, CertificateError):
+        return data
+    ledger = _Ledger(root, data)
+    seen: set[int] = set()
+    for path, key_held in [(p, "ca") for p in sorted(root.glob("*.crt"))] + [
+        (p, "site") for p in sorted((root / ISSUED_DIR).glob("*.crt"))
+    ]:
+        if path.name == CA_CERT_FILE:
+            continue
+        try:
+            cert = x509.load_pem_x509_certificate(path.read_bytes())
+            cert.verify_directly_issued_by(ca)
+        except (OSError, ValueError, TypeError, InvalidSignature):
+            continue
+        if cert.serial_number in seen:
+            continue
+        seen.add(cert.serial_number)
+        held = key_held if (key_held == "site" or (root / f"{path.stem}.key").exists()) else "site"
+        ledger.add(cert, key_held=held)
+    return data
+
+
+@contextmanager
+def _ledger(root: Path, *, fresh: bool = False) -> Iterator[_Ledger]:
+    """The CA directory's ledger, locked against concurrent ``certs`` commands; written back on success."""
+    root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path = root / ISSUED_LEDGER
+    # The directory itself is the lock (flock on its descriptor): no lock file to leave behind.
+    lock = os.open(root, os.O_RDONLY)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if fresh:
+                data = {"version": 1, "crl_number": 0, "certificates": []}
+            elif path.exists():
+                try:
+                    data = json.loads(path.read_text())
+                    if not isinstance(data.get("certificates"), list):
+                        raise ValueError("no certificates list")
+                except ValueError as error:
+                    raise CertificateError(f"{path} is not a Confide ledger of issued certificates: {error}") from None
+            else:
+                data = _backfill(root)
+            ledger = _Ledger(root, data)
+            yield ledger
+            _write_file(path, json.dumps(ledger.data, indent=1).encode(), 0o644)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    finally:
+        os.close(lock)
+
+
+def _ca_pair(root: Path) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+    ca_cert = _load_cert(_read_file(root / CA_CERT_FILE, "CA certificate"), "ca.crt")
+    ca_key = _load_key(_read_file(root / CA_KEY_FILE, "CA key"), "ca.key")
+    if ca_key.public_key().public_numbers() != ca_cert.public_key().public_numbers():
+        raise CertificateError(f"{root / CA_KEY_FILE} does not belong to {root / CA_CERT_FILE}")
+    return ca_key, ca_cert
+
+
+def _known_name(ledger: _Ledger, name: object, field: str) -> str:
+    name = _check_name(name, field)
+    if not ledger.of(name):
+        known = sorted({e["name"] for e in ledger.entries})
+        raise InvalidParameterError(
+            f"{field} {name!r} is not an identity this CA issued (it issued: {', '.join(known) or 'none'})"
+        )
+    return name
+
+
+@dataclass(frozen=True)
+class Revocation:
+    """What :func:`revoke_identity` (or :func:`rotate_identity`) did.
+
+    ``revoked``: ledger entries revoked now; ``already``: entries of the name revoked before;
+    ``crl``: the rewritten CRL and ``crl_number`` its number.
+    """
+
+    name: str
+    revoked: list[dict]
+    already: list[dict]
+    crl: Path
+    crl_number: int
+    issued: Path | None = None
+
+
+def issued_certificates(ca_directory: str | os.PathLike[str]) -> list[dict]:
+    """The ledger: every certificate the CA issued (serial in hex, name, role, validity, revocation)."""
+    with _ledger(Path(ca_directory)) as ledger:
+        return [dict(e) for e in ledger.entries]
+
+
+def revoke_identity(
+    ca_directory: str | os.PathLike[str], name: str, *, reason: str | None = None, days: int = CRL_DAYS
+) -> Revocation:
+    """Revoke every certificate the CA issued to ``name`` and rewrite ``revoked.crl.pem``.
+
+    Parameters
+    ----------
+    ca_directory : str or os.PathLike
+        The federation's CA directory (``ca.crt``, ``ca.key``, ``issued.json``).
+    name : str
+        The identity; it must be one the CA issued.
+    reason : str, optional
+        Kept in the ledger. A CRLReason name (``key_compromise``, ``affiliation_changed``,
+        ``superseded``, ``cessation_of_operation``, ``privilege_withdrawn``...) also sets the
+        CRL entry's reason code.
+    days : int
+        Validity of the CRL (nextUpdate), 1..36500 days.
+
+    Returns
+    -------
+    Revocation
+        Which serials were revoked now and which had been before. Revoking twice is harmless:
+        nothing new is revoked, and the CRL is signed again with the next number.
+
+    Raises
+    ------
+    InvalidParameterError
+        ``name`` is not an identity this CA issued, or ``reason`` is over 200 characters.
+    CertificateError
+        ``ca.key`` does not belong to ``ca.crt``.
+    """
+    days = _check_days(days)
+    if reason is not None and (not isinstance(reason, str) or len(reason) > 200):
+        raise InvalidParameterError(f"reason must be a str of at most 200 characters, got {reason!r}")
+    root = Path(ca_directory)
+    ca_key, ca_cert = _ca_pair(root)
+    with _ledger(root) as ledger:
+        name = _known_name(ledger, name, "name")
+        entries = ledger.of(name)
+        already = [dict(e) for e in entries if e["revoked_at"] is not None]
+        code = (reason or "").strip().lower().replace("-", "_").replace(" ", "_")
+        revoked = ledger.revoke(entries, code if code in _REASON_FLAGS else "unspecified", reason or "revoked")
+        number = ledger.write_crl(ca_key, ca_cert, days)
+        return Revocation(name, [dict(e) for e in revoked], already, root / CRL_FILE, number)
+
+
+def rotate_identity(
+    ca_directory: str | os.PathLike[str], name: str, *, days: int = 365, crl_days: int = CRL_DAYS
+) -> Revocation:
+    """A fresh key and certificate for ``name`` (same role and hosts), and the old certificates revoked.
+
+    Only for identities whose key the CA directory made (``certs init`` / ``certs add``): the new
+    ``<name>.key`` and ``<name>.crt`` replace the old ones there, then every earlier certificate
+    of the name is revoked (reason superseded) and the CRL rewritten, so a holder of the old key
+    is refused as soon as services read the CRL. A site that holds its own key rotates with
+    ``certs request`` and ``certs sign --replace``.
+
+    Raises
+    ------
+    InvalidParameterError
+        ``name`` is not an identity this CA issued, or its key is held by a site.
+    """
+    days = _check_days(days)
+    crl_days = _check_days(crl_days)
+    root = Path(ca_directory)
+    ca_key, ca_cert = _ca_pair(root)
+    if ca_cert.not_valid_after_utc <= datetime.now(timezone.utc):
+        raise CertificateError(f"the federation CA expired at {ca_cert.not_valid_after_utc.isoformat()}")
+    with _ledger(root) as ledger:
+        name = _known_name(ledger, name, "name")
+        cert_path, key_path = root / f"{name}.crt", root / f"{name}.key"
+        if not key_path.exists() or not cert_path.exists():
+            raise InvalidParameterError(
+                f"name {name!r}: its key is held by the site, not in {root}; the site makes a new key with "
+                "'confide certs request' and the operator signs it with 'confide certs sign --replace' "
+                "(which revokes the old certificate)"
+            )
+        old = _load_cert(_read_file(cert_path, "certificate"), f"{name}.crt")
+        role = _single_attr(old, NameOID.ORGANIZATIONAL_UNIT_NAME, "organizational unit (OU)")
+        _check_role(role)
+        hosts = _check_hosts(_hosts_of(old) if role == ROLE_SERVICE else [])
+        key, cert = _make_leaf(ca_key, ca_cert, name, role, hosts, days)
+        # The new pair first: between the two steps both certificates work, never neither.
+        _write_file(key_path, _key_pem(key), 0o600)
+        _write_file(cert_path, _cert_pem(cert), 0o644)
+        ledger.add(cert, key_held="ca")
+        entries = [e for e in ledger.of(name) if e["serial"] != _hex(cert.serial_number)]
+        already = [dict(e) for e in entries if e["revoked_at"] is not None]
+        revoked = ledger.revoke(entries, "superseded", "rotated with 'certs rotate'")
+        number = ledger.write_crl(ca_key, ca_cert, crl_days)
+        return Revocation(name, [dict(e) for e in revoked], already, root / CRL_FILE, number, cert_path)
+
+
+def write_crl(ca_directory: str | os.PathLike[str], *, days: int = CRL_DAYS) -> Path:
+    """Sign ``revoked.crl.pem`` again from the ledger (a fresh nextUpdate); returns its path."""
+    days = _check_days(days)
+    root = Path(ca_directory)
+    ca_key, ca_cert = _ca_pair(root)
+    with _ledger(root) as ledger:
+        ledger.write_crl(ca_key, ca_cert, days)
+    return root / CRL_FILE
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -578,7 +912,7 @@ def _load_cert(pem: object, field: str) -> x509.Certificate:
     data = _as_bytes(pem, field)
     try:
         return x509.load_pem_x509_certificate(data)
-    except ValueError:
+    except (ValueError, x509.InvalidVersion):
         raise CertificateError(f"{field} is not a PEM X.509 certificate") from None
 
 
@@ -615,6 +949,15 @@ def _check_validity(cert: x509.Certificate, what: str, now: datetime) -> None:
 
 
 def _verified_peer(cert_pem: object, ca_pem: object) -> tuple[x509.Certificate, str, str]:
+    try:
+        return _check_peer(cert_pem, ca_pem)
+    except CertificateError:
+        raise
+    except ValueError as error:  # cryptography parses fields when first read: a malformed one raises then
+        raise CertificateError(f"certificate does not parse: {error}") from None
+
+
+def _check_peer(cert_pem: object, ca_pem: object) -> tuple[x509.Certificate, str, str]:
     cert = _load_cert(cert_pem, "cert_pem")
     ca = _load_cert(ca_pem, "ca_pem")
     if not _is_ca(ca):

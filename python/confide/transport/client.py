@@ -42,10 +42,25 @@ from confide.transport.status import from_rpc_error
 from confide.v1 import runtime_pb2 as pb
 from confide.v1 import runtime_pb2_grpc as rpc
 
-__all__ = ["AGGREGATOR", "AggregatorClient", "batched", "parse_targets"]
+__all__ = [
+    "AGGREGATOR",
+    "ADMIT_PREFIX",
+    "CONTROL_ROUND",
+    "REJOIN_PREFIX",
+    "AggregatorClient",
+    "batched",
+    "parse_targets",
+]
 
 log = logging.getLogger("confide.transport")
 AGGREGATOR = "aggregator"
+#: The round number of a job's membership messages (a party asking to rejoin, its admission):
+#: outside every training round, so the relay never retires them with a round's messages.
+CONTROL_ROUND = 2**32 - 1
+#: Tag prefix of a restarted party's request to rejoin (sent at ``CONTROL_ROUND``).
+REJOIN_PREFIX = "rejoin/"
+#: Tag prefix of a peer's admission of a restarted party (at ``CONTROL_ROUND``).
+ADMIT_PREFIX = "admit/"
 #: Slices per push message: up to this many bytes or slices, whichever comes first.
 BATCH_BYTES = 1 << 20
 BATCH_SLICES = 64
@@ -351,7 +366,7 @@ class AggregatorClient:
         )
         with self._sent_lock:
             self._sent[(round_number, tag, tuple(recipients))] = envelope
-            newest = max(key[0] for key in self._sent)
+            newest = max((key[0] for key in self._sent if key[0] != CONTROL_ROUND), default=0)
             for key in [k for k in self._sent if 0 < k[0] < newest - 1]:
                 del self._sent[key]
         self._call(lambda timeout: self._relay.Send(envelope, timeout=timeout, wait_for_ready=True), "relaying")
@@ -370,6 +385,11 @@ class AggregatorClient:
     def recv(self, round_number: int, tag: str, sender: str, *, timeout: float | None = None) -> bytes:
         """A relayed payload; raises :class:`RoundAbortedError` if the current attempt is aborted."""
         return self.wait((self.job_id, round_number, tag, sender), timeout)
+
+    def pending(self, round_number: int, prefix: str) -> list[tuple[str, str]]:
+        """(tag, sender) of the pooled messages of ``round_number`` whose tag starts with ``prefix``."""
+        keys = self.pool.keys(lambda k: k[0] == self.job_id and k[1] == round_number and str(k[2]).startswith(prefix))
+        return [(key[2], key[3]) for key in keys]
 
     def watch_round(self, round_number: int | None, attempt: int = 0) -> None:
         """Make every wait raise :class:`RoundAbortedError` once this attempt is aborted (None: stop)."""

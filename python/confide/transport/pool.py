@@ -85,6 +85,11 @@ class MessagePool:
                     raise MessageTimeoutError(f"no message {key!r} within {timeout:g} s")
                 self._changed.wait(remaining)
 
+    def keys(self, predicate) -> list[Hashable]:
+        """Keys of the stored messages that satisfy ``predicate`` (a look, nothing is consumed)."""
+        with self._changed:
+            return [key for key in self._items if predicate(key)]
+
     def discard(self, predicate) -> int:
         """Drop every stored message whose key satisfies ``predicate``; returns how many."""
         with self._changed:

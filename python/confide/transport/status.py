@@ -1,4 +1,9 @@
-"""The one translation between ``ConfideError`` and gRPC status codes, both ways."""
+"""The one translation between ``ConfideError`` and gRPC status codes, both ways.
+
+UNAUTHENTICATED is kept for one meaning: the caller's certificate is revoked
+(:class:`CertificateRevokedError`), so a client stops at once instead of retrying; every other
+refusal of an identity is PERMISSION_DENIED.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ from typing import NoReturn
 import grpc
 
 from confide.errors import (
+    CertificateRevokedError,
     ConfideError,
     PermissionDeniedError,
     ProtocolError,
@@ -20,6 +26,7 @@ from confide.errors import (
 __all__ = ["abort", "code_of", "from_rpc_error", "guarded"]
 
 _TO_CODE: list[tuple[type[BaseException], grpc.StatusCode]] = [
+    (CertificateRevokedError, grpc.StatusCode.UNAUTHENTICATED),
     (PermissionDeniedError, grpc.StatusCode.PERMISSION_DENIED),
     (RoundClosedError, grpc.StatusCode.FAILED_PRECONDITION),
     (ResourceLimitError, grpc.StatusCode.RESOURCE_EXHAUSTED),
@@ -28,7 +35,7 @@ _TO_CODE: list[tuple[type[BaseException], grpc.StatusCode]] = [
 
 _FROM_CODE: dict[grpc.StatusCode, type[ConfideError]] = {
     grpc.StatusCode.PERMISSION_DENIED: PermissionDeniedError,
-    grpc.StatusCode.UNAUTHENTICATED: PermissionDeniedError,
+    grpc.StatusCode.UNAUTHENTICATED: CertificateRevokedError,
     grpc.StatusCode.FAILED_PRECONDITION: RoundClosedError,
     grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceLimitError,
     grpc.StatusCode.INVALID_ARGUMENT: ProtocolError,

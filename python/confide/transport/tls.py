@@ -3,11 +3,13 @@
 Every connection is mutual TLS against the federation CA (``confide certs init``): a peer
 without a certificate from that CA fails the handshake; a peer with one is known by its
 certificate's common name, and services compare that name with every identity a message
-claims (:func:`require_caller`).
+claims (:func:`require_caller`). A certificate on the federation's revocation list is refused
+before any handler runs (:mod:`confide.transport.revocation`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from concurrent import futures
 
 import grpc
@@ -31,6 +33,16 @@ _OPTIONS = [
     ("grpc.http2.lookahead_bytes", 8 * 1024 * 1024),
 ]
 
+#: What a server accepts of its clients' keepalive pings. Without it gRPC's server default (one
+#: ping per 5 minutes while no call carries data) answers our 10 s pings with GOAWAY
+#: ``too_many_pings`` after two strikes, and every stream idle for half a minute (a party waiting
+#: for a slow peer, for admission back into its job) broke and reconnected.
+_SERVER_OPTIONS = [
+    *_OPTIONS,
+    ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+    ("grpc.http2.max_ping_strikes", 0),
+]
+
 
 def channel(target: str, identity: Identity) -> grpc.Channel:
     """A channel to ``target`` ("host:port") that presents ``identity`` and trusts only its CA."""
@@ -44,12 +56,20 @@ def channel(target: str, identity: Identity) -> grpc.Channel:
     )
 
 
-def server(identity: Identity, address: str, *, max_workers: int = 64) -> tuple[grpc.Server, int]:
-    """A gRPC server requiring client certificates from the CA; returns it and the bound port."""
+def server(
+    identity: Identity, address: str, *, max_workers: int = 64, interceptors: Sequence[grpc.ServerInterceptor] = ()
+) -> tuple[grpc.Server, int]:
+    """A gRPC server requiring client certificates from the CA; returns it and the bound port.
+
+    ``interceptors`` see every call first (the revocation check:
+    :class:`confide.transport.revocation.RevocationGate`).
+    """
     credentials = grpc.ssl_server_credentials(
         [(identity.key_pem, identity.cert_pem)], root_certificates=identity.ca_pem, require_client_auth=True
     )
-    grpc_server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=_OPTIONS)
+    grpc_server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=max_workers), options=_SERVER_OPTIONS, interceptors=list(interceptors)
+    )
     port = grpc_server.add_secure_port(address, credentials)
     if port == 0:
         raise OSError(f"cannot listen on {address}")

@@ -1,0 +1,190 @@
+"""A launcher that supervises what it started, and parties that come back: real processes on loopback.
+
+A party that crashes (exits without a word, or is SIGKILLed between rounds; the leader too) is
+started again by ``confide run``, proves who it is with a freshly signed key, and is admitted
+at the next round boundary with the model everyone holds; a killed aggregator is named and
+restarted on its port; a stopped launcher's job goes on with ``confide run --resume``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from confide.local import run_local
+from tests.fixtures.faults import with_faults
+from tests.integration.conftest import make_spec
+
+
+def _pid_of(workdir: Path, *words: str) -> int:
+    """The pid of the one live ``confide`` process under ``workdir`` whose command line has ``words``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        line = " ".join(argv)
+        if "confide" in line and str(workdir) in line and all(w in argv for w in words):
+            found.append(int(entry.name))
+    assert len(found) == 1, f"expected one process {words} under {workdir}, found {found}"
+    return found[0]
+
+
+def _wait_for_round(report: Path, number: int, timeout: float = 180.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            rounds = json.loads(report.read_text())["rounds"]
+            if rounds and rounds[-1]["round"] >= number:
+                return
+        except (FileNotFoundError, json.JSONDecodeError, KeyError):
+            pass
+        assert time.monotonic() < deadline, f"{report} did not reach round {number}"
+        time.sleep(0.05)
+
+
+def _final_models(workdir: Path, parties: list[str]) -> set[tuple]:
+    return {tuple(json.loads((workdir / "parties" / f"{p}.report.json").read_text())["weights"]) for p in parties}
+
+
+def _slow_rounds(spec, **faults) -> dict[str, dict[str, str]]:
+    # A pause after every round leaves the restarted process time to start before the job ends.
+    return {p: with_faults(round_delay_s=0.4, **faults.get(p, {})) for p in spec.parties}
+
+
+@pytest.mark.parametrize("mode", ["paillier", "secagg"])
+def test_crashed_party_rejoins_at_the_next_round_and_ends_with_everyones_model(tmp_path, mode):
+    spec = make_spec(job_id=f"rejoin-{mode}", rounds=12, protection={"mode": mode, "on_dropout": "retry"})
+    lines: list[str] = []
+    env = _slow_rounds(spec, **{"hospital-c": {"exit_round": 4}})
+    report = run_local(spec, tmp_path, progress=False, echo=lines.append, party_env=env)
+
+    said = [line for line in lines if line.startswith("hospital-c (pid ")]
+    assert len(said) == 1 and "exited with status 17" in said[0] and "at round 4 of 12: restarting it" in said[0]
+    assert [(r["process"], r["round"]) for r in report["restarts"]] == [("hospital-c", 4)]
+    rounds = report["rounds"]
+    assert rounds[3]["participants"] == ["hospital-a", "hospital-b"], "round 4 is finished without it"
+    rejoin = report["parties"]["hospital-c"]["rejoins"]
+    assert len(rejoin) == 1 and rejoin[0]["missed_rounds"] == list(range(4, rejoin[0]["at_round"]))
+    assert rejoin[0]["admitted_by"] == "hospital-a"
+    back = rejoin[0]["at_round"]
+    assert back <= 7, "admitted within a few rounds of its restart"
+    assert all(r["participants"] == spec.parties for r in rounds[back - 1 :])
+    assert report["dropped"] == {}
+    party_c = json.loads((tmp_path / "parties" / "hospital-c.report.json").read_text())
+    assert [r["round"] for r in party_c["rounds"]] == [1, 2, 3, *range(back, 13)], "the report shows the gap"
+    assert len(_final_models(tmp_path, spec.parties)) == 1, "every party ends with the same model"
+    assert report["final_auc"] > 0.98
+
+
+def test_leader_killed_between_rounds_is_admitted_back_by_the_next_leader(tmp_path):
+    spec = make_spec(job_id="rejoin-leader", rounds=14, protection={"mode": "groupmask", "on_dropout": "retry"})
+    lines: list[str] = []
+    outcome: dict = {}
+
+    def launch():
+        try:
+            outcome["report"] = run_local(
+                spec, tmp_path, progress=False, echo=lines.append, party_env=_slow_rounds(spec)
+            )
+        except BaseException as error:  # handed to the test thread
+            outcome["error"] = error
+
+    launcher = threading.Thread(target=launch)
+    launcher.start()
+    _wait_for_round(tmp_path / "parties" / "hospital-a.report.json", 3)
+    pid = _pid_of(tmp_path, "--party", "hospital-a")
+    os.kill(pid, signal.SIGKILL)  # in its pause after a round: no upload is open
+    launcher.join(240)
+    assert not launcher.is_alive() and "error" not in outcome, outcome.get("error")
+    report = outcome["report"]
+
+    assert any(line.startswith(f"hospital-a (pid {pid}) was killed by SIGKILL at round") for line in lines), lines
+    rejoin = report["parties"]["hospital-a"]["rejoins"]
+    assert len(rejoin) == 1 and rejoin[0]["admitted_by"] == "hospital-b", "the next leader admits the old one"
+    back = rejoin[0]["at_round"]
+    assert all(r["participants"] == spec.parties for r in report["rounds"][back - 1 :])
+    assert any(r["participants"] == ["hospital-b", "hospital-c"] for r in report["rounds"])
+    assert len(_final_models(tmp_path, spec.parties)) == 1
+    assert report["final_auc"] > 0.98
+
+
+def _confide_run(job: Path, workdir: Path, *extra: str) -> subprocess.Popen:
+    env = {**os.environ, **with_faults(round_delay_s=0.4)}
+    command = [sys.executable, "-m", "confide", "run", *([str(job)] if job else []), "--workdir", str(workdir)]
+    return subprocess.Popen(
+        [*command, "--no-progress", *extra], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+    )
+
+
+def test_confide_run_names_a_killed_aggregator_restarts_it_and_the_job_completes(tmp_path):
+    spec = make_spec(job_id="supervised", rounds=12, protection={"mode": "secagg"})
+    job = tmp_path / "job.json"
+    job.write_text(spec.model_dump_json())
+    workdir = tmp_path / "run"
+    launcher = _confide_run(job, workdir)
+    try:
+        _wait_for_round(workdir / "parties" / "hospital-b.report.json", 3)
+        pid = _pid_of(workdir, "aggregator")
+        os.kill(pid, signal.SIGKILL)
+        output, _ = launcher.communicate(timeout=240)
+    finally:
+        launcher.kill()
+    assert launcher.returncode == 0, output
+    assert f"aggregator (pid {pid}) was killed by SIGKILL at round" in output
+    assert "restarted: aggregator was killed by SIGKILL" in output
+    report = json.loads((workdir / "report.json").read_text())
+    assert [r["process"] for r in report["restarts"]] == ["aggregator"]
+    assert [r["round"] for r in report["rounds"]] == list(range(1, 13)) and report["dropped"] == {}
+    assert len(_final_models(workdir, spec.parties)) == 1
+
+
+def test_confide_run_resume_goes_on_from_the_last_round_every_party_checkpointed(tmp_path):
+    spec = make_spec(job_id="resumable", rounds=12, checkpoint_interval=2, protection={"mode": "paillier"})
+    job = tmp_path / "job.json"
+    job.write_text(spec.model_dump_json())
+    workdir = tmp_path / "run"
+    launcher = _confide_run(job, workdir)
+    try:
+        _wait_for_round(workdir / "parties" / "hospital-a.report.json", 5)
+        launcher.send_signal(signal.SIGTERM)
+        output, _ = launcher.communicate(timeout=60)
+    finally:
+        launcher.kill()
+    assert launcher.returncode == 130, output
+    assert f"confide run --resume --workdir {workdir}" in output
+    with pytest.raises(AssertionError, match="found \\[\\]"):
+        _pid_of(workdir, "aggregator")  # the launcher stopped what it started
+
+    resumed = _confide_run(None, workdir, "--resume")
+    output, _ = resumed.communicate(timeout=240)
+    assert resumed.returncode == 0, output
+    report = json.loads((workdir / "report.json").read_text())
+    after = report["resumed_after_round"]
+    assert after >= 4 and after % 2 == 0 and f"resuming after round {after}" in output
+    assert [r["round"] for r in report["rounds"]] == list(range(1, 13)), "the earlier rounds stay in the report"
+    assert len(_final_models(workdir, spec.parties)) == 1
+    assert report["final_auc"] > 0.98
+
+
+def test_resume_refuses_a_workdir_without_a_common_checkpoint(tmp_path):
+    spec = make_spec(job_id="nothing-yet", rounds=4)
+    (tmp_path / "job.json").write_text(spec.model_dump_json())
+    done = subprocess.run(
+        [sys.executable, "-m", "confide", "run", "--resume", "--workdir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 2
+    assert "no round is checkpointed by every party" in done.stderr
