@@ -13,13 +13,14 @@ PROTO     := python/confide/v1/runtime_pb2.py
 CONSOLE   := python/confide/web/static/vendor/.built
 RUST_SRC  := $(shell find crates -name '*.rs' -o -name Cargo.toml 2>/dev/null) Cargo.toml .cargo/config.toml
 
-.PHONY: help setup demo test test-rust test-python bench lint fmt clean
+.PHONY: help setup demo test test-rust test-fuzz-rust test-python bench lint fmt clean fuzz
 
 help:
 	@echo "make demo   three hospitals train Homo LR, then a CNN, in paillier mode (separate processes, gRPC + mTLS)"
 	@echo "make test   run the whole test suite (Rust + Python)"
 	@echo "make bench  run benchmarks (writes benchmarks/results/*.json)"
 	@echo "make lint   clippy, rustfmt --check, ruff"
+	@echo "make fuzz   fuzz every decoder of network and disk bytes, FUZZ_SECONDS (600) per target"
 
 setup: $(NATIVE) $(PROTO) $(CONSOLE)
 
@@ -72,13 +73,23 @@ demo: setup
 	@echo "   $(VENV)/bin/confide console open --workdir reports/demo-controller"
 	@echo "   it prints the URL and a sign-in; Ctrl-C stops it =="
 
-test: test-rust test-python
+test: test-rust test-fuzz-rust test-python
 
 # The Paillier suite runs twice: on the AVX-512 IFMA engine (where the CPU has it)
 # and forced onto the GMP engine, so both stay correct whatever CI's CPU is.
 test-rust: $(GMP)
 	cargo test --workspace --release
 	CONFIDE_DISABLE_IFMA=1 cargo test -p confide-paillier --release
+
+# A short run of the Rust fuzz targets (fuzz/rust: libFuzzer on the stable toolchain); the
+# Python targets' short run is tests/unit/test_fuzz_smoke.py. The long run is `make fuzz`.
+test-fuzz-rust: $(GMP)
+	rm -rf build/fuzz/short-corpus
+	python3 fuzz/run.py --rust --runs 20000 --jobs 2 --seed 1 --found build/fuzz/short-corpus
+
+FUZZ_SECONDS ?= 600
+fuzz: setup
+	$(PYTHON) fuzz/run.py --seconds $(FUZZ_SECONDS) --jobs 2
 
 # The controller's store tests also run against a real PostgreSQL server that the suite
 # starts itself; its binaries are installed here when missing.
@@ -100,6 +111,7 @@ bench: setup
 	$(PYTHON) benchmarks/nn_bench.py --write
 	$(PYTHON) benchmarks/dataplane_bench.py --write
 	$(PYTHON) benchmarks/scaleout_bench.py --write
+	$(PYTHON) benchmarks/soak.py --write
 
 lint: setup
 	cargo clippy --workspace --all-targets --release -- -D warnings

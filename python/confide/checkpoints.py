@@ -21,7 +21,10 @@ import os
 import re
 import secrets
 import shutil
-from collections.abc import Mapping
+import tokenize
+import zipfile
+import zlib
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +34,7 @@ from confide.errors import ConfideError, InvalidParameterError
 
 __all__ = [
     "CheckpointError",
+    "UNREADABLE_FILE_ERRORS",
     "combine",
     "compare",
     "file_sha256",
@@ -42,6 +46,22 @@ __all__ = [
     "write_checkpoint",
 ]
 
+#: What reading a damaged or hostile file (``.npy``, ``.npz``, ``.zip``, JSON) can raise from numpy,
+#: zipfile, zlib and json besides ``OSError`` and ``ValueError`` (fuzz/ found each): a loader turns
+#: these into one error that names the file. ``RuntimeError`` covers ``RecursionError`` (deep JSON)
+#: and ``NotImplementedError`` (an unknown zip compression method).
+UNREADABLE_FILE_ERRORS: tuple[type[BaseException], ...] = (
+    OSError,
+    ValueError,
+    KeyError,
+    EOFError,
+    RuntimeError,
+    SyntaxError,
+    tokenize.TokenError,
+    zipfile.BadZipFile,
+    zipfile.LargeZipFile,
+    zlib.error,
+)
 _CHUNK = 1 << 20
 _ROUND = re.compile(r"round-(\d+)")
 _HEX64 = re.compile(r"[0-9a-fA-F]{64}")
@@ -244,7 +264,7 @@ def _short(digest: str) -> str:
 
 
 def _checked_leaves(field: str, leaves: Any) -> list[tuple[str, str, int]]:
-    if isinstance(leaves, (str, bytes, Mapping)):
+    if isinstance(leaves, (str, bytes, Mapping)) or not isinstance(leaves, Iterable):
         raise InvalidParameterError(f"{field} must be a list of leaf dicts, got {type(leaves).__name__}")
     checked = []
     for index, leaf in enumerate(leaves):

@@ -118,6 +118,8 @@ class AggregatorCore:
         self._job_timeouts: dict[str, tuple[float, float]] = {}
         #: (job, party) of restarted parties no peer has admitted back yet.
         self._restarted: set[tuple[str, str]] = set()
+        #: (job, party) -> the newest incarnation of its rejoin requests (re-sent ones are ignored).
+        self._incarnations: dict[tuple[str, str], int] = {}
         #: Called with (header, combined slices by index) after a round completes and is stored.
         self.completion_listeners: list[Callable[[pb.RoundHeader, dict[int, bytes]], None]] = []
         for header, done in self.store.load():
@@ -344,7 +346,7 @@ class AggregatorCore:
         for party in recipients:
             self.mailboxes.deliver(header.job_id, party, header.round, delivery)
 
-    def party_restarted(self, job_id: str, party: str) -> None:
+    def party_restarted(self, job_id: str, party: str, incarnation: int) -> None:
         """``party``'s process was replaced: abort the open attempts it had not sent its share of.
 
         Its survivors retry at once instead of waiting out the round timeout for a process that
@@ -352,6 +354,9 @@ class AggregatorCore:
         attempt that lists it and has no header from it is aborted too (``_watch``).
         """
         with self._lock:
+            if incarnation <= self._incarnations.get((job_id, party), 0):
+                return  # a request seen before (re-sent after a reconnect): its process is already known
+            self._incarnations[(job_id, party)] = incarnation
             self._restarted.add((job_id, party))
             states = [s for s in self._rounds.values() if s.status == "open" and s.header.job_id == job_id]
         for state in states:
@@ -360,10 +365,12 @@ class AggregatorCore:
             if waiting:
                 self.abort(state, [party], f"{party} restarted: the process in this round attempt is gone")
 
-    def parties_admitted(self, job_id: str, parties: list[str]) -> None:
+    def parties_admitted(self, job_id: str, parties: list[str], incarnation: int) -> None:
         """A peer admitted these restarted parties: attempts that list them wait for them again."""
         with self._lock:
-            self._restarted.difference_update((job_id, p) for p in parties)
+            for party in parties:
+                if incarnation >= self._incarnations.get((job_id, party), 0):
+                    self._restarted.discard((job_id, party))
 
     def drop_revoked(self, party: str, reason: str) -> None:
         """``party``'s certificate was revoked while connected: abort the open attempts it is part of.
@@ -669,9 +676,9 @@ class RelayServicer(rpc.RelayServicer):
         self._core.observe("envelope", request.sender, request)
         if request.round == CONTROL_ROUND and request.tag.startswith(REJOIN_PREFIX):
             # A restarted party: the process that held its place in an open round is gone.
-            self._core.party_restarted(request.job_id, request.sender)
+            self._core.party_restarted(request.job_id, request.sender, _incarnation(request.tag))
         elif request.round == CONTROL_ROUND and request.tag.startswith(ADMIT_PREFIX):
-            self._core.parties_admitted(request.job_id, recipients)
+            self._core.parties_admitted(request.job_id, recipients, _incarnation(request.tag))
         elif request.round > 1:
             # Relay-only jobs (vertical) never push slices: retire by the envelopes' rounds too.
             self._core.mailboxes.retire(request.job_id, request.round - 1)
@@ -707,6 +714,14 @@ def add_aggregation_service(servicer: AggregationServicer, server: grpc.Server) 
         ),
     }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("confide.v1.Aggregation", handlers),))
+
+
+def _incarnation(tag: str) -> int:
+    """The number at the end of a rejoin or admission tag (0 when there is none)."""
+    try:
+        return int(tag.rsplit("/", 1)[-1])
+    except ValueError:
+        return 0
 
 
 def _push_message(raw: bytes) -> pb.PushMessage:

@@ -17,6 +17,9 @@ import re
 import struct
 from pathlib import Path
 
+from google.protobuf.message import DecodeError
+
+from confide.errors import WireFormatError
 from confide.v1 import runtime_pb2 as pb
 
 __all__ = ["ResultStore"]
@@ -74,7 +77,12 @@ class ResultStore:
         for path in self._directory.glob("*/encryption_key.bin"):
             data = path.read_bytes()
             size = int.from_bytes(data[:2], "little")
-            keys[data[2 : 2 + size].decode()] = data[2 + size :]
+            try:
+                if len(data) < 2 + size:
+                    raise ValueError(f"job id of {size} bytes overruns the {len(data)}-byte file")
+                keys[data[2 : 2 + size].decode()] = data[2 + size :]
+            except ValueError as error:
+                raise WireFormatError(f"stored key {path} is damaged: {error}") from None
         return keys
 
     def load(self) -> list[tuple[pb.RoundHeader, dict[int, bytes]]]:
@@ -83,18 +91,10 @@ class ResultStore:
             return []
         rounds = []
         for path in sorted(self._directory.glob("*/round-*.bin")):
-            data = path.read_bytes()
-            count, length = _FRAME.unpack_from(data, 0)
-            offset = _FRAME.size
-            header = pb.RoundHeader.FromString(data[offset : offset + length])
-            offset += length
-            done = {}
-            for _ in range(count):
-                index, size = _FRAME.unpack_from(data, offset)
-                offset += _FRAME.size
-                done[index] = data[offset : offset + size]
-                offset += size
-            rounds.append((header, done))
+            try:
+                rounds.append(_read_round(path.read_bytes()))
+            except (struct.error, ValueError, DecodeError) as error:
+                raise WireFormatError(f"stored round {path} is damaged: {error}") from None
         return rounds
 
     def _prune(self, job_dir: Path) -> None:
@@ -107,6 +107,27 @@ class ResultStore:
         for key, path in found:
             if key not in keep:
                 path.unlink(missing_ok=True)
+
+
+def _read_round(data: bytes) -> tuple[pb.RoundHeader, dict[int, bytes]]:
+    """The header and combined slices of one stored round attempt (see :meth:`ResultStore.save`)."""
+    count, length = _FRAME.unpack_from(data, 0)
+    offset = _FRAME.size
+    if offset + length > len(data):
+        raise ValueError(f"header of {length} bytes overruns the {len(data)}-byte file")
+    header = pb.RoundHeader.FromString(data[offset : offset + length])
+    offset += length
+    done = {}
+    for _ in range(count):
+        index, size = _FRAME.unpack_from(data, offset)
+        offset += _FRAME.size
+        if offset + size > len(data):
+            raise ValueError(f"slice {index} of {size} bytes overruns the {len(data)}-byte file")
+        done[index] = data[offset : offset + size]
+        offset += size
+    if offset != len(data):
+        raise ValueError(f"{len(data) - offset} trailing bytes")
+    return header, done
 
 
 def _safe(job_id: str) -> str:

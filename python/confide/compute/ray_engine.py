@@ -173,8 +173,12 @@ class _LocalHead:
         if num_cpus is not None:
             command.append(f"--num-cpus={num_cpus}")
         # Token authentication on (an instance reachable on the node's address); the token is
-        # ~/.ray/auth_token, written by `ray start` if missing.
+        # ~/.ray/auth_token. `ray start` refuses to run without one (Ray 2.60), so a machine that
+        # never had one (a fresh CI host) gets it made first, as `ray get-auth-token --generate` does.
         env = {**os.environ, "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "token")}
+        if not any(k in os.environ for k in ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")):
+            if not (Path.home() / ".ray" / "auth_token").exists():
+                subprocess.run([found, "get-auth-token", "--generate"], capture_output=True, env=env, check=False)
         # its output to a file: a pipe nobody reads while the job runs could fill and block it
         self.log = tempfile.NamedTemporaryFile(prefix="confide-ray-head-", suffix=".log", delete=False)  # noqa: SIM115
         self.process = subprocess.Popen(

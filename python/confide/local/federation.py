@@ -200,6 +200,11 @@ class LocalFederation:
                 f"(checkpoint_interval is {self.spec.checkpoint_interval}); run the job again from the start"
             )
         earlier = {p: self.report_of(p) or {"rounds": []} for p in self.spec.parties}
+        for party in self.spec.parties:
+            # Out of the way: a stopped run's "stopped" must not read as the new process's word.
+            report = self.workdir / "parties" / f"{party}.report.json"
+            if report.exists():
+                report.replace(report.with_name(f"{party}.report.before-resume.json"))
         return max(rounds), earlier
 
     def supervise(self, echo) -> None:

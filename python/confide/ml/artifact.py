@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from confide.checkpoints import UNREADABLE_FILE_ERRORS
 from confide.errors import InvalidParameterError
 
 __all__ = ["ModelArtifact", "export_onnx", "predict", "write_artifact"]
@@ -65,11 +66,13 @@ class ModelArtifact:
                     weights = {name: npz[name] for name in npz.files}
         except FileNotFoundError:
             raise InvalidParameterError(f"{path}: no such model file") from None
-        except (zipfile.BadZipFile, KeyError, ValueError, OSError) as error:
+        except UNREADABLE_FILE_ERRORS as error:
             raise InvalidParameterError(
                 f"{path}: not a Confide model artifact ({type(error).__name__}); it is the <party>.model.zip "
                 "a party writes next to its report"
             ) from None
+        if not isinstance(manifest, dict):
+            raise InvalidParameterError(f"{path}: manifest.json holds a {type(manifest).__name__}, not an object")
         if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
             raise InvalidParameterError(
                 f"{path}: format {manifest.get('format')!r} version {manifest.get('version')!r}, "

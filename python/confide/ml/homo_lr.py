@@ -43,12 +43,12 @@ import math
 import numbers
 import os
 import sys
-import zipfile
 from typing import Any
 
 import numpy as np
 
 from confide._checks import check_int as _check_int
+from confide.checkpoints import UNREADABLE_FILE_ERRORS
 from confide.errors import InvalidParameterError
 from confide.ml.base import FitResult, classification_metrics
 
@@ -601,9 +601,12 @@ class HomoLR:
         """
         keys = ("format", "weights", "learning_rate", "local_epochs", "batch_size", "l2", "seed")
         try:
-            with np.load(path, allow_pickle=False) as npz:
+            loaded = np.load(path, allow_pickle=False)
+            if not isinstance(loaded, np.lib.npyio.NpzFile):
+                raise ValueError("not an .npz archive")
+            with loaded as npz:
                 data = {k: npz[k] for k in keys}
-        except (KeyError, ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
+        except UNREADABLE_FILE_ERRORS as exc:
             raise InvalidParameterError(f"path {os.fspath(path)!r} is not a saved HomoLR model: {exc}") from None
         if str(data["format"]) != _FORMAT:
             raise InvalidParameterError(f"format must be {_FORMAT!r}, got {str(data['format'])!r}")

@@ -135,10 +135,17 @@ class FedAdam(Strategy):
         return {} if self._m is None else {"m": self._m.copy(), "v": self._v.copy()}
 
     def load_state(self, state: dict[str, np.ndarray]) -> None:
-        """Restore the moments."""
+        """Restore the moments (``m`` and ``v``, one shape); bad state is an :class:`InvalidParameterError`."""
         if state:
-            self._m = np.asarray(state["m"], dtype=np.float64).copy()
-            self._v = np.asarray(state["v"], dtype=np.float64).copy()
+            if set(state) != {"m", "v"}:
+                raise InvalidParameterError(f"fedadam state must hold exactly m and v, got {sorted(state)}")
+            try:
+                m, v = (np.asarray(state[name], dtype=np.float64).copy() for name in ("m", "v"))
+            except (TypeError, ValueError) as error:
+                raise InvalidParameterError(f"fedadam state: m and v must be float arrays ({error})") from None
+            if m.shape != v.shape:
+                raise InvalidParameterError(f"fedadam state: m and v must have one shape, got {m.shape}, {v.shape}")
+            self._m, self._v = m, v
 
     def describe(self) -> dict:
         """Name and hyper-parameters."""

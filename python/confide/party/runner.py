@@ -62,7 +62,7 @@ from confide.protect import RoundContext, make_protection
 from confide.reports import Failure, ModelSummary, PartyReport, RoundReport
 from confide.spec import JobSpec
 from confide.transport.certs import Identity
-from confide.transport.client import AGGREGATOR, AggregatorClient
+from confide.transport.client import AGGREGATOR, CONTROL_ROUND, AggregatorClient
 from confide.transport.slicing import pipelined, slice_length_for
 from confide.v1 import runtime_pb2 as pb
 
@@ -532,7 +532,10 @@ def run_party(
         client.connect()
         started = time.perf_counter()
         if rejoin:
+            if privacy is not None and not privacy.allow(checkpoint_round + 1):
+                raise JobFailedError("its privacy budget is spent: it does not ask back into the job")
             admission = _rejoin(spec, protection, exchange, client, model, layout, strategy)
+            client.forget(CONTROL_ROUND, admission.requests)  # a reconnect must not send them again
             counts, participants = admission.counts, admission.participants
             first_round = admitted_round = admission.round
             done = [r.round for r in report.rounds]
@@ -544,6 +547,7 @@ def run_party(
                     "admitted_by": admission.leader,
                 }
             )
+            _write_report(report_path, report)  # the launcher sees at once that it is back in
         else:
             protection.setup(list(spec.parties))
             # Under differential privacy every party weighs the same: an exact row count reveals
@@ -553,9 +557,11 @@ def run_party(
             counts = protection.exchange_values(0, "samples", [shared_count], peers)
             _agree_on_model(protection, party_id, list(spec.parties), model, layout, distribute=not resume_round)
             participants = list(spec.parties)
-        membership = Membership(spec.parties, party_id, protection, exchange, client, counts)
+        membership = Membership(
+            spec.parties, party_id, protection, exchange, client, counts, revoked=_revocation_check(identity, certs_dir)
+        )
         if rejoin:
-            membership.handled.update(admission.handled)
+            membership.incarnations.update(admission.incarnations)
         report.setup_seconds = time.perf_counter() - started
         report.protection = protection.report()
         slice_length = slice_length_for(spec.transport.slice_bytes)
@@ -598,14 +604,14 @@ def run_party(
             current = {"round": round_number}
             _check_stop(stop_file)  # a round boundary: an owner's revocation takes effect here
             admitted = round_number == admitted_round  # this rejoined party's first round: already settled
-            if not admitted:
-                membership.open_round(round_number, participants, lambda: (model.get_weights(), strategy.state()))
             if (
                 privacy is not None
                 and not admitted
                 and not _privacy_allows(protection, privacy, party_id, participants, round_number)
             ):
                 break  # the budget is spent for some party: all stop together
+            if not admitted:  # after the budget vote: nobody is admitted to a round that does not run
+                membership.open_round(round_number, participants, lambda: (model.get_weights(), strategy.state()))
             entry = _train_and_aggregate(training, participants, round_number, settled=admitted)
             if privacy is not None:
                 _write_ledger(checkpoint_dir, privacy)
@@ -807,6 +813,14 @@ def _rejoin(spec: JobSpec, protection, exchange, client, model, layout: WeightLa
     strategy.load_state(admission.strategy)
     log.info("rejoined at round %d (admitted by %s)", admission.round, admission.leader)
     return admission
+
+
+def _revocation_check(identity: Identity, certs_dir):
+    """Raise for a revoked certificate, per the CRL in the certificate directory (none there: nothing is)."""
+    from confide.transport.revocation import RevocationList, crl_path_for
+
+    revocations = RevocationList(crl_path_for(certs_dir), identity.ca_pem)
+    return lambda cert_pem: revocations.check(cert_pem)
 
 
 def _carry_over(report: PartyReport, path: Path) -> None:

@@ -386,6 +386,12 @@ class AggregatorClient:
         """A relayed payload; raises :class:`RoundAbortedError` if the current attempt is aborted."""
         return self.wait((self.job_id, round_number, tag, sender), timeout)
 
+    def forget(self, round_number: int, tags: Sequence[str]) -> None:
+        """Stop re-sending these envelopes after a reconnect (they served their purpose)."""
+        with self._sent_lock:
+            for key in [k for k in self._sent if k[0] == round_number and k[1] in tags]:
+                del self._sent[key]
+
     def pending(self, round_number: int, prefix: str) -> list[tuple[str, str]]:
         """(tag, sender) of the pooled messages of ``round_number`` whose tag starts with ``prefix``."""
         keys = self.pool.keys(lambda k: k[0] == self.job_id and k[1] == round_number and str(k[2]).startswith(prefix))

@@ -12,6 +12,7 @@ offset, length, dtype and shape against the message, so a malformed or hostile m
 from __future__ import annotations
 
 import json
+import math
 import struct
 from typing import Any
 
@@ -87,8 +88,8 @@ def decode(data: bytes) -> dict:
         raise ProtocolError(f"message: header of {header_length} bytes overruns a {len(view)}-byte message")
     try:
         header = json.loads(bytes(view[8 : 8 + header_length]))
-    except ValueError as error:
-        raise ProtocolError(f"message: header is not JSON ({error})") from None
+    except (ValueError, RecursionError) as error:
+        raise ProtocolError(f"message: header is not JSON or nested too deeply ({error})") from None
     body = view[8 + header_length :]
 
     def span(ref: Any, where: str) -> memoryview:
@@ -115,12 +116,12 @@ def decode(data: bytes) -> dict:
             return float(text)
         if "$a" in value:
             dtype, shape = value.get("dtype"), value.get("shape")
-            if dtype not in DTYPES:
+            if not isinstance(dtype, str) or dtype not in DTYPES:
                 raise ProtocolError(f"message: {where}: dtype {dtype!r} is not allowed")
             if not (isinstance(shape, list) and all(type(s) is int and s >= 0 for s in shape)):
                 raise ProtocolError(f"message: {where}: bad shape {shape!r}")
             raw = span(value["$a"], where)
-            expected = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+            expected = math.prod(shape) * np.dtype(dtype).itemsize  # Python ints: no overflow
             if expected != len(raw):
                 raise ProtocolError(
                     f"message: {where}: shape {shape} of {dtype} needs {expected} bytes, has {len(raw)}"

@@ -1,8 +1,9 @@
 """The rejoin protocol over the in-memory relay: requests, the leader's decision, admission.
 
 A restarted party's request is admitted once, by the leader, with the group secrets, the
-round-start model and fresh pair keys every peer verified itself; a forged or stale request
-is not; a leader that restarted is noticed by its peers; threshold mode refuses to rejoin.
+round-start model and strategy state and fresh pair keys every peer verified itself; a forged,
+foreign-signed or replayed request is not; a leader that restarted is noticed by its peers;
+threshold mode refuses to rejoin; the relay ignores a request re-sent after admission.
 """
 
 from __future__ import annotations
@@ -158,3 +159,65 @@ def test_relay_keeps_membership_messages_past_the_rounds_it_retires():
     boxes.retire("job", 10)
     kept = list(boxes.subscribe("job", "alpha", lambda: False))
     assert [d.envelope.round for d in kept] == [CONTROL_ROUND]
+
+
+def test_a_replayed_request_is_not_admitted_again(federation):
+    hub = MemoryHub()
+    _, members = _set_up(hub, federation, "secagg")
+    _, thread, out = _rejoin_in_background(hub, federation, "charlie", "secagg")
+    members["alpha"].open_round(5, ["alpha", "bravo"], lambda: ({"w": np.zeros(3)}, {}))
+    members["bravo"].settle(5, ["alpha", "bravo"], timeout=5)
+    thread.join(20)
+    assert out["admission"].round == 5
+    # The relay puts charlie's old (validly signed) request back under a newer-looking tag.
+    old_tag, old = next((k[1], v) for k, v in hub.boxes.items() if k[1].startswith(REJOIN_PREFIX))
+    hub.boxes[(CONTROL_ROUND, f"{REJOIN_PREFIX}{time.time_ns()}", "charlie", "alpha")] = old
+    members["alpha"].open_round(6, PARTIES, lambda: pytest.fail("a replay is not a restart"))
+    assert members["bravo"].settle(6, PARTIES, timeout=5) == PARTIES
+    # And the same tag again is no newer than the incarnation already admitted.
+    members["bravo"].incarnations["charlie"] = int(old_tag.rsplit("/", 1)[-1])
+    assert members["bravo"]._newest("charlie") is None
+
+
+def test_request_signed_by_another_identity_is_refused(federation):
+    from confide.party.rejoin import _signed
+
+    hub = MemoryHub()
+    parties, members = _set_up(hub, federation, "paillier")
+    incarnation = time.time_ns()
+    payload = encode_fields(announcement=parties["bravo"][0].keys.announcement())
+    forged = _signed(federation["bravo"], "rejoin", "job-1", payload, str(incarnation).encode())
+    hub.boxes[(CONTROL_ROUND, f"{REJOIN_PREFIX}{incarnation}", "charlie", "alpha")] = forged
+    members["alpha"].open_round(4, ["alpha", "bravo"], lambda: pytest.fail("nobody is admitted"))
+    assert not [s for s in hub.log if s.tag.startswith("admit/")]
+
+
+def test_strategy_state_travels_in_the_chunks(federation, monkeypatch):
+    import confide.party.rejoin as rejoin
+
+    monkeypatch.setattr(rejoin, "CHUNK_BYTES", 4096)
+    hub = MemoryHub()
+    _, members = _set_up(hub, federation, "paillier")
+    _, thread, out = _rejoin_in_background(hub, federation, "charlie", "paillier")
+    moments = {"m": np.full(5000, 0.25), "v": np.full(5000, 0.5)}  # FedAdam-sized state, 80 KB
+    members["alpha"].open_round(2, ["alpha", "bravo"], lambda: ({"w": np.ones(5000)}, moments))
+    thread.join(20)
+    assert np.array_equal(out["admission"].strategy["v"], moments["v"])
+    admit = next(s for s in hub.log if s.tag.startswith("admit/"))
+    assert len(admit.payload) < 20_000, "the admission itself stays small"
+
+
+def test_aggregator_ignores_a_rejoin_request_sent_again_after_admission(tmp_path):
+    from confide.aggregator.service import AggregatorConfig, AggregatorCore
+
+    core = AggregatorCore(AggregatorConfig(state_dir=str(tmp_path)))
+    try:
+        core.party_restarted("job", "charlie", 7)
+        assert ("job", "charlie") in core._restarted
+        core.parties_admitted("job", ["charlie"], 7)
+        core.party_restarted("job", "charlie", 7)  # the client's re-send after a reconnect
+        assert ("job", "charlie") not in core._restarted
+        core.party_restarted("job", "charlie", 9)  # a genuinely new process
+        assert ("job", "charlie") in core._restarted
+    finally:
+        core.close()
