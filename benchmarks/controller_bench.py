@@ -35,12 +35,27 @@ in the same directory, before the controller starts.
 ``--stores sqlite,postgres`` runs everything a second time on PostgreSQL (a throw-away cluster
 from tests/postgres.py; records ``controller.postgres.*``); the default, SQLite only, takes
 about 2 minutes, both about 4.5.
+
+``--capacity`` runs instead the capacity run (records in ``controller_capacity.json``, about 3
+minutes): one controller with ``--workers`` processes on PostgreSQL (tests/postgres.py), and
+``--agents`` simulated agents (default 250,500,750,1000, one step after another), each with its
+own client certificate and mutual-TLS connection, every one heartbeating every ``--heartbeat``
+seconds (no sessions, staggered starts) for ``--capacity-seconds``. The load generator is a
+bare HTTP/1.1 client over asyncio TLS streams (httpx costs ~1.5 ms of CPU per request, more
+than the controller's heartbeat), in this one process, sharing the machine's cores with the
+controller and PostgreSQL. A step *holds* when the heartbeats answered reach 95% of those
+offered and their p99 latency stays under the interval; ``controller.agents_held`` is the
+largest step that held. The anchor is ``GET /v1/health`` from the largest step's agents at the
+same pace, measured first in the same run. Controller CPU is summed over the parent and its
+workers (/proc), PostgreSQL's over its server processes.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import json
 import os
 import random
 import shutil
@@ -210,13 +225,14 @@ def sqlite_commit_ms(directory: Path, commits: int = 200) -> float:
     return 1000 * statistics.median(times)
 
 
-def start_controller(workdir: Path, certs: Path, database: str) -> tuple[subprocess.Popen, int]:
+def start_controller(workdir: Path, certs: Path, database: str, workers: int = 1) -> tuple[subprocess.Popen, int]:
     port_file = workdir / "controller.port"
     port_file.unlink(missing_ok=True)
     log = open(workdir / "controller.log", "wb")  # noqa: SIM115 - owned by the child
     process = subprocess.Popen(
         [sys.executable, "-m", "confide", "controller", "--certs", str(certs), "--name", "controller"]
-        + ["--db", database, "--listen", "127.0.0.1:0", "--port-file", str(port_file)],
+        + ["--db", database, "--listen", "127.0.0.1:0", "--port-file", str(port_file)]
+        + (["--workers", str(workers)] if workers != 1 else []),
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,
@@ -532,6 +548,289 @@ def notes_of(store: str, m: dict, args) -> list[str]:
     ]
 
 
+# ---------------------------------------------------------------------------------------------- capacity
+
+CAPACITY_ANCHOR = "GET /v1/health from the same agents at the same pace, same run"
+
+
+class RawAgent:
+    """One agent's mutual-TLS connection speaking bare HTTP/1.1 (a light load generator)."""
+
+    def __init__(self, name: str, context: ssl.SSLContext) -> None:
+        self.name = name
+        self.context = context
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def connect(self, port: int) -> None:
+        self.port = port
+        self.reader, self.writer = await asyncio.open_connection("127.0.0.1", port, ssl=self.context)
+
+    async def request(self, method: str, path: str, body: bytes = b"") -> tuple[float, bytes]:
+        head = f"{method} {path} HTTP/1.1\r\nhost: controller\r\ncontent-length: {len(body)}\r\n"
+        if body:
+            head += "content-type: application/json\r\n"
+        start = time.perf_counter()
+        try:
+            self.writer.write(head.encode() + b"\r\n" + body)
+            status_and_headers = await self.reader.readuntil(b"\r\n\r\n")
+        except (asyncio.IncompleteReadError, ConnectionError):
+            # The controller closed a connection idle past its keep-alive (as an agent's client
+            # does, connect again; the handshake counts in this request's latency).
+            await self.close()
+            await self.connect(self.port)
+            self.writer.write(head.encode() + b"\r\n" + body)
+            status_and_headers = await self.reader.readuntil(b"\r\n\r\n")
+        length = 0
+        for line in status_and_headers.split(b"\r\n")[1:]:
+            key, _, value = line.partition(b":")
+            if key.strip().lower() == b"content-length":
+                length = int(value)
+        answer = await self.reader.readexactly(length)
+        elapsed = time.perf_counter() - start
+        if not status_and_headers.startswith(b"HTTP/1.1 200"):
+            raise Failed(f"{self.name} {method} {path}: {status_and_headers[:40]!r} {answer[:300]!r}")
+        return elapsed, answer
+
+    async def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            with contextlib.suppress(Exception):
+                await self.writer.wait_closed()
+
+
+SYNC_BODY = json.dumps({"reports": []}).encode()
+
+
+def group_cpu(group: int) -> float:
+    """CPU seconds of every process in process group ``group`` (the controller and its workers)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == group:
+            total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
+def postgres_cpu(server) -> float:
+    """CPU seconds of the PostgreSQL server's processes (postmaster and its children)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    try:
+        postmaster = int((server.data_dir / "postmaster.pid").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return float("nan")
+    total = 0.0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            pid = int(stat.parent.name)
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, ValueError):
+            continue
+        if pid == postmaster:  # its own time and that of its children that ended (connections)
+            total += sum(int(v) for v in fields[11:15]) / tick
+        elif int(fields[1]) == postmaster:
+            total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
+async def paced(agents: list[RawAgent], method: str, path: str, body: bytes, seconds: float, interval: float) -> dict:
+    """Every agent sends one request every ``interval`` (staggered start; a late answer delays the next)."""
+    latencies: list[float] = []
+    offered = 0
+    end = time.perf_counter() + seconds
+    rng = random.Random(3)
+
+    async def loop(agent: RawAgent) -> None:
+        nonlocal offered
+        next_at = time.perf_counter() + rng.uniform(0, interval)
+        while True:
+            await asyncio.sleep(max(0.0, next_at - time.perf_counter()))
+            if time.perf_counter() >= end:
+                return
+            offered += 1
+            elapsed, _ = await agent.request(method, path, body)
+            if time.perf_counter() <= end:
+                latencies.append(elapsed)
+            next_at += interval
+
+    await asyncio.gather(*(loop(a) for a in agents))
+    return {**summary(latencies), "offered": offered, "answered": len(latencies)}
+
+
+async def capacity_run(args, port: int, certs: Path, group: int, server) -> dict:
+    steps = sorted(int(n) for n in args.agents.split(","))
+    names = [f"agent-{i:04d}" for i in range(max(steps))]
+    ca = str(certs / CA_CERT_FILE)
+    agents = []
+    for name in names:
+        context = ssl.create_default_context(cafile=ca)
+        context.load_cert_chain(str(certs / f"{name}.crt"), str(certs / f"{name}.key"))
+        agents.append(RawAgent(name, context))
+    out: dict = {"steps": []}
+    try:
+        for start in range(0, len(agents), 100):  # handshakes and registrations in batches
+            batch = agents[start : start + 100]
+            await asyncio.gather(*(a.connect(port) for a in batch))
+            body = json.dumps({"address": None, "datasets": []}).encode()
+            await asyncio.gather(*(a.request("POST", "/v1/register", body) for a in batch))
+        for agent in agents[:20]:
+            await agent.request("POST", "/v1/agent/sync", SYNC_BODY)
+        idle = [(await agents[0].request("GET", "/v1/health"))[0] for _ in range(args.idle_requests)]
+        out["idle_health"] = summary(idle)
+        idle = [(await agents[0].request("POST", "/v1/agent/sync", SYNC_BODY))[0] for _ in range(args.idle_requests)]
+        out["idle_sync"] = summary(idle)
+
+        async def measured(count: int, method: str, path: str, body: bytes) -> dict:
+            wall, server_cpu, pg_cpu, own = (
+                time.perf_counter(),
+                group_cpu(group),
+                postgres_cpu(server),
+                time.process_time(),
+            )
+            phase = await paced(agents[:count], method, path, body, args.capacity_seconds, args.heartbeat)
+            wall = time.perf_counter() - wall
+            phase["agents"] = count
+            phase["rps"] = phase["answered"] / args.capacity_seconds
+            phase["offered_rps"] = count / args.heartbeat
+            answered = max(phase["answered"], 1)
+            phase["server_cpu_ms"] = 1000 * (group_cpu(group) - server_cpu) / answered
+            phase["postgres_cpu_ms"] = 1000 * (postgres_cpu(server) - pg_cpu) / answered
+            phase["client_cpu_ms"] = 1000 * (time.process_time() - own) / answered
+            phase["server_cpu_share"] = (group_cpu(group) - server_cpu) / wall
+            phase["held"] = phase["answered"] >= 0.95 * phase["offered"] and phase["p99"] < 1000 * args.heartbeat
+            return phase
+
+        out["health"] = await measured(max(steps), "GET", "/v1/health", b"")
+        print(f"  health, {max(steps)} agents every {args.heartbeat:g} s: {fmt_capacity(out['health'])}", flush=True)
+        for count in steps:
+            phase = await measured(count, "POST", "/v1/agent/sync", SYNC_BODY)
+            out["steps"].append(phase)
+            print(f"  sync, {count} agents every {args.heartbeat:g} s: {fmt_capacity(phase)}", flush=True)
+    finally:
+        await asyncio.gather(*(a.close() for a in agents), return_exceptions=True)
+    return out
+
+
+def fmt_capacity(s: dict) -> str:
+    return (
+        f"{s['answered']:,}/{s['offered']:,} answered, p50 {s['p50']:.1f} ms, p95 {s['p95']:.1f} ms, "
+        f"p99 {s['p99']:.1f} ms, max {s['max']:.1f} ms; controller CPU {s['server_cpu_ms']:.2f} ms/req "
+        f"({100 * s['server_cpu_share']:.0f}% of a core), PostgreSQL {s['postgres_cpu_ms']:.2f} ms/req, "
+        f"load generator {s['client_cpu_ms']:.2f} ms/req; {'held' if s['held'] else 'NOT held'}"
+    )
+
+
+def capacity(args, workdir: Path) -> tuple[list[dict], list[str]]:
+    """The capacity run: records and notes."""
+    steps = sorted(int(n) for n in args.agents.split(","))
+    certs = workdir / "certs"
+    started = time.perf_counter()
+    names = [f"agent-{i:04d}" for i in range(max(steps))]
+    init_federation(certs, parties=names, services=["controller"], developers=[])
+    print(f"federation of {len(names) + 1} identities (ECDSA P-256) in {time.perf_counter() - started:.1f} s")
+    server, why = postgres_server()
+    if server is None:
+        raise Failed(f"the capacity run needs PostgreSQL: {why}")
+    try:
+        process, port = start_controller(workdir, certs, server.create_database("bench"), workers=args.workers)
+        try:
+            print(
+                f"[capacity] controller pid {process.pid}, {args.workers} worker(s), port {port}; agents "
+                f"{', '.join(map(str, steps))} every {args.heartbeat:g} s, {args.capacity_seconds:g} s each; "
+                "load generator, controller and PostgreSQL share the machine's cores",
+                flush=True,
+            )
+            measured = asyncio.run(capacity_run(args, port, certs, process.pid, server))
+            if process.poll() is not None:
+                raise Failed("controller exited")
+        except BaseException:
+            print((workdir / "controller.log").read_text(errors="replace")[-3000:], file=sys.stderr)
+            raise
+        finally:
+            stop_controller(process)
+    finally:
+        server.stop()
+    return capacity_records(measured, args)
+
+
+def capacity_records(m: dict, args) -> tuple[list[dict], list[str]]:
+    base = {
+        "workers": args.workers,
+        "interval_s": args.heartbeat,
+        "seconds": args.capacity_seconds,
+        "store": STORES["postgres"][1],
+        "transport": "HTTPS/1.1, mutual TLS (ECDSA P-256), one connection per agent, loopback",
+        "sessions": 0,
+        "load_generator": "one asyncio process, bare HTTP/1.1, on the same 2 cores",
+    }
+    health = m["health"]
+    out = []
+    idle = {**base, "concurrency": 1, "requests": args.idle_requests}
+    out.append(record("controller.capacity.health.idle.p50_ms", m["idle_health"]["p50"], "ms", params=idle))
+    out.append(
+        record(
+            "controller.capacity.sync.idle.p50_ms",
+            m["idle_sync"]["p50"],
+            "ms",
+            "GET /v1/health, idle",
+            m["idle_health"]["p50"],
+            idle,
+        )
+    )
+    anchor_params = {**base, "agents": health["agents"]}
+    for q in ("p50", "p99"):
+        out.append(record(f"controller.capacity.health.{q}_ms", health[q], "ms", params=anchor_params))
+    out.append(
+        record("controller.capacity.health.server_cpu_ms", health["server_cpu_ms"], "ms/req", params=anchor_params)
+    )
+    held = [s for s in m["steps"] if s["held"]]
+    best = max(held, key=lambda s: s["agents"]) if held else None
+    largest = max(m["steps"], key=lambda s: s["agents"])
+    cpu_step = best or largest
+    params = {**base, "agents": cpu_step["agents"]}
+    out.append(
+        record(
+            "controller.sync.server_cpu_ms",
+            cpu_step["server_cpu_ms"],
+            "ms/req",
+            CAPACITY_ANCHOR,
+            health["server_cpu_ms"],
+            params,
+        )
+    )
+    out.append(record("controller.sync.postgres_cpu_ms", cpu_step["postgres_cpu_ms"], "ms/req", params=params))
+    steps_params = {
+        **base,
+        "steps": [s["agents"] for s in m["steps"]],
+        "held_if": "answered >= 95% offered, p99 < interval",
+    }
+    out.append(record("controller.agents_held", best["agents"] if best else 0, "agents", params=steps_params))
+    for step in m["steps"]:
+        n = step["agents"]
+        params = {**base, "agents": n, "offered": step["offered"], "answered": step["answered"], "held": step["held"]}
+        for q in ("p50", "p95", "p99"):
+            out.append(record(f"controller.sync.{n}agents.{q}_ms", step[q], "ms", CAPACITY_ANCHOR, health[q], params))
+        out.append(record(f"controller.sync.{n}agents.rps", step["rps"], "req/s", params=params))
+    notes = [
+        f"capacity: {args.workers} controller worker(s) on PostgreSQL; agents heartbeat every {args.heartbeat:g} s "
+        f"with no sessions; the load generator, the controller and PostgreSQL share the machine's "
+        f"{os.cpu_count()} cores",
+        "capacity steps: "
+        + "; ".join(
+            f"{s['agents']} agents: {s['answered']:,}/{s['offered']:,} answered, p99 {s['p99']:.0f} ms, controller "
+            f"{s['server_cpu_ms']:.2f} ms CPU/req ({100 * s['server_cpu_share']:.0f}% of a core), PostgreSQL "
+            f"{s['postgres_cpu_ms']:.2f}, load generator {s['client_cpu_ms']:.2f} -> "
+            f"{'held' if s['held'] else 'not held'}"
+            for s in m["steps"]
+        ),
+    ]
+    return out, notes
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--parties", type=int, default=200)
@@ -553,6 +852,10 @@ def main() -> None:
         help="comma-separated: sqlite, postgres (skipped with a note when tests/postgres.py cannot start one)",
     )
     parser.add_argument("--workdir", default=None, help="parent of the temp dir (SQLite file, certificates)")
+    parser.add_argument("--capacity", action="store_true", help="run the capacity run only (controller_capacity.json)")
+    parser.add_argument("--agents", default="250,500,750,1000", help="capacity steps: agents heartbeating at once")
+    parser.add_argument("--capacity-seconds", type=float, default=15.0, help="length of each capacity step")
+    parser.add_argument("--workers", type=int, default=2, help="controller worker processes in the capacity run")
     parser.add_argument("--no-write", action="store_true", help="print only (no results file, no docs block)")
     args = parser.parse_args()
     if args.job_parties < 2 or args.job_parties > args.parties:
@@ -563,6 +866,31 @@ def main() -> None:
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # clean up the controller and PostgreSQL
     info = machine()
+    if args.capacity:
+        workdir = Path(tempfile.mkdtemp(prefix="controller-capacity-", dir=args.workdir))
+        try:
+            results, notes = capacity(args, workdir)
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+        print()
+        for line in results_table(results, value=",.4g", anchor=",.4g", ratio=".3g"):
+            print(line)
+        for note in notes:
+            print("note:", note)
+        if not args.no_write:
+            info["anchors"] = {"controller_capacity": CAPACITY_ANCHOR}
+            print(f"wrote {write('controller_capacity', info, results)}")
+            lines = [
+                f"Measured {info['date']} on {info['cpu']} ({info['cores']} cores), commit {info['commit']}; the "
+                f"controller ({args.workers} worker processes), PostgreSQL and the load generator share the cores; "
+                f"anchor {CAPACITY_ANCHOR}.",
+                "",
+                *results_table(results, value=",.4g", anchor=",.4g", ratio=".3g"),
+                "",
+                *[f"- {note}" for note in notes],
+            ]
+            write_markdown_block("controller_capacity", "Controller capacity (latest run)", lines, "controller_bench")
+        return
     results: list[dict] = []
     notes: list[str] = []
     workdir = Path(tempfile.mkdtemp(prefix="controller-bench-", dir=args.workdir))

@@ -49,6 +49,12 @@ def add_commands(commands) -> None:
         "--alive", type=float, default=30.0, help="seconds without a heartbeat before a party is shown down"
     )
     controller.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="worker processes sharing the port (PostgreSQL store only; the console runs in worker 0)",
+    )
+    controller.add_argument(
         "--console", default=None, metavar="HOST:PORT", help="also serve the web console there (HTTPS, sign-in)"
     )
     controller.add_argument("--console-port-file", default=None, help="write the console's bound port here")
@@ -227,6 +233,7 @@ def _controller(args) -> int:
         console_cert=args.console_cert,
         console_key=args.console_key,
         crl=args.crl,
+        workers=args.workers,
     )
     return 0
 

@@ -20,7 +20,9 @@ malformed body             422 (every bad field named)
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 from cryptography import x509
@@ -378,20 +380,57 @@ async def _too_large(send, limit: int, size: int) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-def _caller(request: Request) -> Caller:
-    return request.app.state.identify(request)
+async def _caller(request: Request) -> Caller:
+    identify = request.app.state.identify
+    if identify is certificate_caller:
+        return certificate_caller(request)  # in memory once the certificate was checked: no thread hop
+    return await run_in_threadpool(identify, request)  # the console's tokens: a store read
+
+
+@dataclass(frozen=True)
+class _Peer:
+    """A client certificate checked against the CA: who it names, its digest, until when it holds."""
+
+    name: str
+    role: str
+    cert_sha256: str
+    pem: bytes
+    valid_until: float  # the earlier of the certificate's and the CA's not-after (POSIX seconds)
+
+
+#: Distinct client certificates whose check is remembered (a federation has far fewer).
+MAX_PEERS = 100_000
 
 
 def certificate_caller(request: Request) -> Caller:
-    """The caller named by the request's verified TLS client certificate (the federation's identities)."""
+    """The caller named by the request's verified TLS client certificate (the federation's identities).
+
+    A certificate's check (CA signature, validity, subject) is remembered per application until
+    the certificate or the CA expires, so an agent's heartbeat does not verify a signature every
+    second; revocation is checked on every request regardless (``create_app``).
+    """
     tls = (request.scope.get("extensions") or {}).get("tls") or {}
     chain = tls.get("client_cert_chain") or []
     if not chain:
         raise PermissionDeniedError("no client certificate: the controller accepts mutual TLS only")
-    name, role = peer_identity(chain[0].encode(), request.app.state.ca_pem)
-    request.state.cert_sha256 = certificate_digest(chain[0].encode())
-    request.state.cert_pem = chain[0].encode()
-    return Caller(name, role)
+    peers: dict[str, _Peer] | None = getattr(request.app.state, "peers", None)
+    peer = peers.get(chain[0]) if peers is not None else None
+    if peer is None or time.time() >= peer.valid_until:
+        pem = chain[0].encode()
+        ca_pem = request.app.state.ca_pem
+        name, role = peer_identity(pem, ca_pem)
+        valid_until = min(
+            x509.load_pem_x509_certificate(pem).not_valid_after_utc.timestamp(),
+            x509.load_pem_x509_certificate(ca_pem).not_valid_after_utc.timestamp(),
+        )
+        peer = _Peer(name, role, certificate_digest(pem), pem, valid_until)
+        if peers is not None:
+            if len(peers) >= MAX_PEERS:
+                peers.clear()
+            peers[chain[0]] = peer
+    request.state.cert_sha256 = peer.cert_sha256
+    request.state.cert_pem = peer.pem
+    return Caller(peer.name, peer.role)
 
 
 #: The caller's verified identity, as a FastAPI dependency.
@@ -441,6 +480,7 @@ def create_app(
 
     app.state.ca_pem = ca_pem
     app.state.identify = identify or certificate_caller
+    app.state.peers = {}
 
     @app.exception_handler(ConfideError)
     async def _confide_error(_request: Request, error: ConfideError) -> JSONResponse:

@@ -10,6 +10,16 @@ adds it to every request's scope as the ASGI TLS extension (``scope["extensions"
 ["client_cert_chain"]``). The handshake itself rejects clients without a certificate from the CA;
 the API refuses a certificate on the federation's CRL (``revoked.crl.pem`` in the certificate
 directory, or ``crl``), re-read within half a second of a change.
+
+Several workers (``serve(workers=N)``, ``confide controller --workers N``): N processes each
+listen on the same port (``SO_REUSEPORT``: the kernel spreads connections over them), each with
+its own TLS context, event loop and connection pool, over one PostgreSQL store. The parent
+process upgrades the schema once, holds the port, starts the workers, writes the port files once
+every worker listens, and stops them all on SIGTERM/SIGINT or when any one of them exits. What
+lives in a worker's memory is either a cache of rows that never change (configuration digests,
+checked client certificates), a per-process rate limit (at most N refusal audits a minute per
+revoked certificate, N last-seen writes per agent per interval), or a file it re-reads (the CRL);
+the web console runs in worker 0 only. SQLite admits one writer at a time, so it refuses N > 1.
 """
 
 from __future__ import annotations
@@ -17,9 +27,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import multiprocessing
 import os
+import signal
 import socket
 import ssl
+import time
+from multiprocessing.connection import wait
 from pathlib import Path
 
 import uvicorn
@@ -27,12 +41,15 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from confide.controller.api import create_app
 from confide.controller.service import Controller
-from confide.controller.store import open_store
-from confide.errors import CertificateError
+from confide.controller.store import database_url, open_store
+from confide.errors import CertificateError, InvalidParameterError
 from confide.transport.certs import CA_CERT_FILE, Identity
 from confide.transport.revocation import RevocationList, crl_path_for
 
-__all__ = ["ControllerServer", "serve"]
+__all__ = ["MAX_WORKERS", "ControllerServer", "check_workers", "serve"]
+
+#: Worker processes one controller may run.
+MAX_WORKERS = 64
 
 log = logging.getLogger("confide.controller")
 
@@ -73,15 +90,29 @@ class _MainServer(uvicorn.Server):
             self.companion.should_exit = True
 
 
-def _bound_socket(address: str) -> socket.socket:
+def _bound_socket(address: str, *, reuse_port: bool = False) -> socket.socket:
     host, _, port = address.rpartition(":")
     # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY only on sockets created with it, and
     # without it every response (head and body go as two TLS records) waits ~40 ms for the
     # client's delayed ACK (Nagle). Measured by benchmarks/controller_bench.py.
     bound = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     bound.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        # Workers of one controller each bind the port; only sockets that listen get connections.
+        bound.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     bound.bind((host.strip("[]") or "127.0.0.1", int(port)))
     return bound
+
+
+def check_workers(database: str, workers: int) -> None:
+    """Refuse a worker count the store cannot serve (InvalidParameterError naming ``--workers``)."""
+    if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= MAX_WORKERS:
+        raise InvalidParameterError(f"--workers must be an integer in [1, {MAX_WORKERS}], got {workers!r}")
+    if workers > 1 and not database_url(str(database)).startswith("postgresql"):
+        raise InvalidParameterError(
+            f"--workers {workers} needs a store that takes concurrent writers (PostgreSQL: --db postgresql://...); "
+            "SQLite admits one writer at a time, so a controller on SQLite runs with --workers 1"
+        )
 
 
 class ControllerServer:
@@ -104,14 +135,18 @@ class ControllerServer:
         console_cert: str | None = None,
         console_key: str | None = None,
         crl: str | os.PathLike | None = None,
+        reuse_port: bool = False,
+        migrate: bool = True,
     ) -> None:
         identity = Identity.load(certs_dir, name)
         # A CRL that is there but not signed by the federation CA stops the start-up (CertificateError).
         self.revocations = RevocationList(crl_path_for(certs_dir, crl), identity.ca_pem)
-        self.store = open_store(database)
+        self.store = open_store(database, migrate=migrate)
         self.controller = Controller(self.store, alive_s=alive_s)
         app = create_app(self.controller, ca_pem=identity.ca_pem, revocations=self.revocations)
-        self.socket = _bound_socket(address)
+        self.socket = _bound_socket(address, reuse_port=reuse_port)
+        if reuse_port:
+            self.socket.listen(2048)  # a worker takes its share of connections from now on
         self.port = self.socket.getsockname()[1]
         root = Path(certs_dir)
         config = uvicorn.Config(
@@ -200,8 +235,31 @@ def serve(
     console_cert: str | None = None,
     console_key: str | None = None,
     crl: str | None = None,
+    workers: int = 1,
 ) -> None:
-    """Run a controller (and its web console) until interrupted (``confide controller``)."""
+    """Run a controller (and its web console) until interrupted (``confide controller``).
+
+    ``workers`` > 1: that many processes share the port (PostgreSQL only; see the module doc).
+    """
+    check_workers(database, workers)
+    if workers > 1:
+        _serve_workers(
+            workers,
+            port_file=port_file,
+            console_port_file=console_port_file,
+            options={
+                "certs_dir": str(certs_dir),
+                "name": name,
+                "database": database,
+                "address": address,
+                "alive_s": alive_s,
+                "console_address": console_address,
+                "console_cert": console_cert,
+                "console_key": console_key,
+                "crl": crl,
+            },
+        )
+        return
     server = ControllerServer(
         crl=crl,
         certs_dir=certs_dir,
@@ -221,3 +279,82 @@ def serve(
     if server.console_port is not None:
         log.info("console at https://%s:%d/", console_address.rpartition(":")[0] or "127.0.0.1", server.console_port)
     server.run()
+
+
+def _worker(options: dict, index: int, ready) -> None:
+    """One worker process: serve on the shared port until SIGTERM (worker 0 also serves the console)."""
+    logging.basicConfig(level=options.pop("log_level"), format=f"%(asctime)s worker {index} %(name)s %(message)s")
+    if index != 0:
+        options["console_address"] = None
+    try:
+        server = ControllerServer(**options, reuse_port=True, migrate=False)
+    except BaseException as error:
+        ready.send((index, None, f"{type(error).__name__}: {error}"))
+        raise
+    ready.send((index, server.console_port, None))
+    ready.close()
+    server.run()
+
+
+def _serve_workers(workers: int, *, port_file: str | None, console_port_file: str | None, options: dict) -> None:
+    """Start ``workers`` processes on one port, write the port files, supervise; stop all on a signal."""
+    store = open_store(options["database"])  # the schema is upgraded once, here, before any worker opens it
+    url = store.url
+    store.close()
+    # Held (bound, never listening) for the workers' lifetime: port 0 becomes one port they all share.
+    reserved = _bound_socket(options["address"], reuse_port=True)
+    port = reserved.getsockname()[1]
+    host = options["address"].rpartition(":")[0]
+    context = multiprocessing.get_context("spawn")  # fresh interpreters: no engine, thread or loop inherited
+    receive, send = context.Pipe(duplex=False)
+    shared = {**options, "address": f"{host}:{port}", "log_level": logging.getLogger().level or logging.WARNING}
+    processes = []
+    stopping = False
+
+    def stop(*_args) -> None:
+        nonlocal stopping
+        stopping = True
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        for index in range(workers):
+            process = context.Process(target=_worker, args=(dict(shared), index, send), name=f"controller-{index}")
+            process.start()
+            processes.append(process)
+        console_port = None
+        for _ in range(workers):
+            while not receive.poll(0.2):
+                if stopping or any(p.exitcode is not None for p in processes):
+                    raise InvalidParameterError("a controller worker exited while starting; its log says why")
+            index, console, problem = receive.recv()
+            if problem is not None:
+                raise InvalidParameterError(f"controller worker {index} did not start: {problem}")
+            console_port = console if index == 0 else console_port
+        if console_port_file and console_port is not None:
+            _write_port(console_port_file, console_port)
+        if port_file:
+            _write_port(port_file, port)
+        log.info("controller listening on port %d with %d workers, store %s", port, workers, url)
+        while not stopping:
+            ended = wait([p.sentinel for p in processes], timeout=0.5)
+            if ended and not stopping:
+                died = [p for p in processes if p.exitcode is not None]
+                log.error(
+                    "controller worker %s exited (code %s): stopping the others",
+                    ", ".join(p.name for p in died),
+                    ", ".join(str(p.exitcode) for p in died),
+                )
+                raise SystemExit(1)
+    finally:
+        for process in processes:
+            if process.exitcode is None:
+                process.terminate()  # SIGTERM: uvicorn finishes the requests in flight
+        deadline = time.monotonic() + 15
+        for process in processes:
+            process.join(max(0.0, deadline - time.monotonic()))
+            if process.exitcode is None:
+                process.kill()
+                process.join()
+        reserved.close()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

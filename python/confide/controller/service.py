@@ -21,13 +21,15 @@ import logging
 import math
 import re
 import secrets
+import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from sqlalchemy import delete, select, update
-from sqlalchemy.orm import Session
+from sqlalchemy import bindparam, delete, select, update
+from sqlalchemy.orm import Session, load_only
+from sqlalchemy.orm.attributes import set_committed_value
 
 from confide import checkpoints
 from confide.controller import sessions as cfg
@@ -69,8 +71,15 @@ STATES = ("running", "verifying", "awaiting", "completed", "failed", "cancelled"
 ACTIVE = ("running", "verifying")
 #: Seconds between two sweeps for grants that expired under running sessions.
 EXPIRY_SWEEP_S = 2.0
-#: A revoked certificate's refusals are audited at most this often (seconds) per certificate.
+#: A revoked certificate's refusals are audited at most this often (seconds) per certificate
+#: (per controller process: with ``--workers N``, at most N times).
 REFUSAL_AUDIT_S = 60.0
+#: An agent's ``last_seen_at`` is written at most this often (seconds, and at most a third of
+#: ``alive_s``) by each controller process. A heartbeat in between writes nothing: with nothing
+#: else to report it is one read. The stored time thus trails the last heartbeat by at most this
+#: much, so an agent that stops is shown down between ``alive_s`` minus this and ``alive_s``
+#: after its last heartbeat, whichever process (worker) received it.
+LAST_SEEN_WRITE_S = 5.0
 MAX_GRANT_DAYS = 3650
 CHECKPOINTS_KEPT = 3
 #: Rounds of metrics kept per participant (the newest; a longer job's curve starts later).
@@ -125,9 +134,17 @@ class Controller:
         self.store = store
         #: A party or aggregator not heard from for this long is reported as offline.
         self.alive_s = alive_s
+        #: Seconds between two writes of one agent's ``last_seen_at`` (see LAST_SEEN_WRITE_S).
+        self.last_seen_write_s = min(LAST_SEEN_WRITE_S, alive_s / 3)
+        # Per-process state: each is either a cache of immutable rows or a rate limit, so it stays
+        # correct when several controller processes (workers) share one store (docs/controller.md).
         self._digests: dict[tuple[int, int, str], str] = {}
         self._last_sweep = 0.0  # when grants were last checked for expiry (utcnow().timestamp())
+        self._sweeping = threading.Lock()
         self._refusals: dict[str, float] = {}  # serial -> when its last refusal was audited (monotonic)
+        self._seen_written: dict[str, float] = {}  # name -> when this process last wrote its last_seen_at
+        self._clock = time.monotonic  # the write interval's clock (tests move it)
+        self._heard: dict[str, datetime] = {}  # name -> its latest heartbeat received by this process
 
     # ------------------------------------------------------------------ identities and metadata
 
@@ -238,18 +255,28 @@ class Controller:
         """Registered identities with their liveness."""
         now = utcnow()
         with self.store.transaction() as db:
-            return [
+            rows = list(db.scalars(select(Party).order_by(Party.name)))
+        out = []
+        for p in rows:
+            seen = self._last_seen(p)
+            out.append(
                 {
                     "name": p.name,
                     "role": p.role,
                     "address": p.address,
-                    "last_seen_s": round((now - _aware(p.last_seen_at)).total_seconds(), 3),
-                    "online": now - _aware(p.last_seen_at) < timedelta(seconds=self.alive_s),
+                    "last_seen_s": round((now - seen).total_seconds(), 3),
+                    "online": now - seen < timedelta(seconds=self.alive_s),
                     "cert_expires_at": _aware(p.cert_expires_at).isoformat() if p.cert_expires_at else None,
                     "version": p.version,
                 }
-                for p in db.scalars(select(Party).order_by(Party.name))
-            ]
+            )
+        return out
+
+    def _last_seen(self, party: Party) -> datetime:
+        """The stored last-seen time, or this process's own later heartbeat (not yet written)."""
+        stored = _aware(party.last_seen_at)
+        heard = self._heard.get(party.name)
+        return heard if heard is not None and heard > stored else stored
 
     def datasets(self, caller: Caller) -> list[dict]:
         """Published dataset metadata, with whether the caller may use each."""
@@ -342,6 +369,10 @@ class Controller:
                 JobSession.state.in_((*ACTIVE, "awaiting")),
             )
             .order_by(JobSession.id)
+            # Row locks (PostgreSQL): a revocation and an expiry sweep (in another worker, say)
+            # stopping one session at once; the second waits, re-reads the state and skips it.
+            .with_for_update(of=JobSession)
+            .execution_options(populate_existing=True)
         ).all()
         stopped = []
         for _use, session in rows:
@@ -447,6 +478,16 @@ class Controller:
                 }
                 for u, s in db.execute(query.order_by(DatasetUse.id))
             ]
+
+    def _sweep_if_due(self) -> None:
+        """Stop live sessions whose grant lapsed: one transaction, at most every EXPIRY_SWEEP_S, one thread."""
+        if utcnow().timestamp() - self._last_sweep < EXPIRY_SWEEP_S or not self._sweeping.acquire(blocking=False):
+            return
+        try:
+            with self.store.transaction() as db:
+                self._sweep_expired(db)
+        finally:
+            self._sweeping.release()
 
     def _sweep_expired(self, db: Session) -> None:
         """Stop live sessions whose grant lapsed (checked at most every EXPIRY_SWEEP_S)."""
@@ -690,7 +731,7 @@ class Controller:
         nodes = [
             p
             for p in db.scalars(select(Party).where(Party.role == "service").order_by(Party.name))
-            if p.address and _aware(p.last_seen_at) >= cutoff
+            if p.address and self._last_seen(p) >= cutoff
         ]
         if not nodes:
             raise NotFoundError(
@@ -1215,42 +1256,89 @@ class Controller:
 
         Each report: ``{"session", "run", "applied_seq", "status", "round", "error", "result",
         "verification": [files] | None, "checkpoint": {"round", "files"} | None}``.
+
+        The hot path of the controller (every agent, every second): a heartbeat that reports
+        nothing new reads the caller's participations in one query and writes nothing (its
+        ``last_seen_at`` at most every ``last_seen_write_s``); a report that only moves the round
+        is one guarded UPDATE; anything else (a status change, a checkpoint, metrics, ...) takes
+        the session's row lock and the full path.
         """
         _require(caller, "party", "service")
         if not isinstance(reports, list) or len(reports) > 1000:
             raise InvalidParameterError("reports must be a list of at most 1000 session reports")
+        self._sweep_if_due()
+        now = utcnow()
+        clock = self._clock()
+        touch = clock - self._seen_written.get(caller.name, -math.inf) >= self.last_seen_write_s
         with self.store.transaction() as db:
-            party = db.scalar(select(Party).where(Party.name == caller.name))
-            if party is None:
+            if touch and db.execute(_TOUCH, {"who": caller.name, "at": now}).rowcount != 1:
                 raise NotFoundError(f"{caller.name!r} is not registered; register before syncing")
-            party.last_seen_at = utcnow()
-            self._sweep_expired(db)
+            rows = db.execute(_PARTICIPATIONS, {"who": caller.name}).all()
+            current = {session.token: (participant, session) for participant, session in rows}
             for index, report in enumerate(reports):
-                self._apply_report(db, caller, index, report)
+                if not isinstance(report, dict) or not isinstance(report.get("session"), str):
+                    raise InvalidParameterError(f"reports[{index}] must be a mapping with a 'session' token")
+                known = current.get(report["session"])
+                if known is None or not self._apply_light(db, *known, report):
+                    self._apply_report(db, caller, index, report)
             instructions = []
-            rows = db.execute(
-                select(Participant, JobSession)
-                .join(JobSession, Participant.session_id == JobSession.id)
-                .where(Participant.name == caller.name)
-                .order_by(JobSession.id)
-            )
             for participant, session in rows:
                 instruction = self._instruction(db, participant, session)
                 if instruction is not None:
                     instructions.append(instruction)
+        # Only once committed: a heartbeat that failed stored nothing, so the next one writes.
+        if touch:
+            self._seen_written[caller.name] = clock
+        self._heard[caller.name] = now
         return {"instructions": instructions}
+
+    def _apply_light(self, db: Session, participant: Participant, session: JobSession, report: dict) -> bool:
+        """Apply a report that changes nothing but the round, status ``running`` or the applied entry.
+
+        Returns False where the report needs :meth:`_apply_report` (the session's row lock and
+        the checks that follow a status change, a checkpoint, metrics, a verification...), and
+        where the participant's row changed since it was read (a resume, say): that path re-reads.
+        """
+        changes = _light_changes(participant, session, report)
+        if changes is None:
+            return False
+        if not changes:
+            return True
+        moved = db.execute(
+            update(Participant)
+            .where(
+                Participant.id == participant.id,
+                Participant.run == participant.run,
+                Participant.status == participant.status,
+            )
+            .values(**changes)
+            .execution_options(synchronize_session=False)
+        )
+        if moved.rowcount != 1:
+            return False
+        for key, value in changes.items():
+            set_committed_value(participant, key, value)
+        return True
 
     def _apply_report(self, db: Session, caller: Caller, index: int, report: Any) -> None:
         if not isinstance(report, dict) or not isinstance(report.get("session"), str):
             raise InvalidParameterError(f"reports[{index}] must be a mapping with a 'session' token")
         # Row lock (PostgreSQL): reports about one session are applied one at a time, so the last
         # two recipients reporting a checkpoint at once cannot each miss the other's report.
-        # (SQLite already admits one writer at a time.)
-        session = db.scalar(select(JobSession).where(JobSession.token == report["session"]).with_for_update())
+        # (SQLite already admits one writer at a time.) populate_existing: the rows this heartbeat
+        # read before the lock are read again under it.
+        session = db.scalar(
+            select(JobSession)
+            .where(JobSession.token == report["session"])
+            .with_for_update()
+            .execution_options(populate_existing=True)
+        )
         if session is None:
             return  # a session this controller never had (or lost): ignore, the agent will stop it
         participant = db.scalar(
-            select(Participant).where(Participant.session_id == session.id, Participant.name == caller.name)
+            select(Participant)
+            .where(Participant.session_id == session.id, Participant.name == caller.name)
+            .execution_options(populate_existing=True)
         )
         if participant is None:
             raise PermissionDeniedError(f"{caller.name!r} is not a participant of session {report['session']}")
@@ -1261,7 +1349,7 @@ class Controller:
         if run != session.run or participant.run != session.run:
             return  # about an earlier run, or from a recipient that is not a member of this one
         status = report.get("status")
-        if status in ("running", "completed", "failed", "stopped", "verified"):
+        if status in REPORTED_STATUSES:
             participant.status = status
         if isinstance(report.get("round"), int):
             participant.round = report["round"]
@@ -1516,6 +1604,80 @@ class Controller:
         else:
             instruction["command"] = "none"
         return instruction
+
+
+#: A heartbeat's write of the caller's last-seen time (its row count says whether it is registered).
+_TOUCH = (
+    update(Party)
+    .where(Party.name == bindparam("who"))
+    .values(last_seen_at=bindparam("at"))
+    .execution_options(synchronize_session=False)
+)
+
+#: The caller's participations with their sessions, without the columns a heartbeat never reads
+#: (metrics, checkpoints, verification hashes and log lines can be large; the full path loads them).
+_PARTICIPATIONS = (
+    select(Participant, JobSession)
+    .join(JobSession, Participant.session_id == JobSession.id)
+    .where(Participant.name == bindparam("who"))
+    .order_by(JobSession.id)
+    .options(
+        load_only(
+            Participant.id,
+            Participant.session_id,
+            Participant.name,
+            Participant.role,
+            Participant.applied_seq,
+            Participant.run,
+            Participant.status,
+            Participant.round,
+            Participant.error,
+            Participant.failure,
+            Participant.result,
+            Participant.protection,
+        )
+    )
+)
+
+#: Statuses a report may set (anything else is ignored).
+REPORTED_STATUSES = ("running", "completed", "failed", "stopped", "verified")
+
+
+def _light_changes(participant: Participant, session: JobSession, report: dict) -> dict | None:
+    """What ``report`` changes of ``participant``, if only its round, ``running`` or applied entry.
+
+    None where :meth:`Controller._apply_report` must apply it; the same outcome as that method
+    otherwise (an empty dict: nothing to store).
+    """
+    changes: dict[str, Any] = {}
+    applied = report.get("applied_seq")
+    if isinstance(applied, int) and participant.applied_seq < applied <= session.head_seq:
+        changes["applied_seq"] = applied
+    if report.get("run") != session.run or participant.run != session.run:
+        return changes  # about an earlier run, or from a non-member: only the applied entry counts
+    status = report.get("status")
+    if status in REPORTED_STATUSES and status != participant.status:
+        if status != "running":
+            return None  # completed, failed, stopped, verified: the checks that follow need the lock
+        changes["status"] = status
+    if session.state == "running" and participant.status in ("completed", "failed"):
+        return None  # the finish check runs again until the session settles
+    if (
+        str(report.get("error") or "")[:4000] != (participant.error or "")
+        or _checked_failure(report.get("failure")) != (participant.failure or {})
+        or (isinstance(report.get("result"), dict) and report["result"] != participant.result)
+        or (isinstance(report.get("protection"), dict) and report["protection"] != participant.protection)
+        or report.get("metrics") is not None
+        or isinstance(report.get("log_tail"), list)
+        or report.get("checkpoints")
+        or (session.state == "verifying" and isinstance(report.get("verification"), list))
+    ):
+        return None
+    if isinstance(report.get("round"), int) and report["round"] != participant.round:
+        changes["round"] = report["round"]
+    if changes.keys() - {"applied_seq"}:
+        changes["updated_at"] = utcnow()
+    return changes
 
 
 #: Algorithms whose parties hold columns; their aggregator relays and checkpoints nothing.
