@@ -13,7 +13,7 @@ PROTO     := python/confide/v1/runtime_pb2.py
 CONSOLE   := python/confide/web/static/vendor/.built
 RUST_SRC  := $(shell find crates -name '*.rs' -o -name Cargo.toml 2>/dev/null) Cargo.toml .cargo/config.toml
 
-.PHONY: help setup demo test test-rust test-fuzz-rust test-python bench lint fmt clean fuzz
+.PHONY: help setup demo test test-rust test-fuzz-rust test-python bench lint fmt clean fuzz wheel
 
 help:
 	@echo "make demo   three hospitals train Homo LR, then a CNN, in paillier mode (separate processes, gRPC + mTLS)"
@@ -21,6 +21,7 @@ help:
 	@echo "make bench  run benchmarks (writes benchmarks/results/*.json)"
 	@echo "make lint   clippy, rustfmt --check, ruff"
 	@echo "make fuzz   fuzz every decoder of network and disk bytes, FUZZ_SECONDS (600) per target"
+	@echo "make wheel  a manylinux wheel for other x86-64 machines (portable GMP) in dist/"
 
 setup: $(NATIVE) $(PROTO) $(CONSOLE)
 
@@ -87,18 +88,32 @@ test-fuzz-rust: $(GMP)
 	rm -rf build/fuzz/short-corpus
 	python3 fuzz/run.py --rust --runs 20000 --jobs 2 --seed 1 --found build/fuzz/short-corpus
 
+# The wheel another x86-64 Linux machine installs (scripts/build-wheel.sh: portable GMP, its own
+# target directory); tests/integration/test_wheel.py installs it into a clean venv and runs the demo.
+wheel: setup
+	./scripts/build-wheel.sh
+
+# The wheel installed as another machine would (the suite's pinned versions of its dependencies),
+# for the crypto bench's portable-against-tuned records.
+build/wheel-venv/.installed: wheel
+	rm -rf build/wheel-venv && python3 -m venv build/wheel-venv
+	sed -E 's/\[[^]]*\]//' requirements-dev.txt > build/wheel-constraints.txt
+	build/wheel-venv/bin/pip install -q --constraint build/wheel-constraints.txt dist/confide-*.whl
+	@touch $@
+
 FUZZ_SECONDS ?= 600
 fuzz: setup
 	$(PYTHON) fuzz/run.py --seconds $(FUZZ_SECONDS) --jobs 2
 
 # The controller's store tests also run against a real PostgreSQL server that the suite
 # starts itself; its binaries are installed here when missing.
-test-python: setup
+test-python: setup wheel
 	./scripts/ensure-postgres.sh
 	./scripts/ensure-chromium.sh
+	./scripts/ensure-toxiproxy.sh
 	$(PYTHON) -m pytest tests
 
-bench: setup
+bench: setup build/wheel-venv/.installed
 	@$(PYTHON) -m pip install -q "sf-heu==0.5.2b0" 2>/dev/null \
 		|| echo "sf-heu==0.5.2b0 does not install here: HEU anchors will be skipped"
 	$(PYTHON) benchmarks/crypto_bench.py
@@ -111,6 +126,8 @@ bench: setup
 	$(PYTHON) benchmarks/nn_bench.py --write
 	$(PYTHON) benchmarks/dataplane_bench.py --write
 	$(PYTHON) benchmarks/scaleout_bench.py --write
+	./scripts/ensure-toxiproxy.sh
+	$(PYTHON) benchmarks/wan_bench.py --write
 	$(PYTHON) benchmarks/soak.py --write
 
 lint: setup

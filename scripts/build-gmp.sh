@@ -8,9 +8,14 @@
 # mulx/adx. Measured on this machine kind (2048-bit, docs/crypto.md):
 #   CRT decryption  Debian 6.2.1: 551/s   fat 6.3.0: ~450/s   zen4-tuned 6.3.0: 663/s
 # When config.guess already recognises the CPU we keep its choice.
+#
+# With --portable it builds a fat GMP (every x86-64 code path, chosen at run time) into
+# build/gmp-portable instead: the one a wheel for other machines links (scripts/build-wheel.sh).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-prefix="$root/build/gmp"
+portable=""
+[ "${1:-}" = "--portable" ] && portable=1
+prefix="$root/build/gmp${portable:+-portable}"
 stamp="$prefix/.confide-gmp-6.3.0"
 [ -f "$stamp" ] && [ -f "$prefix/lib/libgmp.a" ] && exit 0
 
@@ -30,10 +35,10 @@ for p in meta["packages"]:
 
 guess=$("$src/config.guess")
 host=""
-if [ "$guess" = "x86_64-pc-linux-gnu" ] && grep -qw adx /proc/cpuinfo && grep -qw bmi2 /proc/cpuinfo; then
+if [ -z "$portable" ] && [ "$guess" = "x86_64-pc-linux-gnu" ] && grep -qw adx /proc/cpuinfo && grep -qw bmi2 /proc/cpuinfo; then
     if grep -q AuthenticAMD /proc/cpuinfo; then host="zen4-pc-linux-gnu"; else host="skylake-pc-linux-gnu"; fi
 fi
-work="$root/build/gmp-build"
+work="$root/build/gmp${portable:+-portable}-build"
 rm -rf "$work" "$prefix" && mkdir -p "$work"
 cd "$work"
 jobs=$(nproc)
@@ -47,4 +52,4 @@ else
     make -j"$jobs" >make.log 2>&1 && make install >install.log 2>&1
     echo "build-gmp: GMP 6.3.0 built (fat)"
 fi
-echo "${host:-$guess}" > "$stamp"
+echo "${host:-${portable:+fat-}$guess}" > "$stamp"

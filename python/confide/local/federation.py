@@ -200,6 +200,10 @@ class LocalFederation:
                 f"(checkpoint_interval is {self.spec.checkpoint_interval}); run the job again from the start"
             )
         earlier = {p: self.report_of(p) or {"rounds": []} for p in self.spec.parties}
+        if max(rounds) >= self.spec.rounds:
+            raise JobFailedError(
+                f"the job in {self.workdir} has run all its {self.spec.rounds} rounds: nothing to resume"
+            )
         for party in self.spec.parties:
             # Out of the way: a stopped run's "stopped" must not read as the new process's word.
             report = self.workdir / "parties" / f"{party}.report.json"
@@ -389,8 +393,6 @@ def run_local(
         if spec.vertical:
             raise JobFailedError("--resume goes on with horizontal jobs; a vertical job runs again from the start")
         federation.resume_round, earlier = federation.resume_point()
-        if federation.resume_round >= spec.rounds:
-            raise JobFailedError(f"the job in {workdir} has run all its {spec.rounds} rounds: nothing to resume")
         federation.runtime_job_id = f"{spec.job_id}.resume-{federation.resume_round}-{time.time_ns()}"
         echo(f"resuming after round {federation.resume_round} (the last round every party checkpointed)")
     else:

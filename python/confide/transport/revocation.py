@@ -6,10 +6,12 @@ path given with ``--crl``:
 
 - :class:`RevocationList` holds the CRL after checking it: issued by the federation CA and
   signed by its key, a CRL number never lower than the one already held (an older list put
-  back cannot un-revoke anyone). A CRL that fails a check is refused loudly: at start-up the
-  service does not start (:class:`CertificateError`); later the service logs an error on every
-  look and keeps enforcing the list it holds. A missing file means nothing is revoked; a file
-  removed after one was read keeps the list held (revocation is never undone by deletion).
+  back while the service runs cannot un-revoke anyone; the number held is not persisted, so a
+  restarted service accepts any validly signed list it finds). A CRL that fails a check is
+  refused loudly: at start-up the service does not start (:class:`CertificateError`); later
+  the service logs an error on every look and keeps enforcing the list it holds. A missing
+  file means nothing is revoked; a file removed after one was read keeps the list held
+  (revocation is never undone by deletion while the service runs).
   The file's mtime and size are looked at no more than every ``recheck_s`` (0.5 s).
 - :class:`RevocationGate` is a gRPC server interceptor: every call's client certificate is
   looked up before the handler runs, and a revoked one ends the call with UNAUTHENTICATED

@@ -1,0 +1,95 @@
+"""The wheel other machines install: into a clean venv, then the demo job from it.
+
+``make wheel`` (run by ``make test`` before this file) builds ``dist/confide-*.whl`` with a
+portable GMP; here it is installed into a new venv that sees nothing of this checkout (another
+working directory, no ``PYTHONPATH``), with its dependencies at the versions the suite pins,
+and runs ``confide run examples/breast_cancer.yaml`` as a user would. Then the same with the
+AVX-512 IFMA engine switched off, the path a CPU without it takes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+WHEELS = sorted((ROOT / "dist").glob("confide-*.whl"))
+
+pytestmark = pytest.mark.skipif(not WHEELS, reason="no wheel in dist/: `make wheel` builds it (`make test` does)")
+
+
+def _clean_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV", "CONFIDE_"))}
+
+
+@pytest.fixture(scope="module")
+def venv(tmp_path_factory) -> Path:
+    where = tmp_path_factory.mktemp("wheel-venv") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(where)], check=True)
+    # The suite's pins as constraints (pip takes no extras there): the same versions, from pip's cache.
+    pins = where.parent / "constraints.txt"
+    pins.write_text(re.sub(r"\[[^\]]*\]", "", (ROOT / "requirements-dev.txt").read_text()))
+    install = subprocess.run(
+        [
+            str(where / "bin" / "pip"),
+            "install",
+            "-q",
+            "--constraint",
+            str(pins),
+            str(WHEELS[-1]),
+        ],
+        capture_output=True,
+        text=True,
+        env=_clean_env(),
+    )
+    assert install.returncode == 0, install.stdout[-3000:] + install.stderr[-3000:]
+    return where
+
+
+def test_wheel_holds_the_generated_grpc_modules_and_a_manylinux_tag():
+    wheel = WHEELS[-1]
+    assert "manylinux" in wheel.name, wheel.name
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "confide/v1/runtime_pb2_grpc.py" in names and "confide/_native.abi3.so" in names
+
+
+@pytest.mark.parametrize("ifma", ["auto", "disabled"])
+def test_demo_job_runs_from_the_installed_wheel(venv, tmp_path, ifma):
+    env = _clean_env()
+    if ifma == "disabled":
+        env["CONFIDE_DISABLE_IFMA"] = "1"
+    where = subprocess.run(
+        [
+            str(venv / "bin" / "python"),
+            "-c",
+            "import confide, confide._native as n; print(confide.__file__, n.engine())",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+    )
+    assert where.returncode == 0, where.stderr
+    path, engine = where.stdout.split()
+    assert path.startswith(str(venv)), "confide is imported from the venv, not the checkout"
+    assert engine == "gmp" if ifma == "disabled" else engine in ("avx512-ifma", "gmp")
+    job = ROOT / "examples" / "breast_cancer.yaml"
+    run = subprocess.run(
+        [str(venv / "bin" / "confide"), "run", str(job), "--workdir", str(tmp_path / "demo"), "--no-progress"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "protection that ran: paillier" in run.stdout
+    report = json.loads((tmp_path / "demo" / "report.json").read_text())
+    assert report["mode"] == "paillier" and report["final_auc"] > 0.98
