@@ -90,12 +90,15 @@ test-fuzz-rust: $(GMP)
 
 # The wheel another x86-64 Linux machine installs (scripts/build-wheel.sh: portable GMP, its own
 # target directory); tests/integration/test_wheel.py installs it into a clean venv and runs the demo.
-wheel: setup
-	./scripts/build-wheel.sh
+WHEEL_STAMP := dist/.confide-wheel
+$(WHEEL_STAMP): $(NATIVE) $(PROTO) $(CONSOLE) $(RUST_SRC) scripts/build-wheel.sh scripts/build-gmp.sh \
+		$(shell git ls-files python 2>/dev/null)
+	./scripts/build-wheel.sh && touch $@
+wheel: $(WHEEL_STAMP)
 
 # The wheel installed as another machine would (the suite's pinned versions of its dependencies),
 # for the crypto bench's portable-against-tuned records.
-build/wheel-venv/.installed: wheel
+build/wheel-venv/.installed: $(WHEEL_STAMP)
 	rm -rf build/wheel-venv && python3 -m venv build/wheel-venv
 	sed -E 's/\[[^]]*\]//' requirements-dev.txt > build/wheel-constraints.txt
 	build/wheel-venv/bin/pip install -q --constraint build/wheel-constraints.txt dist/confide-*.whl
@@ -107,7 +110,7 @@ fuzz: setup
 
 # The controller's store tests also run against a real PostgreSQL server that the suite
 # starts itself; its binaries are installed here when missing.
-test-python: setup wheel
+test-python: setup $(WHEEL_STAMP)
 	./scripts/ensure-postgres.sh
 	./scripts/ensure-chromium.sh
 	./scripts/ensure-toxiproxy.sh

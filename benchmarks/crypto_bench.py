@@ -212,7 +212,7 @@ def main() -> None:
     parser.add_argument(
         "--portable",
         default=str(Path(__file__).resolve().parent.parent / "build" / "wheel-venv"),
-        help="a venv with the portable wheel installed (make wheel-venv); its cost against this build",
+        help="a venv with the portable wheel installed (make build/wheel-venv/.installed); its cost against this build",
     )
     args = parser.parse_args()
     sizes = [int(b) for b in args.bits.split(",")]

@@ -7,7 +7,8 @@
 # default build and a "fat" build fall back to generic x86-64 code without
 # mulx/adx. Measured on this machine kind (2048-bit, docs/crypto.md):
 #   CRT decryption  Debian 6.2.1: 551/s   fat 6.3.0: ~450/s   zen4-tuned 6.3.0: 663/s
-# When config.guess already recognises the CPU we keep its choice.
+# Otherwise (config.guess names the CPU, e.g. "nehalem" on the virtualised Xeons of this machine
+# kind, or it lacks adx/bmi2) the build is fat: GMP then picks its code for the CPU at run time.
 #
 # With --portable it builds a fat GMP (every x86-64 code path, chosen at run time) into
 # build/gmp-portable instead: the one a wheel for other machines links (scripts/build-wheel.sh).

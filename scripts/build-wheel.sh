@@ -23,21 +23,33 @@ done
 rm -f dist/confide-*.whl
 # maturin leaves out of a wheel whatever git ignores, and the generated modules are ignored
 # (they are build output): build from a copy of the tracked files plus them, outside the checkout.
-stage=$(mktemp -d /tmp/confide-wheel-XXXXXX)
-trap 'rm -rf "$stage"' EXIT
-git ls-files -z | xargs -0 cp --parents -t "$stage"
-cp -r --parents python/confide/v1 -t "$stage"
-[ -d python/confide/web/static/vendor ] && cp -r --parents python/confide/web/static/vendor -t "$stage"
+# One fixed place per checkout, files copied with their times: cargo then rebuilds only what changed.
+stage="${TMPDIR:-/tmp}/confide-wheel-src-$(id -u)-$(printf '%s' "$root" | cksum | cut -d' ' -f1)"
+rm -rf "$stage" && mkdir -p "$stage"
+git ls-files -z | xargs -0 cp -p --parents -t "$stage"
+cp -rp --parents python/confide/v1 -t "$stage"
+[ -d python/confide/web/static/vendor ] && cp -rp --parents python/confide/web/static/vendor -t "$stage"
 mkdir -p dist
 (cd "$stage" && CPATH="$gmp/include" LIBRARY_PATH="$gmp/lib" \
     "$root/.venv/bin/maturin" build --release --target-dir "$root/target/wheel" --out "$root/dist" --quiet)
 wheel=$(ls dist/confide-*.whl 2>/dev/null | head -1)
 [ -n "$wheel" ] || { echo "build-wheel: maturin made no wheel" >&2; exit 1; }
 python3 - "$wheel" <<'PY'
-import sys, zipfile
-names = zipfile.ZipFile(sys.argv[1]).namelist()
+import subprocess, sys, tempfile, zipfile
+wheel = zipfile.ZipFile(sys.argv[1])
+names = wheel.namelist()
 for needed in ("confide/v1/runtime_pb2.py", "confide/v1/runtime_pb2_grpc.py", "confide/_native.abi3.so"):
     if needed not in names:
         sys.exit(f"build-wheel: {sys.argv[1]} lacks {needed}")
-print(f"build-wheel: {sys.argv[1]} ({len(names)} files)")
+# The portable GMP, not the tuned one: a fat GMP dispatches through its CPU vector table, and
+# GMP is inside the extension rather than a shared library the system must have.
+with tempfile.TemporaryDirectory() as where:
+    native = wheel.extract("confide/_native.abi3.so", where)
+    symbols = subprocess.run(["nm", native], capture_output=True, text=True).stdout
+    if "__gmpn_cpuvec" not in symbols:
+        sys.exit("build-wheel: the extension holds no fat GMP (__gmpn_cpuvec): the tuned GMP was linked")
+    needed = subprocess.run(["readelf", "-d", native], capture_output=True, text=True).stdout
+    if "libgmp" in needed:
+        sys.exit("build-wheel: the extension needs a shared libgmp; GMP must be linked in")
+print(f"build-wheel: {sys.argv[1]} ({len(names)} files, fat GMP inside)")
 PY

@@ -28,7 +28,11 @@ echo "building Toxiproxy $VERSION into build/toxiproxy (Go module proxy)"
 mkdir -p "$DEST"
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
-GOBIN="$WORK" "$GO" install "github.com/Shopify/toxiproxy/v2/cmd/server@$VERSION"
+if ! GOBIN="$WORK" "$GO" install "github.com/Shopify/toxiproxy/v2/cmd/server@$VERSION"; then
+    echo "ensure-toxiproxy: building Toxiproxy $VERSION failed (no module proxy? Go too old?): the" \
+        "namespace federation tests (tests/integration/test_wan.py) will skip" >&2
+    exit 0
+fi
 mv "$WORK/server" "$DEST/toxiproxy-server.tmp"
 mv "$DEST/toxiproxy-server.tmp" "$DEST/toxiproxy-server"
 touch "$STAMP"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import zipfile
@@ -22,7 +23,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 WHEELS = sorted((ROOT / "dist").glob("confide-*.whl"))
 
-pytestmark = pytest.mark.skipif(not WHEELS, reason="no wheel in dist/: `make wheel` builds it (`make test` does)")
+pytestmark = [
+    pytest.mark.skipif(not WHEELS, reason="no wheel in dist/: `make wheel` builds it (`make test` does)"),
+    # Installing the dependencies (from pip's cache after make setup) and two demo jobs.
+    pytest.mark.timeout(900),
+]
 
 
 def _clean_env() -> dict[str, str]:
@@ -41,6 +46,8 @@ def venv(tmp_path_factory) -> Path:
             str(where / "bin" / "pip"),
             "install",
             "-q",
+            "--timeout",
+            "60",
             "--constraint",
             str(pins),
             str(WHEELS[-1]),
@@ -81,15 +88,22 @@ def test_demo_job_runs_from_the_installed_wheel(venv, tmp_path, ifma):
     assert path.startswith(str(venv)), "confide is imported from the venv, not the checkout"
     assert engine == "gmp" if ifma == "disabled" else engine in ("avx512-ifma", "gmp")
     job = ROOT / "examples" / "breast_cancer.yaml"
-    run = subprocess.run(
+    launcher = subprocess.Popen(
         [str(venv / "bin" / "confide"), "run", str(job), "--workdir", str(tmp_path / "demo"), "--no-progress"],
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
         text=True,
         cwd=tmp_path,
         env=env,
-        timeout=600,
+        start_new_session=True,  # its aggregator and parties go with it if the test gives up
     )
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    assert "protection that ran: paillier" in run.stdout
+    try:
+        output, _ = launcher.communicate(timeout=300)
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.wait()
+    assert launcher.returncode == 0, output[-3000:]
+    assert "protection that ran: paillier" in output
     report = json.loads((tmp_path / "demo" / "report.json").read_text())
     assert report["mode"] == "paillier" and report["final_auc"] > 0.98

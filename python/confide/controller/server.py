@@ -281,9 +281,25 @@ def serve(
     server.run()
 
 
+def _die_with_parent() -> None:
+    """SIGTERM this worker when the parent dies (even by SIGKILL): no orphan keeps serving the port.
+
+    Linux only (``prctl(PR_SET_PDEATHSIG)``); elsewhere the parent's own stop is all there is.
+    """
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(signal.SIGTERM))  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() == 1:  # the parent died before the call: go now
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
 def _worker(options: dict, index: int, ready) -> None:
     """One worker process: serve on the shared port until SIGTERM (worker 0 also serves the console)."""
     logging.basicConfig(level=options.pop("log_level"), format=f"%(asctime)s worker {index} %(name)s %(message)s")
+    _die_with_parent()
     if index != 0:
         options["console_address"] = None
     try:

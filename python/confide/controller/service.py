@@ -1310,6 +1310,8 @@ class Controller:
                 Participant.id == participant.id,
                 Participant.run == participant.run,
                 Participant.status == participant.status,
+                # Two heartbeats of one agent racing must not move the applied entry backwards.
+                Participant.applied_seq == participant.applied_seq,
             )
             .values(**changes)
             .execution_options(synchronize_session=False)
