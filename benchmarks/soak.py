@@ -41,6 +41,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchutil import machine, record, results_table, write, write_markdown_block  # noqa: E402
 
+from tests.fixtures.faults import confide_processes  # noqa: E402
+
 PARTIES = ["hospital-a", "hospital-b", "hospital-c"]
 
 
@@ -61,19 +63,11 @@ def job(rounds: int, mode: str) -> dict:
 def processes(workdir: Path) -> dict[int, str]:
     """Live ``confide`` processes of this soak: pid -> role (aggregator or the party's name)."""
     found = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
-        except OSError:
-            continue
-        if str(workdir) not in " ".join(argv) or "confide" not in argv:
-            continue
+    for pid, argv in confide_processes(workdir).items():
         if "aggregator" in argv:
-            found[int(entry.name)] = "aggregator"
+            found[pid] = "aggregator"
         elif "--party" in argv:
-            found[int(entry.name)] = argv[argv.index("--party") + 1]
+            found[pid] = argv[argv.index("--party") + 1]
     return found
 
 

@@ -20,23 +20,13 @@ from pathlib import Path
 import pytest
 
 from confide.local import run_local
-from tests.fixtures.faults import with_faults
+from tests.fixtures.faults import confide_processes, with_faults
 from tests.integration.conftest import make_spec
 
 
 def _pid_of(workdir: Path, *words: str) -> int:
     """The pid of the one live ``confide`` process under ``workdir`` whose command line has ``words``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
-        except OSError:
-            continue
-        line = " ".join(argv)
-        if "confide" in line and str(workdir) in line and all(w in argv for w in words):
-            found.append(int(entry.name))
+    found = [pid for pid, argv in confide_processes(workdir).items() if all(w in argv for w in words)]
     assert len(found) == 1, f"expected one process {words} under {workdir}, found {found}"
     return found[0]
 

@@ -211,9 +211,12 @@ class LocalFederation:
                 report.replace(report.with_name(f"{party}.report.before-resume.json"))
         return max(rounds), earlier
 
-    def supervise(self, echo) -> None:
-        """Name every child that died without saying why, and start it again (within its budget)."""
-        at = _job_round(self)
+    def supervise(self, echo, reports: dict[str, dict | None]) -> None:
+        """Name every child that died without saying why, and start it again (within its budget).
+
+        ``reports``: each party's report as read this tick (the launcher reads them once a tick).
+        """
+        at = max((_last_round(r) for r in reports.values()), default=0) + 1
         aggregator = self.aggregator
         if aggregator is not None and aggregator.poll() is not None and aggregator.pid not in self._handled:
             if any(p.poll() is None for p in self.parties.values()):
@@ -223,7 +226,7 @@ class LocalFederation:
             code = process.poll()
             if code in (None, 0) or process.pid in self._handled:
                 continue
-            report = self.report_of(party) or {}
+            report = reports.get(party) or {}
             if report.get("status") in ("failed", "stopped", "completed") or not report.get("rounds"):
                 continue  # it said why (a dropout), or it never ran a round (the job fails fast)
             if all(p.poll() is not None for n, p in self.parties.items() if n != party):
@@ -232,7 +235,7 @@ class LocalFederation:
             if self._restart(party, process, at, echo, lambda party=party: self.start_party(party, rejoin=True)):
                 self._rejoining[party] = len(report.get("rejoins") or [])
         for party, before in list(self._rejoining.items()):
-            if len((self.report_of(party) or {}).get("rejoins") or []) > before:
+            if len((reports.get(party) or {}).get("rejoins") or []) > before:
                 del self._rejoining[party]  # admitted back
         if self._rejoining and all(p.poll() is not None for n, p in self.parties.items() if n not in self._rejoining):
             # Everyone else is done: nobody is left to admit the restarted parties.
@@ -305,11 +308,6 @@ def _how_it_ended(code: int) -> str:
 def _last_round(report: dict | None) -> int:
     rounds = (report or {}).get("rounds") or []
     return rounds[-1]["round"] if rounds else 0
-
-
-def _job_round(federation: LocalFederation) -> int:
-    """The round the job is at: one past the last round any party completed."""
-    return max((_last_round(federation.report_of(p)) for p in federation.spec.parties), default=0) + 1
 
 
 def _entry(report: dict, number: int) -> dict | None:
@@ -444,9 +442,9 @@ def _follow(federation: LocalFederation, progress: bool, echo) -> None:
     bar.update(shown)
     try:
         while True:
-            federation.supervise(lambda line: bar.write(line) if progress else echo(line))
-            alive = [p for p in federation.parties.values() if p.poll() is None]
             by_party = {p: federation.report_of(p) for p in spec.parties}  # read once per tick
+            federation.supervise(lambda line: bar.write(line) if progress else echo(line), by_party)
+            alive = [p for p in federation.parties.values() if p.poll() is None]
             # Parties still in the job: a dead one (until it rejoins) and a dropout do not hold the line back.
             running = [
                 r
