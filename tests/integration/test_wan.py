@@ -66,12 +66,6 @@ def test_every_mode_trains_over_shaped_links(network: Network, tmp_path, mode):
         assert "pushing slices through the control port" not in network.tail(party, lines=10_000)
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="known bug, found by CI on 2026-11-25 (1 failure in 3 full runs): after reset_peer on both "
-    "aggregator ports, a party reconnected and re-uploaded, but the aggregator never received its slices "
-    "on the data port and waited ('hospital-b away') until the test's 150 s limit; not yet fixed",
-)
 def test_job_survives_resets_and_a_stalled_link(network: Network, tmp_path):
     """Toxiproxy resets every party connection mid-job, then stalls the data port for a while."""
 

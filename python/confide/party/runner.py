@@ -217,7 +217,11 @@ class RoundUpload:
         self._produce = produce
         self._count = count
         self._spec = spec
+        #: Slices produced so far, ``_cache[i].index == i``: a retried stream sends these again.
         self._cache: list[pb.Slice] = []
+        #: Which push stream owns ``_cache`` (the newest); guarded by ``_lock``.
+        self._generation = 0
+        self._lock = threading.Lock()
         self._ready = threading.Event()
         self._cancelled = threading.Event()
         self._thread: threading.Thread | None = None
@@ -225,15 +229,22 @@ class RoundUpload:
         self.reply: pb.PushReply | None = None
         self.seconds = 0.0
 
-    def start(self, key: bytes = b"") -> None:
-        """Begin (or begin again) uploading in a background thread; ``key`` goes into the header."""
-        if self._thread is not None and self._thread.is_alive():
-            return
+    def start(self, key: bytes = b"", *, renew: bool = False) -> None:
+        """Begin (or begin again) uploading in a background thread; ``key`` goes into the header.
+
+        If the thread is still pushing, it goes on (its next stream carries ``key``); with
+        ``renew`` (the link to the aggregator broke and came back) its stream is moved to a fresh
+        connection first, since the one it is on may be half-open and would never fail by itself.
+        """
         if key and not self._header.encryption_key:
             header = pb.RoundHeader()
             header.CopyFrom(self._header)
             header.encryption_key = key
             self._header = header
+        if self._thread is not None and self._thread.is_alive():
+            if renew and self._client.renew_push_channels():
+                log.info("upload still open: moving it to a fresh data-port connection")
+            return
         self.reply = None
         self._thread = threading.Thread(target=self._run, name="confide-upload", daemon=True)
         self._thread.start()
@@ -252,13 +263,24 @@ class RoundUpload:
         if self._thread is not None:
             self._thread.join()
 
-    def _requests(self):
+    def _requests(self, generation: int):
+        # A stream that failed while this generator waited for the scale leaves it suspended in
+        # gRPC's request thread, which resumes it once on release and drops what it yields. Such
+        # a superseded generator must stop there: were it to produce and cache slices beside the
+        # newest stream's, the cache would hold duplicates, the next retry would start past slices
+        # never sent, and the aggregator would wait for them ("away") while this party's upload
+        # had ended without error.
         HOOKS.round_opened(self._header.round)
         self._ready.wait()
         if self._cancelled.is_set():
             return
-        yield from list(self._cache)
-        start = len(self._cache)
+        with self._lock:
+            if generation != self._generation:
+                return
+            cached = list(self._cache)
+        HOOKS.round_released(self._header.round)
+        yield from cached
+        start = len(cached)
         transport = self._spec.transport
         for item in pipelined(
             lambda i: self._produce(start + i),
@@ -267,15 +289,21 @@ class RoundUpload:
             enabled=transport.pipeline,
             workers=encode_workers(transport.pipeline),
         ):
-            self._cache.append(item)
+            with self._lock:
+                if generation != self._generation:
+                    return
+                self._cache.append(item)
             yield item
 
     def _run(self) -> None:
         deadline = time.monotonic() + self._spec.transport.reconnect_timeout_s
         while not self._cancelled.is_set():
             started = time.perf_counter()
+            with self._lock:
+                self._generation += 1
+                generation = self._generation
             try:
-                self.reply = self._client.push(self._header, self._requests())
+                self.reply = self._client.push(self._header, self._requests(generation))
                 self.seconds += time.perf_counter() - started
                 return
             except TransportUnavailableError as error:

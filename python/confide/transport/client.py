@@ -64,6 +64,13 @@ ADMIT_PREFIX = "admit/"
 #: Slices per push message: up to this many bytes or slices, whichever comes first.
 BATCH_BYTES = 1 << 20
 BATCH_SLICES = 64
+#: Keepalive of a data-port channel. A push stream on a half-open connection (its far end gone,
+#: its bytes still accepted) never errors by itself; only an unanswered keepalive ping ends it.
+#: grpcio (measured with 1.85) closes such a connection after ``ping_timeout_ms`` (default one
+#: minute), not after ``keepalive_timeout_ms``: without it a half-open upload hung until the data
+#: server's own keepalive gave up, about 40 s. The 10 s allowance covers a ping queued behind a
+#: full send buffer on a slow uplink.
+DATA_CHANNEL_OPTIONS = (("grpc.keepalive_time_ms", 2_000), ("grpc.http2.ping_timeout_ms", 10_000))
 
 
 def parse_targets(target: str | Sequence[str]) -> list[str]:
@@ -131,7 +138,7 @@ class _Node:
     def use_data_port(self, port: int, timeout: float) -> None:
         """Push slices to the node's data port; stay on the control port if it is unreachable."""
         host = self.target.rpartition(":")[0]
-        channel = tls.channel(f"{host}:{port}", self.identity)
+        channel = tls.channel(f"{host}:{port}", self.identity, DATA_CHANNEL_OPTIONS)
         try:
             grpc.channel_ready_future(channel).result(timeout=timeout)
         except grpc.FutureTimeoutError:
@@ -161,6 +168,48 @@ class _Node:
         self.data_channel, self.data_port, self.push_stub = None, 0, self.aggregation
         if reply.data_port:
             self.use_data_port(reply.data_port, timeout)
+
+    def renew_data_channel(self) -> bool:
+        """Push over a fresh data-port connection from now on; the old one's streams fail at once.
+
+        After the control connection broke and came back, the data connection may be half-open
+        (a reset or a stall on the path leaves it accepting bytes that never arrive) and a push on
+        it would wait for its keepalive to notice. Closing it cancels that push, whose retry then
+        connects anew; the new channel is in place first, so the retry cannot pick the old one.
+        """
+        old = self.data_channel
+        if old is None:
+            return False
+        host = self.target.rpartition(":")[0]
+        self.data_channel = tls.channel(f"{host}:{self.data_port}", self.identity, DATA_CHANNEL_OPTIONS)
+        self.push_stub = rpc.AggregationStub(self.data_channel)
+        old.close()
+        return True
+
+    def probe(self, job_id: str, round_number: int, timeout: float) -> pb.HealthReply | None:
+        """The Health of a node found lost, with its admission round; None while it stays away.
+
+        It asks over a fresh channel, which then replaces the node's own: that one backed off
+        reconnecting while the node was away and would refuse calls for up to its backoff (2 s)
+        after the node is back.
+        """
+        channel = tls.channel(self.target, self.identity)
+        try:
+            # No wait_for_ready: a node still away must cost the round boundary nothing.
+            reply = rpc.AggregationStub(channel).Health(
+                pb.HealthRequest(job_id=job_id, round=round_number), timeout=timeout
+            )
+        except grpc.RpcError:
+            channel.close()
+            return None
+        self.channel.close()
+        self.channel = channel
+        self.aggregation = rpc.AggregationStub(channel)
+        self.relay = rpc.RelayStub(channel)
+        if self.data_channel is None:
+            self.push_stub = self.aggregation
+        self.follow_data_port(reply, timeout)
+        return reply
 
     @property
     def push_waits_for_ready(self) -> bool:
@@ -424,6 +473,17 @@ class AggregatorClient:
             ) from None
 
     # -- aggregation ------------------------------------------------------------------------
+    def renew_push_channels(self) -> int:
+        """Move pushes to fresh data-port connections, failing those in flight; returns how many.
+
+        For a party that saw its delivery stream break and come back while a push was open: the
+        push's connection went through the same broken path and may be half-open. Not on a
+        cluster, where a share's failed push marks its node lost.
+        """
+        if len(self._nodes) > 1:
+            return 0
+        return sum(node.renew_data_channel() for node in self._nodes)
+
     def push(self, header: pb.RoundHeader, slices: Iterable[pb.Slice]) -> pb.PushReply:
         """Stream the header and ``slices`` in batches; one attempt, no retry (the caller decides).
 

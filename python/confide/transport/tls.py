@@ -44,16 +44,18 @@ _SERVER_OPTIONS = [
 ]
 
 
-def channel(target: str, identity: Identity) -> grpc.Channel:
-    """A channel to ``target`` ("host:port") that presents ``identity`` and trusts only its CA."""
+def channel(target: str, identity: Identity, options: Sequence[tuple[str, int]] = ()) -> grpc.Channel:
+    """A channel to ``target`` ("host:port") that presents ``identity`` and trusts only its CA.
+
+    ``options`` add to or replace the default channel arguments.
+    """
     credentials = grpc.ssl_channel_credentials(
         root_certificates=identity.ca_pem, private_key=identity.key_pem, certificate_chain=identity.cert_pem
     )
-    return grpc.secure_channel(
-        target,
-        credentials,
-        options=[*_OPTIONS, ("grpc.initial_reconnect_backoff_ms", 200), ("grpc.max_reconnect_backoff_ms", 2_000)],
+    merged = dict(
+        [*_OPTIONS, ("grpc.initial_reconnect_backoff_ms", 200), ("grpc.max_reconnect_backoff_ms", 2_000), *options]
     )
+    return grpc.secure_channel(target, credentials, options=list(merged.items()))
 
 
 def server(
