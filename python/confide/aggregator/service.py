@@ -120,6 +120,8 @@ class AggregatorCore:
         self._restarted: set[tuple[str, str]] = set()
         #: (job, party) -> the newest incarnation of its rejoin requests (re-sent ones are ignored).
         self._incarnations: dict[tuple[str, str], int] = {}
+        #: Job -> the round from which this node serves its shares again (after parties found it lost).
+        self._admissions: dict[str, int] = {}
         #: Called with (header, combined slices by index) after a round completes and is stored.
         self.completion_listeners: list[Callable[[pb.RoundHeader, dict[int, bytes]], None]] = []
         for header, done in self.store.load():
@@ -482,9 +484,26 @@ class AggregatorCore:
             self.revocation_gate.stop()
         self._stopped.set()
 
-    def health(self, name: str) -> pb.HealthReply:
-        """Name, load and the data plane's figures."""
+    def admitted_round(self, job_id: str, round_number: int) -> int:
+        """The round from which this node serves ``job_id`` again, asked by a party about to push ``round_number``.
+
+        Parties that lost this node probe it before each round. The first probe of a loss fixes
+        the answer at the next round, so a party that probes later in the same round boundary gets
+        the same answer, and none has pushed that round yet (it needs every party's push of the
+        round before): every party routes to this node from the same round on. A probe past the
+        fixed round starts a new loss (the node was found lost again without restarting).
+        """
+        with self._lock:
+            admitted = self._admissions.get(job_id)
+            if admitted is None or round_number > admitted:
+                admitted = round_number + 1
+                self._admissions[job_id] = admitted
+            return admitted
+
+    def health(self, name: str, request: pb.HealthRequest | None = None) -> pb.HealthReply:
+        """Name, load and the data plane's figures; with a job and round, the node's admission round."""
         stats = self.dataplane.stats()
+        admitted = self.admitted_round(request.job_id, request.round) if request and request.job_id else 0
         return pb.HealthReply(
             name=name,
             open_rounds=self.open_rounds(),
@@ -496,6 +515,7 @@ class AggregatorCore:
             peak_staged_bytes=int(stats["peak_staged_bytes"]),
             workers=int(stats["workers"]),
             data_port=self.data_server.port if self.data_server is not None else 0,
+            admitted_round=admitted,
         )
 
     def observe(self, event: str, party: str, message: object) -> None:
@@ -655,7 +675,7 @@ class AggregationServicer(rpc.AggregationServicer):
     @status.guarded
     def Health(self, request, context):  # noqa: N802
         """Name and load."""
-        return self._core.health(self._name)
+        return self._core.health(self._name, request)
 
 
 class RelayServicer(rpc.RelayServicer):

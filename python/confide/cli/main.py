@@ -367,7 +367,7 @@ def _cluster(args) -> int:
         temporary.write_text(cluster.target)
         temporary.replace(args.addresses_file)
     print(f"aggregator cluster of {args.nodes} nodes: {cluster.target}", flush=True)
-    print("parties: --aggregator " + ",".join(addresses) + "  (node 0 also relays)", flush=True)
+    print("parties: --aggregator " + ",".join(addresses) + "  (the first live node also relays)", flush=True)
     stopped = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stopped.set())
@@ -375,7 +375,11 @@ def _cluster(args) -> int:
     while not stopped.wait(1.0):
         for k in set(range(args.nodes)) - set(cluster.alive()) - reported:
             reported.add(k)
-            print(f"aggregator node {k} exited; parties re-route its share to the next live node", flush=True)
+            print(
+                f"aggregator node {k} exited; parties re-route its share (and the relay, if it relayed) to the "
+                "next live node, and re-admit it at a round boundary once it runs again on its port",
+                flush=True,
+            )
     cluster.stop()
     return 0
 

@@ -3,11 +3,20 @@
 Every node is an ordinary ``confide aggregator`` process with its own state directory. Routing
 needs no coordinator: parties split each round's slices into shares with
 :mod:`confide.transport.routing` (consecutive slices of a layer round-robin over the nodes,
-the same index always on the same node) and push each share to the node serving it. Node 0 also
-relays the parties' envelopes. A node lost mid-round is noticed by the parties (its streams
-break and do not come back within their grace period); they push its share to the next live
-node from their retained copies, and the round completes there. Losing node 0 fails the job
-with a clear error (the relay lives there).
+the same index always on the same node) and push each share to the node serving it. Every node
+also runs the relay; the parties send their envelopes to the first live node (node 0 while it
+lives) and subscribe to every live node, so an envelope reaches its recipients whichever live
+node carries it.
+
+Any node may be lost. The parties notice at once (its delivery stream breaks and it refuses a new
+one, or it refuses a push or an envelope); each pushes the lost node's share, from the slices it
+keeps of its last two rounds, to the next live node, so a share the node had delivered in part,
+or to some parties only, completes there. If the lost node relayed, the relay moves to the next
+live node, the same one for every party, and each party re-sends its envelopes of the open rounds
+there. A restarted node (:meth:`Cluster.restart`, same port) is re-admitted at a round boundary:
+the parties probe lost nodes before each round, and the node names the round from which it serves
+again (the round after the first probe), so every party routes the same way in every round.
+The job fails only when every node is lost.
 """
 
 from __future__ import annotations
@@ -72,30 +81,7 @@ class Cluster:
 
     def start(self, timeout: float = 60.0) -> list[str]:
         """Start every node; returns their addresses once all listen."""
-        port_files = []
-        for k in range(self.nodes):
-            state = self.workdir / f"node-{k}"
-            state.mkdir(parents=True, exist_ok=True)
-            port_file = self.workdir / f"node-{k}.port"
-            port_file.unlink(missing_ok=True)
-            port_files.append(port_file)
-            self.children.spawn(
-                f"node-{k}",
-                [
-                    "aggregator",
-                    "--listen",
-                    f"{self.host}:{self.ports[k]}",
-                    "--certs",
-                    str(self.certs),
-                    "--name",
-                    self.name,
-                    "--state",
-                    str(state),
-                    "--port-file",
-                    str(port_file),
-                    *self.extra_args,
-                ],
-            )
+        port_files = [self._spawn(k) for k in range(self.nodes)]
         deadline = time.monotonic() + timeout
         try:
             for k, port_file in enumerate(port_files):
@@ -104,6 +90,46 @@ class Cluster:
             self.stop()
             raise ConfideError(f"aggregator {error}") from None
         return self.addresses
+
+    def _spawn(self, node: int) -> Path:
+        """Start one node process (on its known port, if it had one); returns its port file."""
+        state = self.workdir / f"node-{node}"
+        state.mkdir(parents=True, exist_ok=True)
+        port_file = self.workdir / f"node-{node}.port"
+        port_file.unlink(missing_ok=True)
+        self.children.spawn(
+            f"node-{node}",
+            [
+                "aggregator",
+                "--listen",
+                f"{self.host}:{self.ports[node]}",
+                "--certs",
+                str(self.certs),
+                "--name",
+                self.name,
+                "--state",
+                str(state),
+                "--port-file",
+                str(port_file),
+                *self.extra_args,
+            ],
+        )
+        return port_file
+
+    def restart(self, node: int, timeout: float = 60.0) -> str:
+        """Start a node that was lost again, on the same port and state; returns its address once it listens.
+
+        The parties re-admit it at the next round boundary (they probe lost nodes between rounds).
+        """
+        process = self.children.children.get(f"node-{node}")
+        if process is not None and process.poll() is None:
+            raise ConfideError(f"aggregator node {node} still runs (pid {process.pid})")
+        port_file = self._spawn(node)
+        try:
+            self.ports[node] = self.children.wait_port(f"node-{node}", port_file, timeout)
+        except ConfideError as error:
+            raise ConfideError(f"aggregator {error}") from None
+        return self.addresses[node]
 
     def kill(self, node: int) -> None:
         """Kill one node at once (fault injection: no goodbye, like a crashed machine)."""

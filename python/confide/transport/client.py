@@ -16,10 +16,22 @@ Slices go out in batches (:class:`SliceBatch`, about 1 MiB each) so that per-mes
 stays off the data path. With an aggregator cluster (``target`` lists several nodes) every
 node holds a Subscribe stream; slices are split by share (:mod:`confide.transport.routing`)
 and each share is pushed to the node serving it. A node whose delivery stream stays broken for
-``node_grace_s``, or that refuses connections while slices are pushed, is marked lost: its
-share goes to the next live node from the party's retained copy (the round upload keeps every
-slice until the attempt completes). The first node also hosts the relay; losing it fails the
-job with a clear error.
+``node_grace_s``, or that refuses connections while slices or envelopes go to it, is marked
+lost: its share goes to the next live node (:func:`~confide.transport.routing.serving_node`).
+The client keeps the slices of its pushes of the last two rounds by share, and re-pushes every
+share the lost node served (completed or not) to that node at once: a node that delivered part
+of a share, or delivered it to some parties only, leaves no party waiting for its results.
+
+The relay is the first live node (``serving_node(0, ...)``), so every party that has found the
+same nodes lost sends to the same one. Every party subscribes to every live node, so an
+envelope reaches its recipients through whichever live node carries it. When the relay node is
+lost the party re-sends its retained envelopes of the open rounds to the new one: an envelope
+the old relay took but never delivered arrives through the new one.
+
+A lost node is probed (``Health`` with the job and round) before each new round the party
+pushes; the node answers with the round from which it serves again, fixed by the first probe
+of the loss at that probe's round + 1. No party has pushed that round yet, so every party routes
+to the node again from the same round on, and never changes routing mid-round.
 """
 
 from __future__ import annotations
@@ -33,7 +45,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
-from confide.errors import MessageTimeoutError, RoundAbortedError, TransportUnavailableError
+from confide.errors import ConfideError, MessageTimeoutError, RoundAbortedError, TransportUnavailableError
 from confide.transport import tls
 from confide.transport.certs import Identity
 from confide.transport.pool import Interrupted, MessagePool
@@ -116,6 +128,19 @@ def batched(header: pb.RoundHeader, slices: Iterable[pb.Slice], sent: dict[int, 
         yield message
 
 
+class _RetainedUpload:
+    """One pushed attempt's slices by share, kept so that a lost node's share can go elsewhere."""
+
+    def __init__(self, header: pb.RoundHeader, shares: dict[int, list[pb.Slice]]) -> None:
+        self.header = header
+        self.shares = shares
+        #: Share -> the node it went to last.
+        self.served: dict[int, int] = {}
+        #: Share -> pushes of it under way (such a push moves on by itself when its node is lost).
+        self.pushing: dict[int, int] = defaultdict(int)
+        self.lock = threading.Lock()
+
+
 class _Node:
     """One aggregator node: its channel, stubs and delivery stream."""
 
@@ -161,6 +186,10 @@ class _Node:
             reply = self.aggregation.Health(pb.HealthRequest(), timeout=timeout)
         except grpc.RpcError:
             return  # still away; the next attempt asks again
+        self.follow_data_port(reply, timeout)
+
+    def follow_data_port(self, reply: pb.HealthReply, timeout: float) -> None:
+        """Push to the data port a Health reply names (a restarted node listens on a new one)."""
         if reply.data_port == self.data_port:
             return
         if self.data_channel is not None:
@@ -223,7 +252,7 @@ class AggregatorClient:
     Parameters
     ----------
     target : str or list of str
-        "host:port" of the aggregator, or its cluster's nodes ("h:p1,h:p2,...": the first also relays).
+        "host:port" of the aggregator, or its cluster's nodes ("h:p1,h:p2,...": the first live one relays).
     identity : Identity
         The party's certificate and key.
     job_id : str
@@ -258,7 +287,11 @@ class AggregatorClient:
         #: Cluster nodes found lost (their shares are served by the next live node).
         self.lost_nodes: set[int] = set()
         self._lost_lock = threading.Lock()
-        self._relay = self._nodes[0].relay
+        #: The newest round whose routing was settled (lost nodes probed before pushing it).
+        self._routed_round = -1
+        #: Round -> the newest attempt pushed in it (cluster only; the last two rounds).
+        self._retained: dict[int, _RetainedUpload] = {}
+        self._retained_lock = threading.Lock()
         self._sent: dict[tuple[int, str, tuple[str, ...]], pb.Envelope] = {}
         self._sent_lock = threading.Lock()
         self._closed = threading.Event()
@@ -268,6 +301,11 @@ class AggregatorClient:
             node.thread = threading.Thread(
                 target=self._subscribe_loop, args=(node,), name=f"confide-subscribe-{node.index}", daemon=True
             )
+
+    @property
+    def _relay(self) -> rpc.RelayStub:
+        """The relay's stub: the first live node's on a cluster."""
+        return self._nodes[self._relay_index()].relay
 
     @property
     def cluster_nodes(self) -> int:
@@ -329,8 +367,14 @@ class AggregatorClient:
     def _subscribe_loop(self, node: _Node) -> None:
         first = True
         cluster = len(self._nodes) > 1
-        while not self._closed.is_set() and node.index not in self.lost_nodes:
+        # A node found lost and re-admitted gets a new thread: this one ends once it is replaced.
+        while (
+            not self._closed.is_set()
+            and node.index not in self.lost_nodes
+            and node.thread is threading.current_thread()
+        ):
             opened = time.monotonic()
+            refused = False
             try:
                 # On a cluster a dead node must fail fast (no wait_for_ready), so that it can be
                 # declared lost; a single aggregator is waited for (it may be restarting).
@@ -348,7 +392,7 @@ class AggregatorClient:
                         # The node is back: what it held may be gone, so upload the open attempt again.
                         node.broken_since = None
                         self.reconnects += 1
-                        if node.index == 0:
+                        if node.index == self._relay_index():
                             self._replay()
                     self._file(delivery)
             except grpc.RpcError as error:
@@ -359,29 +403,107 @@ class AggregatorClient:
                     node.subscribed.set()
                     return
                 log.info("delivery stream from %s broke (%s); reconnecting", node.target, error.code())
+                refused = error.code() == grpc.StatusCode.UNAVAILABLE and time.monotonic() - opened < 1.0
             if cluster:
                 now = time.monotonic()
                 if now - opened > 1.0 or node.broken_since is None:
                     node.broken_since = now  # a stream that had been up broke: the grace starts now
+                elif refused:
+                    # Its stream broke and a new one is refused: the process is gone (or restarting, which
+                    # loses its open rounds too). Every party sees the same refusal, so all move its share
+                    # at once rather than after the grace, which covers streams a flaky link resets.
+                    self.mark_lost(node.index, "its delivery stream broke and it refuses a new one")
+                    return
                 if now - node.broken_since > self.node_grace_s:
                     self.mark_lost(node.index, f"its delivery stream stayed broken for {self.node_grace_s:g} s")
                     return
             time.sleep(0.2)
 
     def mark_lost(self, index: int, why: str) -> None:
-        """Take a cluster node out of service: its share moves to the next live node."""
-        if len(self._nodes) == 1:
+        """Take a cluster node out of service: its share, and the relay if it was there, move to the next live node.
+
+        The shares it served in the retained pushes go to their new node at once, and if it was the
+        relay, the retained envelopes go to the new relay (in a background thread: the caller may be
+        a delivery stream or a push).
+        """
+        nodes = len(self._nodes)
+        if nodes == 1:
             return
-        if index == 0:
-            self._fatal = TransportUnavailableError(
-                f"aggregator node 0 ({self._nodes[0].target}), which also relays, is lost: {why}"
-            )
-            return
+        node = self._nodes[index]
         with self._lost_lock:
             if index in self.lost_nodes:
                 return
+            relay_before = serving_node(0, nodes, self.lost_nodes)
             self.lost_nodes.add(index)
-        log.warning("aggregator node %d (%s) lost: %s; its share moves on", index, self._nodes[index].target, why)
+            if len(self.lost_nodes) == nodes:
+                self._fatal = TransportUnavailableError(
+                    f"every one of the {nodes} aggregator nodes is lost; the last, node {index} ({node.target}): {why}"
+                )
+                return
+            relay = serving_node(0, nodes, self.lost_nodes)
+        if node.stream is not None:
+            node.stream.cancel()  # it may still be open (a push failed first): its thread ends
+        log.warning("aggregator node %d (%s) lost: %s; its share moves on", index, node.target, why)
+        if relay != relay_before:
+            log.warning(
+                "the relay moves from aggregator node %d to node %d (%s); re-sending the envelopes of the open rounds",
+                relay_before,
+                relay,
+                self._nodes[relay].target,
+            )
+        threading.Thread(
+            target=self._recover_lost, args=(index, relay != relay_before), name="confide-failover", daemon=True
+        ).start()
+
+    def _recover_lost(self, index: int, relay_moved: bool) -> None:
+        if relay_moved:
+            self._replay()
+        with self._retained_lock:
+            uploads = sorted(self._retained.values(), key=lambda upload: upload.header.round)
+        for upload in uploads:
+            header = upload.header
+            if (self.job_id, header.round, f"abort/{header.attempt}", AGGREGATOR) in self.pool:
+                continue  # aborted: no node completes that attempt
+            with upload.lock:
+                moved = [share for share, node in upload.served.items() if node == index and not upload.pushing[share]]
+            for share in moved:
+                log.info("re-pushing share %d of round %d attempt %d", share, header.round, header.attempt)
+                try:
+                    self._push_share(upload, share)
+                except (grpc.RpcError, ConfideError) as error:
+                    log.warning("re-pushing share %d of round %d failed: %s", share, header.round, error)
+
+    def _relay_index(self) -> int:
+        """The node that relays: the first live one (the same for every party that lost the same nodes)."""
+        with self._lost_lock:
+            return serving_node(0, len(self._nodes), self.lost_nodes)
+
+    def _readmit(self, round_number: int) -> None:
+        """Before pushing a new round: lost nodes that are back and admit this round serve again."""
+        with self._lost_lock:
+            if round_number <= self._routed_round:
+                return  # another attempt of a routed round: its routing stays
+            self._routed_round = round_number
+            lost = sorted(self.lost_nodes)
+        for index in lost:
+            node = self._nodes[index]
+            reply = node.probe(self.job_id, round_number, timeout=2.0)
+            if reply is None or reply.admitted_round > round_number:
+                continue
+            with self._lost_lock:
+                self.lost_nodes.discard(index)
+            log.warning(
+                "aggregator node %d (%s) is back: it serves its share again from round %d",
+                index,
+                node.target,
+                round_number,
+            )
+            node.broken_since = None
+            node.subscribed.clear()
+            node.thread = threading.Thread(
+                target=self._subscribe_loop, args=(node,), name=f"confide-subscribe-{node.index}", daemon=True
+            )
+            node.thread.start()
 
     def _file(self, delivery: pb.Delivery) -> None:
         body = delivery.WhichOneof("body")
@@ -418,17 +540,32 @@ class AggregatorClient:
             newest = max((key[0] for key in self._sent if key[0] != CONTROL_ROUND), default=0)
             for key in [k for k in self._sent if 0 < k[0] < newest - 1]:
                 del self._sent[key]
-        self._call(lambda timeout: self._relay.Send(envelope, timeout=timeout, wait_for_ready=True), "relaying")
+        self._call(lambda timeout: self._relay_send(envelope, timeout), "relaying")
         self.bytes_sent[round_number] += envelope.ByteSize()
+
+    def _relay_send(self, envelope: pb.Envelope, timeout: float) -> pb.RelayReply:
+        """Send one envelope through the relay; on a cluster a relay node that refuses is lost and the next relays."""
+        if len(self._nodes) == 1:
+            return self._nodes[0].relay.Send(envelope, timeout=timeout, wait_for_ready=True)
+        while True:
+            node = self._nodes[self._relay_index()]
+            try:
+                # No wait_for_ready: a dead relay node must fail fast so that the next one takes over.
+                return node.relay.Send(envelope, timeout=timeout, wait_for_ready=False)
+            except grpc.RpcError as error:
+                if error.code() != grpc.StatusCode.UNAVAILABLE or self._closed.is_set():
+                    raise
+                self.mark_lost(node.index, f"relaying failed ({error.code().name})")
+                self._raise_fatal()
 
     def _replay(self) -> None:
         with self._sent_lock:
             envelopes = list(self._sent.values())
         for envelope in envelopes:
             try:
-                self._relay.Send(envelope, timeout=self.reconnect_timeout_s, wait_for_ready=True)
-            except grpc.RpcError as error:
-                log.warning("re-sending %s failed: %s", envelope.tag, error.code())
+                self._relay_send(envelope, self.reconnect_timeout_s)
+            except (grpc.RpcError, TransportUnavailableError) as error:
+                log.warning("re-sending %s failed: %s", envelope.tag, error)
                 return
 
     def recv(self, round_number: int, tag: str, sender: str, *, timeout: float | None = None) -> bytes:
@@ -501,6 +638,8 @@ class AggregatorClient:
                 if isinstance(failure, TransportUnavailableError):
                     node.refresh_data_port(timeout=2.0)
                 raise failure from None
+        # Routing changes only between rounds (and by losses): a node that is back serves from its admission round.
+        self._readmit(header.round)
         return self._push_cluster(header, list(slices))
 
     def _push_cluster(self, header: pb.RoundHeader, slices: list[pb.Slice]) -> pb.PushReply:
@@ -508,38 +647,63 @@ class AggregatorClient:
         shares: dict[int, list[pb.Slice]] = defaultdict(list)
         for item in slices:
             shares[node_for(self.job_id, item.index, nodes)].append(item)
-
-        def push_share(share: int) -> pb.PushReply:
-            while True:
-                node = serving_node(share, nodes, self.lost_nodes)
-                share_header = pb.RoundHeader()
-                share_header.CopyFrom(header)
-                share_header.cluster_nodes = nodes
-                share_header.share = share
-                try:
-                    reply = self._nodes[node].push_stub.PushSlices(
-                        batched(share_header, shares.get(share, []), self.bytes_sent),
-                        wait_for_ready=False,
-                        timeout=None,
-                    )
-                except grpc.RpcError as error:
-                    failure = from_rpc_error(error, f"pushing share {share} of round {header.round} to node {node}")
-                    if isinstance(failure, TransportUnavailableError) and node != 0:
-                        self.mark_lost(node, str(failure))
-                        continue
-                    if isinstance(failure, TransportUnavailableError):
-                        self._nodes[node].refresh_data_port(timeout=2.0)
-                    raise failure from None
-                return reply
-
+        upload = _RetainedUpload(header, dict(shares))
+        with self._retained_lock:
+            # Kept for two rounds: parties are at most one round apart, so a share a peer still
+            # waits for belongs to this round or the one before.
+            self._retained[header.round] = upload
+            for old in [r for r in self._retained if r < header.round - 1]:
+                del self._retained[old]
         # One stream per share, all at once: the nodes aggregate in parallel.
         with ThreadPoolExecutor(max_workers=nodes, thread_name_prefix="confide-push") as pool:
-            replies = list(pool.map(push_share, range(nodes)))
+            replies = list(pool.map(lambda share: self._push_share(upload, share), range(nodes)))
         return pb.PushReply(
             accepted=sum(r.accepted for r in replies),
             duplicates=sum(r.duplicates for r in replies),
             round_complete=all(r.round_complete for r in replies),
         )
+
+    def _push_share(self, upload: _RetainedUpload, share: int) -> pb.PushReply:
+        """Push one share to the node serving it; a node that refuses is lost and the next live one gets it."""
+        nodes = len(self._nodes)
+        header = upload.header
+        while True:
+            with self._lost_lock:
+                node = serving_node(share, nodes, self.lost_nodes)
+            share_header = pb.RoundHeader()
+            share_header.CopyFrom(header)
+            share_header.cluster_nodes = nodes
+            share_header.share = share
+            with upload.lock:
+                upload.served[share] = node
+                upload.pushing[share] += 1
+            try:
+                return self._nodes[node].push_stub.PushSlices(
+                    batched(share_header, upload.shares.get(share, []), self.bytes_sent),
+                    wait_for_ready=False,
+                    timeout=None,
+                )
+            except grpc.RpcError as error:
+                failure = from_rpc_error(error, f"pushing share {share} of round {header.round} to node {node}")
+                if not isinstance(failure, TransportUnavailableError):
+                    raise failure from None
+                self.mark_lost(node, str(failure))
+                self._raise_fatal()
+            finally:
+                with upload.lock:
+                    upload.pushing[share] -= 1
+
+    def _served_by(self, round_number: int, attempt: int, share: int) -> int:
+        """The node holding a share of an attempt this party pushed (routing may have changed since)."""
+        with self._retained_lock:
+            upload = self._retained.get(round_number)
+        if upload is not None and upload.header.attempt == attempt:
+            with upload.lock:
+                node = upload.served.get(share)
+            if node is not None and node not in self.lost_nodes:
+                return node
+        with self._lost_lock:
+            return serving_node(share, len(self._nodes), self.lost_nodes)
 
     def fetch(self, round_number: int, attempt: int, indices: list[int]) -> list[pb.Slice]:
         """Combined slices of a completed attempt, from the store of the node serving each share."""
@@ -551,7 +715,7 @@ class AggregatorClient:
             by_share[node_for(self.job_id, index, nodes)].append(index)
         out: list[pb.Slice] = []
         for share, wanted in sorted(by_share.items()):
-            node = self._nodes[serving_node(share, nodes, self.lost_nodes)]
+            node = self._nodes[self._served_by(round_number, attempt, share) if nodes > 1 else 0]
             request = pb.FetchRequest(
                 job_id=self.job_id, round=round_number, attempt=attempt, indices=wanted, share=share
             )
