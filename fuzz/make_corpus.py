@@ -222,6 +222,17 @@ def model_files() -> list[bytes]:
     return [b"\x00" + archive.getvalue(), b"\x00" + stored.getvalue(), b"\x01" + saved]
 
 
+def recovery_messages() -> list[bytes]:
+    """A SecAgg recovery reveal (own seed, shares of two secrets) and a share message, and near misses."""
+    from confide.crypto import shamir
+
+    first = shamir.split(bytes(range(32)), [1, 2, 3], 2)
+    second = shamir.split(b"\x07" * 32, [1, 2, 3], 2)
+    reveal = encode_fields(**{"self/b": b"\x01" * 32, "b/site-2": first[1], "k/site-2/site-3": second[1]})
+    shares = encode_fields(b=first[2], **{"k/site-3": second[2]})
+    return [reveal, shares, encode_fields(b=first[3]), *near(reveal)]
+
+
 def main() -> None:
     """Write every target's seeds."""
     key = fixture_key()
@@ -236,6 +247,7 @@ def main() -> None:
     write("key_fields", [fields, encode_fields(public="text", n=3), *near(fields)])
     parts = pack_parts({0: np.arange(3, dtype="<f4"), 3: np.ones(2, dtype="<f4")})
     write("decrypted_shares", [parts, pack_parts({}), *near(parts)])
+    write("secagg_recovery", recovery_messages())
     with tempfile.TemporaryDirectory() as directory:
         init_federation(directory, parties=["a", "b"])
         announcement = PeerKeys(Identity.load(directory, "b"), "fuzz-job").announcement()

@@ -148,7 +148,10 @@ class ProtectionSpec(_Strict):
     key_bits: Literal[2048, 3072, 4096] = 2048
     bits: int = Field(16, ge=2, le=32)
     clipping: Literal["daciq", "max"] = "daciq"
-    on_dropout: Literal["retry", "fail"] = "retry"
+    #: retry: survivors run the round again without the dropout; fail: the job stops; recover
+    #: (secagg only): a participant that sent nothing is excluded and the survivors remove its masks
+    #: (self masks + Shamir shares, :mod:`confide.protect.recovery`), with no retry.
+    on_dropout: Literal["retry", "fail", "recover"] = "retry"
     min_parties: int = Field(2, ge=2, le=MAX_PARTIES)
     share_timeout_s: float = Field(30.0, gt=0, le=3600)
     setup_timeout_s: float = Field(120.0, gt=0, le=3600)
@@ -157,12 +160,36 @@ class ProtectionSpec(_Strict):
     threshold: int | None = Field(None, ge=2, le=MAX_PARTIES)
     #: threshold: "distributed" (no one ever holds the key) or "dealer" (the leader deals, and saw the key).
     keygen: Literal["distributed", "dealer"] = "distributed"
+    #: secagg, on_dropout recover: neighbours each party masks with (None: all up to 16 parties, else SecAgg+'s
+    #: 2 * ceil(1.5 * log2 m)); shares that rebuild a secret (None: a majority of the neighbours); how long the
+    #: unmasking waits for a survivor that went quiet.
+    neighbours: int | None = Field(None, ge=2, le=MAX_PARTIES)
+    recovery_threshold: int | None = Field(None, ge=1, le=MAX_PARTIES)
+    recovery_timeout_s: float = Field(10.0, gt=0, le=3600)
 
     def params(self):
         """The :class:`confide.protect.ProtectionParams` of this section (the mode's own parameters)."""
         from confide.protect import ProtectionParams
 
-        return ProtectionParams(**self.model_dump(include=set(ProtectionParams.__dataclass_fields__)))
+        fields = self.model_dump(include=set(ProtectionParams.__dataclass_fields__))
+        return ProtectionParams(**fields, recover=self.on_dropout == "recover")
+
+    @model_validator(mode="after")
+    def _recover_is_secagg(self) -> ProtectionSpec:
+        if self.on_dropout == "recover" and self.mode != "secagg":
+            raise ValueError(
+                f"protection.on_dropout recover is dropout recovery for mode secagg (self masks and Shamir shares); "
+                f"mode {self.mode} retries (on_dropout: retry) or fails"
+            )
+        if self.on_dropout != "recover" and (self.neighbours is not None or self.recovery_threshold is not None):
+            raise ValueError("protection.neighbours and protection.recovery_threshold apply to on_dropout: recover")
+        if self.neighbours is not None and self.recovery_threshold is not None:
+            if self.recovery_threshold > self.neighbours:
+                raise ValueError(
+                    f"protection.recovery_threshold ({self.recovery_threshold}) exceeds protection.neighbours "
+                    f"({self.neighbours}): no party would hold enough shares"
+                )
+        return self
 
 
 class PrivacySpec(_Strict):
@@ -381,6 +408,11 @@ class JobSpec(_Strict):
             if privacy.adaptive_clipping:
                 raise ValueError("privacy.adaptive_clipping is for mechanism distributed")
             return
+        if self.protection.on_dropout == "recover":
+            raise ValueError(
+                "privacy with protection.on_dropout recover: the noise is calibrated to the participants that "
+                "start a round; a sum over fewer would carry less noise. Use on_dropout: retry"
+            )
         if privacy.tolerate_colluders >= self.protection.min_parties:
             raise ValueError(
                 f"privacy.tolerate_colluders ({privacy.tolerate_colluders}) must be below protection.min_parties "

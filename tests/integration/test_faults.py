@@ -6,6 +6,7 @@ dropout; tests/integration/test_supervision.py covers the restarts and the rejoi
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 
@@ -83,3 +84,44 @@ def test_aggregator_restarted_mid_job_loses_no_round(tmp_path, mode):
     assert len(set(weights)) == 1, "every party ends with the same global model"
     report = build_report(spec, reports, 0.0, {})
     assert report["final_auc"] > 0.98
+
+
+@pytest.mark.parametrize("step", ["opened", "released", "summed"])
+def test_secagg_recovers_a_dropout_at_each_step_without_retrying(tmp_path, step):
+    """on_dropout recover: a party killed at any step of round 4 costs no retry of that round.
+
+    opened: its header went out, nothing else; released: its Shamir shares went out, no slice;
+    summed: its words are in the sum (one slice here), it dies before unmasking. In the first two it is
+    excluded (its masks removed, its words never in the sum); in the third its words stay in
+    the round-4 sum and the survivors rebuild its self mask from their shares. The next round
+    starts without it (the first two) or excludes it when it never shows up (the third).
+    """
+    spec = make_spec(
+        job_id=f"recover-{step}",
+        rounds=7,
+        protection={"mode": "secagg", "on_dropout": "recover", "recovery_timeout_s": 5.0},
+        transport={"round_timeout_s": 8.0},
+    )
+    fault = with_faults(exit_round=4, exit_step=step)
+    report = run_local(
+        spec, tmp_path, progress=False, echo=lambda *_: None, party_env={"hospital-c": fault}, max_restarts=0
+    )
+    rounds = report["rounds"]
+    everyone = ["hospital-a", "hospital-b", "hospital-c"]
+    assert [r["round"] for r in rounds] == list(range(1, 8))
+    assert all(r["attempts"] == 1 for r in rounds), "no round was retried"
+    assert rounds[2]["participants"] == everyone
+    if step == "summed":
+        assert rounds[3]["participants"] == everyone, "its words are in round 4's sum"
+    else:
+        assert rounds[3]["participants"] == ["hospital-a", "hospital-b"]
+    assert all(r["participants"] == ["hospital-a", "hospital-b"] for r in rounds[4:])
+    assert "hospital-c" in report["dropped"]
+    assert report["final_auc"] > 0.98
+    a, b = (json.loads((tmp_path / "parties" / f"{p}.report.json").read_text()) for p in ("hospital-a", "hospital-b"))
+    assert a["rounds"][-1]["weights"] == b["rounds"][-1]["weights"], "the survivors hold the same model"
+    assert a["protection"]["aggregator_sees"].startswith("nothing")
+    excluded_at = [r["round"] for r in a["rounds"] if r["stats"].get("excluded")]
+    assert excluded_at == ([5] if step == "summed" else [4])
+    rebuilt = a["rounds"][3]["stats"]["rebuilt_from_shares"]
+    assert rebuilt == (1 if step == "summed" else 0), "only a party that died after uploading needs its shares"

@@ -45,6 +45,7 @@ _HEADER_FIELDS = (
     "weights",
     "cluster_nodes",
     "share",
+    "recover_dropouts",
 )
 MAX_PARTICIPANTS = 1024
 MAX_SLICES = 1 << 20
@@ -111,6 +112,8 @@ def validate_header(header: pb.RoundHeader) -> EncryptionKey | None:
         raise ProtocolError(f"header.cluster_nodes must be at most {MAX_CLUSTER_NODES}, got {header.cluster_nodes}")
     if header.share >= max(1, header.cluster_nodes):
         raise ProtocolError(f"header.share {header.share} is out of range (cluster_nodes {header.cluster_nodes})")
+    if header.recover_dropouts and header.kind != pb.AGGREGATION_KIND_UINT32_SUM:
+        raise ProtocolError("header.recover_dropouts is for masked-word sums (kind UINT32_SUM) only")
     if header.kind in _MEAN_KINDS:
         weights = np.asarray(header.weights, dtype=np.float64)
         if len(weights) != len(participants) or not np.isfinite(weights).all() or (weights < 0).any():
@@ -154,6 +157,12 @@ class RoundState:
     #: Incomplete partial sums written out while a participant is away (Jupiter §3.5).
     checkpoint: bytes | None = None
     checkpoints_written: int = 0
+    #: Open slice streams per participant (a reconnected party has a new one before the old one ends).
+    streams: dict[str, int] = field(default_factory=dict)
+    #: Participants excluded as dropouts (recovery): zero words folded in their place.
+    excluded: set[str] = field(default_factory=set)
+    #: Folds running per participant (an exclusion waits for them, then checks nothing was folded).
+    _folding: dict[str, int] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
@@ -230,9 +239,13 @@ class RoundState:
         if self.status != "open":
             raise RoundClosedError(f"round attempt {self.key} is {self.status}")
         position = self.position(party)
-        self.restore()
-        require(self.plane, "the round's data plane is closed")
+        with self.lock:
+            if party in self.excluded:
+                raise RoundClosedError(f"{party} was excluded from round attempt {self.key} as a dropout")
+            self._folding[party] = self._folding.get(party, 0) + 1
         try:
+            self.restore()
+            require(self.plane, "the round's data plane is closed")
             if payload_size is not None:
                 accepted, duplicates, late, completed = self.plane.push_message(self.round_id, position, payload)
             else:
@@ -246,7 +259,51 @@ class RoundState:
                 )
         except ValueError as error:
             raise ProtocolError(str(error)) from None
+        finally:
+            with self.lock:
+                self._folding[party] -= 1
         return accepted, duplicates + late, completed, self.record(completed)
+
+    def exclude(self, parties: list[str]) -> tuple[list[tuple[int, bytes]], bool] | None:
+        """Fold zero words (the sum's identity) for ``parties``, who sent nothing; None if one of them did.
+
+        Only for mod-2^32 sums (masked words). Once a party is excluded its own slices are refused,
+        and a fold of it already running is waited for: if it folded anything, the exclusion is
+        refused (None) and the caller aborts the attempt instead.
+        """
+        require(self.header.kind == pb.AGGREGATION_KIND_UINT32_SUM, "only masked-word sums can exclude a party")
+        with self.lock:
+            if self.status != "open":
+                return None
+            self.excluded.update(parties)
+        while True:
+            with self.lock:
+                if not any(self._folding.get(p, 0) for p in parties):
+                    break
+            time.sleep(0.01)
+        self.restore()
+        if any(self.contributed.get(p, 0) for p in parties):
+            return None
+        require(self.plane, "the round's data plane is closed")
+        indices = np.array(sorted(self.owned), dtype=np.uint32)
+        n_valid = np.array([expected_length(self.header, int(i)) for i in indices], dtype=np.uint32)
+        completed: list[tuple[int, bytes]] = []
+        step = max(1, (64 << 20) // (4 * int(self.header.slice_length)))  # batches of about 64 MB of zeros
+        for party in parties:
+            position = self.position(party)
+            for start in range(0, len(indices), step):
+                part, valid = indices[start : start + step], n_valid[start : start + step]
+                lengths = (valid * 4).astype(np.uint32)
+                _, _, _, done = self.plane.push(
+                    self.round_id,
+                    position,
+                    part.tobytes(),
+                    valid.tobytes(),
+                    lengths.tobytes(),
+                    bytes(int(lengths.sum())),
+                )
+                completed.extend(done)
+        return completed, self.record(completed)
 
     def accept(self, party: str, message: pb.Slice) -> tuple[bool, bytes | None]:
         """Fold one slice; returns (accepted, combined payload if its index completed)."""

@@ -184,6 +184,7 @@ class AggregatorCore:
         with state.lock:
             state.joined.add(header.party_id)
             state.broken.pop(header.party_id, None)
+            state.streams[header.party_id] = state.streams.get(header.party_id, 0) + 1
         state.restore()
         return state
 
@@ -286,9 +287,15 @@ class AggregatorCore:
                 self._emit(state.header, index, combined, None)
 
     def stream_ended(self, party: str, state: RoundState) -> None:
-        """A party's slice stream ended; with slices missing it is a dropout candidate."""
+        """A party's slice stream ended; with slices missing and no other stream of it open, a dropout candidate.
+
+        A party that reconnected has a new stream open while the old one is still being torn down
+        (a half-open connection ends only at a keepalive timeout): the old one's end says nothing.
+        """
         with state.lock:
-            if state.status == "open" and party in state.missing():
+            open_streams = state.streams.get(party, 1) - 1
+            state.streams[party] = max(0, open_streams)
+            if state.status == "open" and open_streams <= 0 and party in state.missing():
                 state.broken[party] = time.monotonic()
 
     def redeliver(self, key: RoundKey, party: str) -> None:
@@ -365,7 +372,7 @@ class AggregatorCore:
             with state.lock:
                 waiting = party in state.participants and party in state.missing()
             if waiting:
-                self.abort(state, [party], f"{party} restarted: the process in this round attempt is gone")
+                self.drop(state, [party], f"{party} restarted: the process in this round attempt is gone")
 
     def parties_admitted(self, job_id: str, parties: list[str], incarnation: int) -> None:
         """A peer admitted these restarted parties: attempts that list them wait for them again."""
@@ -385,7 +392,7 @@ class AggregatorCore:
             self._revoked_parties[party] = reason
             states = [s for s in self._rounds.values() if s.status == "open" and party in s.participants]
         for state in states:
-            self.abort(state, [party], reason)
+            self.drop(state, [party], reason)
 
     def _abort_revoked(self, states: list[RoundState]) -> None:
         if not self._revoked_parties:
@@ -394,7 +401,35 @@ class AggregatorCore:
             with state.lock:
                 revoked = [p for p in state.participants if p in self._revoked_parties and p not in state.joined]
             if revoked:
-                self.abort(state, revoked, "; ".join(self._revoked_parties.get(p, "revoked") for p in revoked))
+                self.drop(state, revoked, "; ".join(self._revoked_parties.get(p, "revoked") for p in revoked))
+
+    def drop(self, state: RoundState, dropped: list[str], reason: str) -> None:
+        """Go on without ``dropped``: exclude them where the round recovers and they sent nothing, else abort."""
+        header = state.header
+        if header.recover_dropouts and header.cluster_nodes <= 1 and len(dropped) < len(state.participants):
+            if not any(state.contributed.get(p, 0) for p in dropped) and self.exclude(state, dropped, reason):
+                return
+        self.abort(state, dropped, reason)
+
+    def exclude(self, state: RoundState, dropped: list[str], reason: str) -> bool:
+        """Complete the attempt without ``dropped`` (secagg recovery); False if one of them had sent slices.
+
+        The participants are told before any slice completes, so a party that holds a combined
+        slice also holds the exclusion and can remove the excluded parties' masks.
+        """
+        with state.lock:
+            if state.status != "open" or set(dropped) <= state.excluded:
+                return state.status != "aborted" and set(dropped) <= state.excluded
+        # Told first: deliveries reach each party in order, so the exclusion precedes every slice it completes.
+        self._tell(state, pb.RoundControl.KIND_EXCLUDED, dropped, reason)
+        outcome = state.exclude(dropped)
+        if outcome is None:
+            return False
+        log.warning(
+            "round %s: %s excluded (%s); the survivors remove their masks", state.key, ", ".join(dropped), reason
+        )
+        self._deliver(state, *outcome)
+        return True
 
     def abort(self, state: RoundState, dropped: list[str], reason: str) -> None:
         """Abort a round attempt and tell every participant who is left."""
@@ -404,14 +439,17 @@ class AggregatorCore:
             state.status = "aborted"
             state.reason = reason
         state.close()
-        survivors = [p for p in state.participants if p not in dropped]
         log.warning("round %s aborted: %s", state.key, reason)
+        self._tell(state, pb.RoundControl.KIND_ABORTED, dropped, reason)
+
+    def _tell(self, state: RoundState, kind: int, dropped: list[str], reason: str) -> None:
+        """Deliver a round control (abort, exclusion) to every participant of the attempt."""
         control = pb.RoundControl(
-            kind=pb.RoundControl.KIND_ABORTED,
+            kind=kind,
             round=state.header.round,
             attempt=state.header.attempt,
             dropped=dropped,
-            survivors=survivors,
+            survivors=[p for p in state.participants if p not in dropped],
             reason=reason,
         )
         delivery = pb.Delivery(job_id=state.header.job_id, control=control)
@@ -427,9 +465,9 @@ class AggregatorCore:
             for state in states:
                 round_timeout_s, dropout_grace_s = self._timeouts(state.header.job_id)
                 with state.lock:
-                    gone = [p for p, t in state.broken.items() if now - t > dropout_grace_s]
+                    gone = [p for p, t in state.broken.items() if now - t > dropout_grace_s and p not in state.excluded]
                     late = now - state.created > round_timeout_s
-                    absent = [p for p in state.participants if p not in state.joined]
+                    absent = [p for p in state.participants if p not in state.joined and p not in state.excluded]
                     replaced = [p for p in absent if (state.header.job_id, p) in self._restarted]
                     stalled = state.missing() if late else []
                     away = (
@@ -440,9 +478,9 @@ class AggregatorCore:
                 if away and not gone:
                     self._write_checkpoint(state)
                 if replaced:
-                    self.abort(state, replaced, f"{', '.join(replaced)} restarted and has not been admitted back yet")
+                    self.drop(state, replaced, f"{', '.join(replaced)} restarted and has not been admitted back yet")
                 elif gone:
-                    self.abort(
+                    self.drop(
                         state,
                         gone,
                         f"{', '.join(gone)} dropped out mid-round (stream broke and did not resume within "
@@ -450,7 +488,7 @@ class AggregatorCore:
                     )
                 elif late and (absent or stalled):
                     dropped = absent or stalled
-                    self.abort(
+                    self.drop(
                         state,
                         dropped,
                         f"{', '.join(dropped)} sent no complete update within {round_timeout_s:g} s",

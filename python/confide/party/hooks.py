@@ -23,6 +23,12 @@ class PartyHooks:
     def round_opened(self, round_number: int) -> None:
         """The round's upload stream is open (its header went out)."""
 
+    def round_released(self, round_number: int) -> None:
+        """The round's agreements are done (secagg recovery: the shares went out); slices start to flow."""
+
+    def round_summed(self, round_number: int) -> None:
+        """The open attempt's first combined slice arrived (before the party decodes or unmasks it)."""
+
     def round_done(self, round_number: int) -> None:
         """The round completed and the party's report was written."""
 
@@ -36,6 +42,12 @@ class _Bound(PartyHooks):
 
     def round_opened(self, round_number: int) -> None:
         getattr(self.target, "round_opened", lambda _: None)(round_number)
+
+    def round_released(self, round_number: int) -> None:
+        getattr(self.target, "round_released", lambda _: None)(round_number)
+
+    def round_summed(self, round_number: int) -> None:
+        getattr(self.target, "round_summed", lambda _: None)(round_number)
 
     def round_done(self, round_number: int) -> None:
         getattr(self.target, "round_done", lambda _: None)(round_number)

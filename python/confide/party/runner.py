@@ -334,7 +334,7 @@ class PartyExchange:
         self.identity = client.identity
         self.upload: RoundUpload | None = None
         self._reconnects = 0
-        self._lost = 0
+        self._lost: frozenset[int] = frozenset()
         self.wait_seconds = 0.0
 
     def send(self, round_number: int, tag: str, payload: bytes, recipients) -> None:
@@ -359,11 +359,13 @@ class PartyExchange:
                     self._reconnects = self.client.reconnects
                     if upload is not None:
                         log.info("reconnected to the aggregator: uploading the open attempt again")
-                        upload.start(self.header_key)
-                if len(self.client.lost_nodes) != self._lost:
+                        upload.start(self.header_key, renew=True)
+                lost = self.client.lost()
+                if lost != self._lost:
                     # A cluster node was lost: its share goes to the next live node from our retained copy.
-                    self._lost = len(self.client.lost_nodes)
-                    if upload is not None:
+                    # (A node leaving the set is a re-admission, effective from a later round: nothing to re-route.)
+                    newly, self._lost = lost - self._lost, lost
+                    if upload is not None and newly:
                         log.info(
                             "aggregator node(s) %s lost: re-routing the open attempt", sorted(self.client.lost_nodes)
                         )
@@ -777,6 +779,19 @@ def _train_and_aggregate(
         try:
             aggregate, attempt_timings = _run_attempt(protection, exchange, client, context, vector, spec)
             timings.update(attempt_timings)
+            excluded = client.excluded(round_number, attempt)
+            if excluded:
+                # Recovered without them: the contributions were weighted over everyone who started.
+                survivors = [p for p in participants if p not in excluded]
+                if len(survivors) < spec.protection.min_parties:
+                    raise JobFailedError(
+                        f"round {round_number}: {', '.join(excluded)} excluded as dropouts; {len(survivors)} parties "
+                        f"left, protection.min_parties is {spec.protection.min_parties}"
+                    )
+                kept = sum(float(counts[p][0]) for p in survivors)
+                aggregate = np.asarray(aggregate, dtype=np.float64) * (total / kept)
+                log.warning("round %d: %s excluded as dropouts; their masks removed, no retry", round_number, excluded)
+                participants = survivors
             break
         except RoundAbortedError as aborted:
             if party_id in aborted.dropped:
@@ -926,7 +941,9 @@ def _run_attempt(protection, exchange: PartyExchange, client: AggregatorClient, 
         # The public key goes to the aggregator once per job and again after a reconnect.
         encryption_key=protection.header_key() if exchange.key_sent_at != client.reconnects else b"",
         mode=protection.mode,
+        recover_dropouts=protection.params.recover,
     )
+    context.excluded = lambda: client.excluded(context.round, context.attempt)
     encode_lock = threading.Lock()
 
     def produce(index: int) -> pb.Slice:
@@ -954,7 +971,10 @@ def _run_attempt(protection, exchange: PartyExchange, client: AggregatorClient, 
         began = time.perf_counter()
 
         def result(index: int) -> pb.Slice:
-            return exchange.wait((client.job_id, context.round, f"agg/{context.attempt}/{index}", AGGREGATOR))
+            combined = exchange.wait((client.job_id, context.round, f"agg/{context.attempt}/{index}", AGGREGATOR))
+            if index == 0:
+                HOOKS.round_summed(context.round)
+            return combined
 
         aggregate = protection.finish_round(context, result)
         finish = time.perf_counter() - began

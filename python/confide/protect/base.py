@@ -64,6 +64,16 @@ class ProtectionParams:
         threshold: key shares needed to decrypt (t); None takes max(2, (m + 1) // 2).
     keygen : {"distributed", "dealer"}
         threshold: key generation among the parties, or dealt by the leader (who then saw the key).
+    recover : bool
+        secagg: exclude a participant that sent nothing and remove its masks instead of retrying
+        (:mod:`confide.protect.recovery`).
+    neighbours : int or None
+        secagg with recover: neighbours each party masks with and shares among (None: every other
+        party up to 16, else SecAgg+'s 2 * ceil(1.5 * log2 m)).
+    recovery_threshold : int or None
+        secagg with recover: shares that rebuild a secret (None: a majority of the neighbours).
+    recovery_timeout_s : float
+        secagg with recover: how long the unmasking waits for survivors that went quiet.
     """
 
     key_bits: int = 2048
@@ -74,6 +84,10 @@ class ProtectionParams:
     mask_bound: float | None = 8.0
     threshold: int | None = None
     keygen: str = "distributed"
+    recover: bool = False
+    neighbours: int | None = None
+    recovery_threshold: int | None = None
+    recovery_timeout_s: float = 10.0
 
 
 @dataclass
@@ -90,6 +104,9 @@ class RoundContext:
     #: (start, stop) of the model's layers in the vector; modes that clip (``paillier``) pick one
     #: threshold per layer. None: the whole vector is one layer.
     layers: list[tuple[int, int]] | None = None
+    #: The participants the aggregator excluded as dropouts (``secagg`` with recovery); read once
+    #: the first combined slice is in. None: the transport does no exclusion.
+    excluded: Callable[[], list[str]] | None = None
 
     @property
     def position(self) -> int:

@@ -13,7 +13,10 @@ message before its slices; the number of clipped values is reported per round. W
 per-attempt key ``K_uv,t,a``, party u sends ``x~_u + sum_{v != u} sgn(u - v) * PRG(K_uv,t,a, slice)``;
 the masks cancel in the sum, so the aggregator learns the sum and nothing else. A dropout
 aborts the attempt; the survivors retry under a new attempt number, so masks are never reused
-with another participant set.
+with another participant set. With ``on_dropout: recover`` (:mod:`confide.protect.recovery`) a
+party that sent nothing is excluded instead and the survivors remove its masks (Bonawitz et al.
+with SecAgg+'s neighbour graph: self masks, Shamir shares); the aggregator then learns not even
+the sum.
 
 ``groupmask``: one-time pads from a PRF under the group key ``G`` (distributed by the leader
 like the Paillier key). With ``a_i = PRF(G, t, a, slice, i)`` and ``R = PRF(G, t, a, slice, "sum")``,
@@ -35,6 +38,7 @@ from confide._checks import require
 from confide.errors import EncodingError, ProtocolError
 from confide.protect.base import SETUP_ROUND, Protection, RoundContext
 from confide.protect.keys import GroupCipher, PeerKeys, decode_fields, encode_fields, prg_words, round_key
+from confide.protect.recovery import RoundRecovery, default_threshold, neighbour_graph
 from confide.v1 import runtime_pb2 as pb
 
 __all__ = ["FixedPoint", "GroupMask", "GroupShared", "SecAgg", "distribute_group_secrets"]
@@ -108,6 +112,7 @@ class SecAgg(_Masking):
         super().__init__(exchange, params)
         self.keys = PeerKeys(exchange.identity, exchange.job_id)
         self._round_keys: dict[str, tuple[int, bytes]] = {}
+        self._recovery: RoundRecovery | None = None
 
     def setup(self, participants: list[str]) -> None:
         """Announce and verify X25519 keys with every peer."""
@@ -123,20 +128,55 @@ class SecAgg(_Masking):
         """Open what ``peer`` sealed for us."""
         return self.keys.open_from(peer, tag, self.exchange.recv(round_number, tag, peer, timeout=timeout))
 
+    def report(self) -> dict:
+        """Mode; with recovery the parties remove the self masks, so the aggregator learns not even the sum."""
+        out = super().report()
+        if self.params.recover:
+            out["aggregator_sees"] = "nothing: pairwise and self masks (the parties remove the self masks of the sum)"
+            out["dropout_recovery"] = "self masks + Shamir shares over the SecAgg+ neighbour graph"
+        return out
+
     def begin_round(self, context: RoundContext, vector: np.ndarray) -> None:
-        """Agree on the bound and derive this attempt's pairwise mask keys."""
+        """Agree on the bound and derive this attempt's pairwise mask keys (with recovery: share them)."""
         super().begin_round(context, vector)
         me = context.position
         self._round_keys = {}
+        graph = None
+        if self.params.recover:
+            graph = neighbour_graph(
+                self.exchange.job_id, context.participants, context.round, context.attempt, self.params.neighbours
+            )
         for position, peer in enumerate(context.participants):
-            if peer == context.party_id:
+            if peer == context.party_id or (graph is not None and peer not in graph[context.party_id]):
                 continue
             key = round_key(self.keys.pair_key(peer, b"mask"), b"secagg-mask", context.round, context.attempt)
             self._round_keys[peer] = (1 if me > position else -1, key)
+        self._recovery = None
+        if graph is not None:
+            degree = len(graph[context.party_id])
+            threshold = self.params.recovery_threshold or default_threshold(degree)
+            if not 1 <= threshold <= max(1, degree):
+                raise ProtocolError(f"recovery_threshold {threshold} must be in [1, {degree}] (the neighbours)")
+            self._recovery = RoundRecovery(
+                party_id=context.party_id,
+                participants=list(context.participants),
+                graph=graph,
+                pair_keys=dict(self._round_keys),
+                threshold=threshold,
+                tag=context.tag,
+                send=lambda tag, payload, peer: self.share(context.round, tag, payload, [peer]),
+                collect=lambda tag, peer, timeout: self.collect(context.round, tag, peer, timeout),
+                timeout_s=self.params.recovery_timeout_s,
+                stats=context.stats,
+            )
+            context.stats.update(neighbours=degree, recovery_threshold=threshold)
+            self._recovery.share_secrets()  # before any slice leaves: the upload waits for this call
 
     def encode(self, context: RoundContext, index: int, values: np.ndarray) -> bytes:
-        """x~ + sum of signed pairwise masks, mod 2^32."""
+        """x~ (+ the self mask, with recovery) + sum of signed pairwise masks, mod 2^32."""
         words = self._encode_words(values)
+        if self._recovery is not None:
+            np.add(words, self._recovery.self_words(index, words.size), out=words)
         for sign, key in self._round_keys.values():
             mask = prg_words(key, index, words.size)
             if sign > 0:
@@ -146,11 +186,25 @@ class SecAgg(_Masking):
         return words.tobytes()
 
     def finish_round(self, context: RoundContext, result: Callable[[int], pb.Slice]) -> np.ndarray:
-        """The masks cancelled at the aggregator: decode the sum."""
+        """The pairwise masks cancelled at the aggregator (with recovery: remove what is left); decode the sum."""
         out = np.empty(context.vector_length, dtype=np.float64)
+        unmask: list[tuple[int, bytes]] = []
+        if self._recovery is not None:
+            first = result(0)  # no slice completes before the aggregator has settled who is excluded
+            unmask = self._recovery.unmask_keys(context.excluded() if context.excluded is not None else [])
         for index in range(context.num_slices):
             start, stop = context.bounds(index)
-            out[start:stop] = self._decode_words(np.frombuffer(result(index).payload, dtype="<u4"))
+            payload = first.payload if unmask and index == 0 else result(index).payload
+            words = np.frombuffer(payload, dtype="<u4")
+            if unmask:
+                words = words.copy()
+                for sign, key in unmask:
+                    mask = prg_words(key, index, words.size)
+                    if sign > 0:
+                        np.subtract(words, mask, out=words)
+                    else:
+                        np.add(words, mask, out=words)
+            out[start:stop] = self._decode_words(words)
         return out
 
 

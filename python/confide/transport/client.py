@@ -517,7 +517,8 @@ class AggregatorClient:
             value, round_number = item.payload, item.round
         elif body == "control":
             item = delivery.control
-            key = (self.job_id, item.round, f"abort/{item.attempt}", AGGREGATOR)
+            kind = "excluded" if item.kind == pb.RoundControl.KIND_EXCLUDED else "abort"
+            key = (self.job_id, item.round, f"{kind}/{item.attempt}", AGGREGATOR)
             value, round_number = item, item.round
         else:
             return
@@ -586,6 +587,22 @@ class AggregatorClient:
     def watch_round(self, round_number: int | None, attempt: int = 0) -> None:
         """Make every wait raise :class:`RoundAbortedError` once this attempt is aborted (None: stop)."""
         self._interrupt = None if round_number is None else (self.job_id, round_number, f"abort/{attempt}", AGGREGATOR)
+
+    def lost(self) -> frozenset[int]:
+        """The cluster nodes found lost now (a snapshot, safe against the threads that change it)."""
+        with self._lost_lock:
+            return frozenset(self.lost_nodes)
+
+    def excluded(self, round_number: int, attempt: int) -> list[str]:
+        """Participants the aggregator excluded from this attempt as dropouts (secagg recovery); a look, no wait.
+
+        The aggregator sends the exclusion before any slice it lets complete, and deliveries arrive
+        in order: once a combined slice of the attempt is in, so is its exclusion, if any.
+        """
+        key = (self.job_id, round_number, f"excluded/{attempt}", AGGREGATOR)
+        if key not in self.pool:
+            return []
+        return list(self.pool.get(key, 0.0).dropped)
 
     def raise_if_aborted(self, timeout: float) -> None:
         """Raise :class:`RoundAbortedError` if the watched attempt's abort arrives within ``timeout``."""

@@ -14,7 +14,7 @@ from confide.aggregator.mailbox import Mailboxes
 from confide.aggregator.rounds import RoundState, expected_length, validate_header
 from confide.aggregator.store import ResultStore
 from confide.crypto import BatchCryptCodec, EncryptedVector, decrypt_packed, encrypt_packed, sum_encrypted
-from confide.errors import ConfideError, ProtocolError, ResourceLimitError
+from confide.errors import ConfideError, ProtocolError, ResourceLimitError, RoundClosedError
 from confide.v1 import runtime_pb2 as pb
 
 from .harness import fast_decryption_key, run_parallel
@@ -263,6 +263,44 @@ def test_paillier_product_combines_ciphertexts():
 
 
 # ---------------------------------------------------------------------------------------------------------------------
+# Exclusion of a dropout (secagg recovery)
+
+
+def _words(h: pb.RoundHeader, index: int, value: int) -> pb.Slice:
+    n = expected_length(h, index)
+    return pb.Slice(index=index, n_valid=n, payload=np.full(n, value, dtype="<u4").tobytes())
+
+
+def test_excluding_a_silent_party_completes_the_sum_of_the_others():
+    h = header(kind=UINT, mode="secagg", recover_dropouts=True)
+    state = state_for(h)
+    for index in range(h.num_slices):
+        state.accept("a", _words(h, index, 5))
+    state.accept("b", _words(h, 0, 7))
+    completed, finished = state.exclude(["c"])
+    assert not finished and [i for i, _ in completed] == [0]
+    with pytest.raises(RoundClosedError, match="c was excluded"):
+        state.accept("c", _words(h, 1, 1))
+    for index in (1, 2):
+        state.accept("b", _words(h, index, 7))
+    assert state.status == "complete"
+    for index, payload in state.done.items():
+        assert (np.frombuffer(payload, dtype="<u4") == 12).all(), index
+
+
+def test_a_party_that_sent_part_of_its_slices_cannot_be_excluded():
+    h = header(kind=UINT, mode="secagg", recover_dropouts=True)
+    state = state_for(h)
+    state.accept("c", _words(h, 0, 1))
+    assert state.exclude(["c"]) is None  # its words are in slice 0: the caller aborts instead
+
+
+def test_recover_dropouts_is_for_masked_sums_only():
+    with pytest.raises(ProtocolError, match=r"header\.recover_dropouts"):
+        validate_header(header(recover_dropouts=True))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
 # validate_header / check_header
 
 
@@ -493,3 +531,20 @@ def test_cap_raises_resource_limit_and_retire_makes_room():
     boxes.deliver("j", "a", 2, delivery("x", size=100))
     boxes.deliver("j", "a", 2, delivery("x", size=100))
     assert boxes.retained_bytes == 3 * one.ByteSize()
+
+
+def test_a_reconnected_party_is_not_a_dropout_when_its_old_stream_ends(tmp_path):
+    from confide.aggregator.service import AggregatorConfig, AggregatorCore
+
+    core = AggregatorCore(AggregatorConfig(state_dir=str(tmp_path)))
+    try:
+        h = header(party_id="b")
+        old = core.open_round(h)
+        new = core.open_round(h)  # the party reconnected: a second stream before the first one ends
+        assert old is new
+        core.stream_ended("b", old)  # the half-open first stream finally ends
+        assert "b" not in new.broken
+        core.stream_ended("b", new)  # now no stream of b is open, and its slices are missing
+        assert "b" in new.broken
+    finally:
+        core.close()
