@@ -181,6 +181,11 @@ class ProtectionSpec(_Strict):
                 f"protection.on_dropout recover is dropout recovery for mode secagg (self masks and Shamir shares); "
                 f"mode {self.mode} retries (on_dropout: retry) or fails"
             )
+        if self.on_dropout == "recover" and self.mask_bound is None:
+            raise ValueError(
+                "protection.on_dropout recover needs a public protection.mask_bound: agreeing on the bound every "
+                "round is a message a dropout would leave every party waiting for"
+            )
         if self.on_dropout != "recover" and (self.neighbours is not None or self.recovery_threshold is not None):
             raise ValueError("protection.neighbours and protection.recovery_threshold apply to on_dropout: recover")
         if self.neighbours is not None and self.recovery_threshold is not None:

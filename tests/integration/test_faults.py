@@ -96,8 +96,12 @@ def test_secagg_recovers_a_dropout_at_each_step_without_retrying(tmp_path, step)
     the round-4 sum and the survivors rebuild its self mask from their shares. The next round
     starts without it (the first two) or excludes it when it never shows up (the third).
     """
+    # Four parties: with one colluder tolerated (t = 2 of 3 neighbours), 3 of 4 must confirm an exclusion.
+    everyone = ["hospital-a", "hospital-b", "hospital-c", "hospital-d"]
+    survivors = ["hospital-a", "hospital-b", "hospital-d"]
     spec = make_spec(
         job_id=f"recover-{step}",
+        parties=everyone,
         rounds=7,
         protection={"mode": "secagg", "on_dropout": "recover", "recovery_timeout_s": 5.0},
         transport={"round_timeout_s": 8.0},
@@ -107,19 +111,18 @@ def test_secagg_recovers_a_dropout_at_each_step_without_retrying(tmp_path, step)
         spec, tmp_path, progress=False, echo=lambda *_: None, party_env={"hospital-c": fault}, max_restarts=0
     )
     rounds = report["rounds"]
-    everyone = ["hospital-a", "hospital-b", "hospital-c"]
     assert [r["round"] for r in rounds] == list(range(1, 8))
     assert all(r["attempts"] == 1 for r in rounds), "no round was retried"
     assert rounds[2]["participants"] == everyone
     if step == "summed":
         assert rounds[3]["participants"] == everyone, "its words are in round 4's sum"
     else:
-        assert rounds[3]["participants"] == ["hospital-a", "hospital-b"]
-    assert all(r["participants"] == ["hospital-a", "hospital-b"] for r in rounds[4:])
+        assert rounds[3]["participants"] == survivors
+    assert all(r["participants"] == survivors for r in rounds[4:])
     assert "hospital-c" in report["dropped"]
     assert report["final_auc"] > 0.98
-    a, b = (json.loads((tmp_path / "parties" / f"{p}.report.json").read_text()) for p in ("hospital-a", "hospital-b"))
-    assert a["rounds"][-1]["weights"] == b["rounds"][-1]["weights"], "the survivors hold the same model"
+    a, b, d = (json.loads((tmp_path / "parties" / f"{p}.report.json").read_text()) for p in survivors)
+    assert a["rounds"][-1]["weights"] == b["rounds"][-1]["weights"] == d["rounds"][-1]["weights"], "same model"
     assert a["protection"]["aggregator_sees"].startswith("nothing")
     excluded_at = [r["round"] for r in a["rounds"] if r["stats"].get("excluded")]
     assert excluded_at == ([5] if step == "summed" else [4])

@@ -163,6 +163,8 @@ class RoundState:
     excluded: set[str] = field(default_factory=set)
     #: Folds running per participant (an exclusion waits for them, then checks nothing was folded).
     _folding: dict[str, int] = field(default_factory=dict)
+    #: Held through one exclusion (mark, tell, fill), so two of them cannot interleave.
+    exclusion_lock: threading.Lock = field(default_factory=threading.Lock)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
@@ -264,26 +266,36 @@ class RoundState:
                 self._folding[party] -= 1
         return accepted, duplicates + late, completed, self.record(completed)
 
-    def exclude(self, parties: list[str]) -> tuple[list[tuple[int, bytes]], bool] | None:
-        """Fold zero words (the sum's identity) for ``parties``, who sent nothing; None if one of them did.
+    def mark_excluded(self, parties: list[str]) -> tuple[list[str], list[str]] | None:
+        """Refuse ``parties``' slices from now on; (everyone excluded, those newly so), or None if one had sent any.
 
-        Only for mod-2^32 sums (masked words). Once a party is excluded its own slices are refused,
-        and a fold of it already running is waited for: if it folded anything, the exclusion is
-        refused (None) and the caller aborts the attempt instead.
+        Only for mod-2^32 sums (masked words). A fold of theirs already running is waited for; if
+        it folded anything, the new exclusions are withdrawn (None) and the caller aborts instead.
+        Hold :attr:`exclusion_lock` from here until the zeros are folded.
         """
         require(self.header.kind == pb.AGGREGATION_KIND_UINT32_SUM, "only masked-word sums can exclude a party")
         with self.lock:
             if self.status != "open":
                 return None
-            self.excluded.update(parties)
+            new = [p for p in parties if p not in self.excluded]
+            self.excluded.update(new)
+            for party in new:
+                self.broken.pop(party, None)  # no longer awaited: no checkpointing on its account
         while True:
             with self.lock:
-                if not any(self._folding.get(p, 0) for p in parties):
+                if not any(self._folding.get(p, 0) for p in new):
                     break
             time.sleep(0.01)
         self.restore()
-        if any(self.contributed.get(p, 0) for p in parties):
+        if any(self.contributed.get(p, 0) for p in new):
+            with self.lock:
+                self.excluded.difference_update(new)
             return None
+        with self.lock:
+            return sorted(self.excluded), new
+
+    def fill_excluded(self, parties: list[str]) -> tuple[list[tuple[int, bytes]], bool]:
+        """Fold zero words (the sum's identity) in place of ``parties``; (completed indices, share complete)."""
         require(self.plane, "the round's data plane is closed")
         indices = np.array(sorted(self.owned), dtype=np.uint32)
         n_valid = np.array([expected_length(self.header, int(i)) for i in indices], dtype=np.uint32)
@@ -304,6 +316,15 @@ class RoundState:
                 )
                 completed.extend(done)
         return completed, self.record(completed)
+
+    def stored_header(self) -> pb.RoundHeader:
+        """The header to store with the result: the round's, naming whoever was excluded."""
+        if not self.excluded:
+            return self.header
+        header = pb.RoundHeader()
+        header.CopyFrom(self.header)
+        header.excluded[:] = sorted(self.excluded)
+        return header
 
     def accept(self, party: str, message: pb.Slice) -> tuple[bool, bytes | None]:
         """Fold one slice; returns (accepted, combined payload if its index completed)."""

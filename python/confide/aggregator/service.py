@@ -301,6 +301,8 @@ class AggregatorCore:
     def redeliver(self, key: RoundKey, party: str) -> None:
         """Queue a completed round's slices for ``party`` again (it lost them)."""
         header, done = self._completed[key]
+        if header.excluded:  # told again first, as the first time (the stored header names them)
+            self._tell(header, pb.RoundControl.KIND_EXCLUDED, list(header.excluded), "excluded as dropouts", party)
         for index, payload in sorted(done.items()):
             self._emit(header, index, payload, party)
 
@@ -321,9 +323,10 @@ class AggregatorCore:
     def _complete(self, state: RoundState) -> None:
         # Stored before the last slice goes out: whoever sees the round complete can get it again.
         state.close()
-        self.store.save(state.header, state.done)
+        stored = state.stored_header()
+        self.store.save(stored, state.done)
         with self._lock:
-            self._completed[state.key] = (state.header, state.done)
+            self._completed[state.key] = (stored, state.done)
             self._rounds.pop(state.key, None)
             old = [k for k in self._completed if k[0] == state.key[0] and k[1] + 2 < state.key[1]]
             for key in old:
@@ -414,20 +417,25 @@ class AggregatorCore:
     def exclude(self, state: RoundState, dropped: list[str], reason: str) -> bool:
         """Complete the attempt without ``dropped`` (secagg recovery); False if one of them had sent slices.
 
-        The participants are told before any slice completes, so a party that holds a combined
-        slice also holds the exclusion and can remove the excluded parties' masks.
+        In order: their slices are refused from now on and none was folded (checked after any fold
+        of theirs in flight), then every participant is told the whole excluded set, then zeros
+        are folded in their place. Deliveries reach each party in order, so a party that holds a
+        combined slice also holds the exclusion that completed it.
         """
-        with state.lock:
+        with state.exclusion_lock:
             if state.status != "open" or set(dropped) <= state.excluded:
                 return state.status != "aborted" and set(dropped) <= state.excluded
-        # Told first: deliveries reach each party in order, so the exclusion precedes every slice it completes.
-        self._tell(state, pb.RoundControl.KIND_EXCLUDED, dropped, reason)
-        outcome = state.exclude(dropped)
-        if outcome is None:
-            return False
-        log.warning(
-            "round %s: %s excluded (%s); the survivors remove their masks", state.key, ", ".join(dropped), reason
-        )
+            marked = state.mark_excluded(dropped)
+            if marked is None:
+                return False
+            everyone, new = marked
+            self._tell(state.header, pb.RoundControl.KIND_EXCLUDED, everyone, reason)
+            try:
+                outcome = state.fill_excluded(new)
+            except (ConfideError, ValueError) as error:  # aborted meanwhile (closed plane): the abort told everyone
+                log.warning("round %s: excluding %s stopped: %s", state.key, ", ".join(new), error)
+                return True
+        log.warning("round %s: %s excluded (%s); the survivors remove their masks", state.key, ", ".join(new), reason)
         self._deliver(state, *outcome)
         return True
 
@@ -440,63 +448,71 @@ class AggregatorCore:
             state.reason = reason
         state.close()
         log.warning("round %s aborted: %s", state.key, reason)
-        self._tell(state, pb.RoundControl.KIND_ABORTED, dropped, reason)
+        self._tell(state.header, pb.RoundControl.KIND_ABORTED, dropped, reason)
 
-    def _tell(self, state: RoundState, kind: int, dropped: list[str], reason: str) -> None:
-        """Deliver a round control (abort, exclusion) to every participant of the attempt."""
+    def _tell(
+        self, header: pb.RoundHeader, kind: int, dropped: list[str], reason: str, only: str | None = None
+    ) -> None:
+        """Deliver a round control (abort, exclusion) to every participant of the attempt (or ``only``)."""
         control = pb.RoundControl(
             kind=kind,
-            round=state.header.round,
-            attempt=state.header.attempt,
+            round=header.round,
+            attempt=header.attempt,
             dropped=dropped,
-            survivors=[p for p in state.participants if p not in dropped],
+            survivors=[p for p in header.participants if p not in dropped],
             reason=reason,
         )
-        delivery = pb.Delivery(job_id=state.header.job_id, control=control)
-        for party in state.participants:
-            self.mailboxes.deliver(state.header.job_id, party, state.header.round, delivery)
+        delivery = pb.Delivery(job_id=header.job_id, control=control)
+        for party in header.participants if only is None else [only]:
+            self.mailboxes.deliver(header.job_id, party, header.round, delivery)
 
     def _watch(self) -> None:
         while not self._stopped.wait(0.2):
-            now = time.monotonic()
-            with self._lock:
-                states = [s for s in self._rounds.values() if s.status == "open"]
-            self._abort_revoked(states)
-            for state in states:
-                round_timeout_s, dropout_grace_s = self._timeouts(state.header.job_id)
-                with state.lock:
-                    gone = [p for p, t in state.broken.items() if now - t > dropout_grace_s and p not in state.excluded]
-                    late = now - state.created > round_timeout_s
-                    absent = [p for p in state.participants if p not in state.joined and p not in state.excluded]
-                    replaced = [p for p in absent if (state.header.job_id, p) in self._restarted]
-                    stalled = state.missing() if late else []
-                    away = (
-                        state.checkpoint is None
-                        and state.broken
-                        and now - min(state.broken.values()) > self.config.checkpoint_after_s
-                    )
-                if away and not gone:
-                    self._write_checkpoint(state)
-                if replaced:
-                    self.drop(state, replaced, f"{', '.join(replaced)} restarted and has not been admitted back yet")
-                elif gone:
-                    self.drop(
-                        state,
-                        gone,
-                        f"{', '.join(gone)} dropped out mid-round (stream broke and did not resume within "
-                        f"{dropout_grace_s:g} s)",
-                    )
-                elif late and (absent or stalled):
-                    dropped = absent or stalled
-                    self.drop(
-                        state,
-                        dropped,
-                        f"{', '.join(dropped)} sent no complete update within {round_timeout_s:g} s",
-                    )
-            with self._lock:
-                closed = [k for k, s in self._rounds.items() if s.status == "aborted" and now - s.created > 600]
-                for key in closed:
-                    del self._rounds[key]
+            try:
+                self._watch_tick()
+            except Exception:  # noqa: BLE001 - one bad round must not stop dropout detection for every job
+                log.exception("round watcher: a tick failed; watching on")
+
+    def _watch_tick(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            states = [s for s in self._rounds.values() if s.status == "open"]
+        self._abort_revoked(states)
+        for state in states:
+            round_timeout_s, dropout_grace_s = self._timeouts(state.header.job_id)
+            with state.lock:
+                gone = [p for p, t in state.broken.items() if now - t > dropout_grace_s and p not in state.excluded]
+                late = now - state.created > round_timeout_s
+                absent = [p for p in state.participants if p not in state.joined and p not in state.excluded]
+                replaced = [p for p in absent if (state.header.job_id, p) in self._restarted]
+                stalled = state.missing() if late else []
+                away = (
+                    state.checkpoint is None
+                    and state.broken
+                    and now - min(state.broken.values()) > self.config.checkpoint_after_s
+                )
+            if away and not gone:
+                self._write_checkpoint(state)
+            if replaced:
+                self.drop(state, replaced, f"{', '.join(replaced)} restarted and has not been admitted back yet")
+            elif gone:
+                self.drop(
+                    state,
+                    gone,
+                    f"{', '.join(gone)} dropped out mid-round (stream broke and did not resume within "
+                    f"{dropout_grace_s:g} s)",
+                )
+            elif late and (absent or stalled):
+                dropped = absent or stalled
+                self.drop(
+                    state,
+                    dropped,
+                    f"{', '.join(dropped)} sent no complete update within {round_timeout_s:g} s",
+                )
+        with self._lock:
+            closed = [k for k, s in self._rounds.items() if s.status == "aborted" and now - s.created > 600]
+            for key in closed:
+                del self._rounds[key]
 
     def _write_checkpoint(self, state: RoundState) -> None:
         """A participant is away: move the round's partial sums out of memory (Jupiter §3.5)."""

@@ -366,9 +366,7 @@ class PartyExchange:
                     # (A node leaving the set is a re-admission, effective from a later round: nothing to re-route.)
                     newly, self._lost = lost - self._lost, lost
                     if upload is not None and newly:
-                        log.info(
-                            "aggregator node(s) %s lost: re-routing the open attempt", sorted(self.client.lost_nodes)
-                        )
+                        log.info("aggregator node(s) %s lost: re-routing the open attempt", sorted(lost))
                         upload.start(self.header_key)
                 self.client.raise_fatal()
                 remaining = deadline - time.monotonic()
@@ -943,7 +941,22 @@ def _run_attempt(protection, exchange: PartyExchange, client: AggregatorClient, 
         mode=protection.mode,
         recover_dropouts=protection.params.recover,
     )
-    context.excluded = lambda: client.excluded(context.round, context.attempt)
+    reconnects = client.reconnects
+
+    def excluded() -> list[str]:
+        dropped = client.excluded(context.round, context.attempt)
+        if dropped and client.reconnects != reconnects:
+            # The aggregator may have restarted after excluding them and lost that (an open attempt is not
+            # stored): what it completes now may not match. Nothing is revealed; everyone retries.
+            raise RoundAbortedError(
+                f"round {context.round} attempt {context.attempt}: the aggregator connection was renewed after "
+                f"{', '.join(dropped)} were excluded; retrying under fresh masks",
+                dropped,
+                [p for p in context.participants if p not in dropped],
+            )
+        return dropped
+
+    context.excluded = excluded
     encode_lock = threading.Lock()
 
     def produce(index: int) -> pb.Slice:

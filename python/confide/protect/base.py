@@ -74,6 +74,8 @@ class ProtectionParams:
         secagg with recover: shares that rebuild a secret (None: a majority of the neighbours).
     recovery_timeout_s : float
         secagg with recover: how long the unmasking waits for survivors that went quiet.
+    min_parties : int
+        Fewest participants a round may complete with (secagg with recover checks it before revealing).
     """
 
     key_bits: int = 2048
@@ -88,6 +90,7 @@ class ProtectionParams:
     neighbours: int | None = None
     recovery_threshold: int | None = None
     recovery_timeout_s: float = 10.0
+    min_parties: int = 2
 
 
 @dataclass

@@ -155,8 +155,12 @@ class SecAgg(_Masking):
         if graph is not None:
             degree = len(graph[context.party_id])
             threshold = self.params.recovery_threshold or default_threshold(degree)
-            if not 1 <= threshold <= max(1, degree):
-                raise ProtocolError(f"recovery_threshold {threshold} must be in [1, {degree}] (the neighbours)")
+            if not default_threshold(degree) <= threshold <= max(1, degree):
+                # Below a majority of the neighbours, two disjoint groups of holders could each rebuild a secret.
+                raise ProtocolError(
+                    f"protection.recovery_threshold {threshold} must be in [{default_threshold(degree)}, {degree}]: "
+                    f"more than half of each party's {degree} neighbours, at most all of them"
+                )
             self._recovery = RoundRecovery(
                 party_id=context.party_id,
                 participants=list(context.participants),
@@ -167,6 +171,7 @@ class SecAgg(_Masking):
                 send=lambda tag, payload, peer: self.share(context.round, tag, payload, [peer]),
                 collect=lambda tag, peer, timeout: self.collect(context.round, tag, peer, timeout),
                 timeout_s=self.params.recovery_timeout_s,
+                min_parties=self.params.min_parties,
                 stats=context.stats,
             )
             context.stats.update(neighbours=degree, recovery_threshold=threshold)

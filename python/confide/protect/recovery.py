@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from confide.crypto import shamir
-from confide.errors import MessageTimeoutError, ProtocolError
+from confide.errors import MessageTimeoutError, ProtocolError, RoundAbortedError
 from confide.protect.keys import decode_fields, encode_fields, prg_words
 
 __all__ = ["RoundRecovery", "default_degree", "default_threshold", "neighbour_graph"]
@@ -123,6 +123,7 @@ class RoundRecovery:
     send: Callable[[str, bytes, str], None]
     collect: Callable[[str, str, float], bytes]
     timeout_s: float
+    min_parties: int = 2
     self_seed: bytes = field(default_factory=lambda: os.urandom(32))
     stats: dict = field(default_factory=dict)
 
@@ -160,7 +161,8 @@ class RoundRecovery:
         survivors = [p for p in self.participants if p not in excluded]
         peers = [p for p in survivors if p != self.party_id]
         started = time.perf_counter()
-        self._check_views(excluded, peers)
+        self._check_recoverable(excluded, survivors)
+        self._check_views(excluded)
         held = self._held_shares(excluded, survivors)
         mine = {"self/b": self.self_seed}
         for w in self.graph[self.party_id]:
@@ -177,7 +179,49 @@ class RoundRecovery:
         )
         return keys
 
+    @property
+    def confirmations_needed(self) -> int:
+        """Participants that must confirm one excluded set before anything is revealed: more than (m + c) / 2.
+
+        With up to c = t - 1 colluding parties, two different sets cannot both be confirmed this
+        often (the honest confirmers of each would have to overlap), so an aggregator that tells
+        parties different stories cannot get both halves of one party's secrets revealed.
+        """
+        return (len(self.participants) + self.threshold - 1) // 2 + 1
+
     # -- steps --------------------------------------------------------------------------------
+    def _give_up(self, why: str, excluded: list[str], survivors: list[str]) -> None:
+        # Every honest party sees the same set and reaches the same verdict, so they retry together.
+        raise RoundAbortedError(
+            f"round attempt not recoverable without {', '.join(excluded)}: {why}; nothing was revealed, the "
+            "survivors retry under fresh masks",
+            list(excluded),
+            list(survivors),
+        )
+
+    def _check_recoverable(self, excluded: list[str], survivors: list[str]) -> None:
+        """Refuse before revealing anything when the sum would expose a survivor or cannot be trusted."""
+        if not excluded:
+            return
+        if len(survivors) < self.min_parties:
+            self._give_up(
+                f"{len(survivors)} survivors, fewer than min_parties ({self.min_parties})", excluded, survivors
+            )
+        if len(survivors) < self.confirmations_needed:
+            self._give_up(
+                f"{len(survivors)} survivors cannot confirm the excluded set ({self.confirmations_needed} of "
+                f"{len(self.participants)} must, to tolerate {self.threshold - 1} colluding parties)",
+                excluded,
+                survivors,
+            )
+        for u in survivors:
+            near = [v for v in self.graph[u] if v in survivors]
+            if len(near) < self.threshold:
+                # Its mask would then rest on fewer than t surviving neighbours, possibly all colluders.
+                self._give_up(
+                    f"{u} keeps {len(near)} surviving neighbours, below t = {self.threshold}", excluded, survivors
+                )
+
     def _poll(self, tag: str, peers: list[str], enough: Callable[[dict[str, bytes]], bool]) -> dict[str, bytes]:
         """Collect ``tag`` from ``peers`` round-robin until all arrived, ``enough`` says so, or the timeout."""
         got: dict[str, bytes] = {}
@@ -194,22 +238,24 @@ class RoundRecovery:
                     continue
         return got
 
-    def _check_views(self, excluded: list[str], peers: list[str]) -> None:
+    def _check_views(self, excluded: list[str]) -> None:
+        """Exchange the excluded set with every participant (the excluded too) and count the confirmations."""
+        others = [p for p in self.participants if p != self.party_id]
         view = encode_fields(excluded=excluded)
-        for peer in peers:
+        for peer in others:
             self.send(self.tag("secagg/view"), view, peer)
-        majority = len(self.participants) // 2 + 1
+        needed = self.confirmations_needed
         reached: list[float] = []
 
         def enough(got: dict[str, bytes]) -> bool:
-            # A majority that agrees suffices; wait a moment more for the rest, to catch a dissenter.
-            if len(got) + 1 < majority:
+            # Enough confirmations suffice; wait a moment more for the rest, to catch a dissenter.
+            if len(got) + 1 < needed:
                 return False
             if not reached:
                 reached.append(time.monotonic())
             return time.monotonic() - reached[0] > min(1.0, self.timeout_s)
 
-        views = self._poll(self.tag("secagg/view"), peers, enough)
+        views = self._poll(self.tag("secagg/view"), others, enough)
         for peer, data in views.items():
             theirs = decode_fields(data, "excluded")["excluded"]
             if theirs != excluded:
@@ -217,10 +263,12 @@ class RoundRecovery:
                     f"{peer} was told that {theirs} were excluded, this party that {excluded}: "
                     "the aggregator gave the parties different views; nothing is revealed"
                 )
-        if len(views) + 1 < majority:
-            raise ProtocolError(
-                f"only {len(views) + 1} of {len(self.participants)} participants confirmed the excluded set "
-                f"within {self.timeout_s:g} s; a majority ({majority}) is needed before revealing anything"
+        if len(views) + 1 < needed:
+            self._give_up(
+                f"only {len(views) + 1} of {len(self.participants)} participants confirmed the excluded set within "
+                f"{self.timeout_s:g} s ({needed} must)",
+                excluded,
+                [p for p in self.participants if p not in excluded],
             )
 
     def _held_shares(self, excluded: list[str], survivors: list[str]) -> dict[str, bytes]:

@@ -408,11 +408,12 @@ class AggregatorClient:
                 now = time.monotonic()
                 if now - opened > 1.0 or node.broken_since is None:
                     node.broken_since = now  # a stream that had been up broke: the grace starts now
-                elif refused:
-                    # Its stream broke and a new one is refused: the process is gone (or restarting, which
-                    # loses its open rounds too). Every party sees the same refusal, so all move its share
-                    # at once rather than after the grace, which covers streams a flaky link resets.
-                    self.mark_lost(node.index, "its delivery stream broke and it refuses a new one")
+                elif refused and now - node.broken_since > 1.0:
+                    # Its stream broke and new ones are refused for a second: the process is gone (or
+                    # restarting, which loses its open rounds too). Every party sees the same refusals, so all
+                    # move its share well before the grace, which covers streams a flaky link resets; one
+                    # refusal alone may be this party's own link resetting.
+                    self.mark_lost(node.index, "its delivery stream broke and it refuses new ones")
                     return
                 if now - node.broken_since > self.node_grace_s:
                     self.mark_lost(node.index, f"its delivery stream stayed broken for {self.node_grace_s:g} s")
@@ -517,8 +518,11 @@ class AggregatorClient:
             value, round_number = item.payload, item.round
         elif body == "control":
             item = delivery.control
-            kind = "excluded" if item.kind == pb.RoundControl.KIND_EXCLUDED else "abort"
-            key = (self.job_id, item.round, f"{kind}/{item.attempt}", AGGREGATOR)
+            if item.kind == pb.RoundControl.KIND_EXCLUDED:
+                # Each exclusion names everyone excluded so far: filed by size, the newest is the largest.
+                key = (self.job_id, item.round, f"excluded/{item.attempt}/{len(item.dropped)}", AGGREGATOR)
+            else:
+                key = (self.job_id, item.round, f"abort/{item.attempt}", AGGREGATOR)
             value, round_number = item, item.round
         else:
             return
@@ -548,6 +552,7 @@ class AggregatorClient:
         """Send one envelope through the relay; on a cluster a relay node that refuses is lost and the next relays."""
         if len(self._nodes) == 1:
             return self._nodes[0].relay.Send(envelope, timeout=timeout, wait_for_ready=True)
+        refused_since: dict[int, float] = {}
         while True:
             node = self._nodes[self._relay_index()]
             try:
@@ -556,7 +561,15 @@ class AggregatorClient:
             except grpc.RpcError as error:
                 if error.code() != grpc.StatusCode.UNAVAILABLE or self._closed.is_set():
                     raise
-                self.mark_lost(node.index, f"relaying failed ({error.code().name})")
+                # One refusal may be this party's link resetting; a node that keeps refusing for a
+                # second is gone for everyone, and only then does the relay move (parties must agree).
+                first = refused_since.setdefault(node.index, time.monotonic())
+                if time.monotonic() - first < 1.0:
+                    time.sleep(0.2)
+                    continue
+                self.mark_lost(
+                    node.index, f"relaying failed for {time.monotonic() - first:.1f} s ({error.code().name})"
+                )
                 self._raise_fatal()
 
     def _replay(self) -> None:
@@ -599,10 +612,12 @@ class AggregatorClient:
         The aggregator sends the exclusion before any slice it lets complete, and deliveries arrive
         in order: once a combined slice of the attempt is in, so is its exclusion, if any.
         """
-        key = (self.job_id, round_number, f"excluded/{attempt}", AGGREGATOR)
-        if key not in self.pool:
+        prefix = f"excluded/{attempt}/"
+        keys = self.pool.keys(lambda k: k[0] == self.job_id and k[1] == round_number and str(k[2]).startswith(prefix))
+        if not keys:
             return []
-        return list(self.pool.get(key, 0.0).dropped)
+        newest = max(keys, key=lambda k: int(str(k[2]).rsplit("/", 1)[1]))
+        return list(self.pool.get(newest, 0.0).dropped)
 
     def raise_if_aborted(self, timeout: float) -> None:
         """Raise :class:`RoundAbortedError` if the watched attempt's abort arrives within ``timeout``."""

@@ -271,28 +271,91 @@ def _words(h: pb.RoundHeader, index: int, value: int) -> pb.Slice:
     return pb.Slice(index=index, n_valid=n, payload=np.full(n, value, dtype="<u4").tobytes())
 
 
-def test_excluding_a_silent_party_completes_the_sum_of_the_others():
-    h = header(kind=UINT, mode="secagg", recover_dropouts=True)
-    state = state_for(h)
-    for index in range(h.num_slices):
-        state.accept("a", _words(h, index, 5))
-    state.accept("b", _words(h, 0, 7))
-    completed, finished = state.exclude(["c"])
-    assert not finished and [i for i, _ in completed] == [0]
-    with pytest.raises(RoundClosedError, match="c was excluded"):
-        state.accept("c", _words(h, 1, 1))
-    for index in (1, 2):
-        state.accept("b", _words(h, index, 7))
-    assert state.status == "complete"
-    for index, payload in state.done.items():
-        assert (np.frombuffer(payload, dtype="<u4") == 12).all(), index
+def _core(tmp_path):
+    from confide.aggregator.service import AggregatorConfig, AggregatorCore
+
+    return AggregatorCore(AggregatorConfig(state_dir=str(tmp_path)))
 
 
-def test_a_party_that_sent_part_of_its_slices_cannot_be_excluded():
-    h = header(kind=UINT, mode="secagg", recover_dropouts=True)
-    state = state_for(h)
-    state.accept("c", _words(h, 0, 1))
-    assert state.exclude(["c"]) is None  # its words are in slice 0: the caller aborts instead
+def _box(core, party: str) -> list[pb.Delivery]:
+    return [delivery for _, delivery, _ in core.mailboxes._boxes.get(("j", party), [])]
+
+
+def _recover_header(party: str, participants=PARTIES) -> pb.RoundHeader:
+    return header(kind=UINT, mode="secagg", recover_dropouts=True, party_id=party, participants=participants)
+
+
+def test_excluding_a_silent_party_tells_everyone_before_the_slices_it_completes(tmp_path):
+    core = _core(tmp_path)
+    try:
+        state = core.open_round(_recover_header("a"))
+        core.open_round(_recover_header("b"))
+        for index in range(state.header.num_slices):
+            core.push("a", state, _words(state.header, index, 5))
+        core.push("b", state, _words(state.header, 0, 7))
+        core.drop(state, ["c"], "c never showed up")
+        with pytest.raises(RoundClosedError, match="c was excluded"):
+            core.push("c", state, _words(state.header, 1, 1))
+        for index in (1, 2):
+            core.push("b", state, _words(state.header, index, 7))
+        for party in ("a", "b", "c"):
+            box = _box(core, party)
+            kinds = [d.WhichOneof("body") for d in box]
+            assert kinds[0] == "control" and set(kinds[1:]) == {"aggregate"}, party
+            assert list(box[0].control.dropped) == ["c"]
+            assert box[0].control.kind == pb.RoundControl.KIND_EXCLUDED
+            for delivery in box[1:]:
+                assert (np.frombuffer(delivery.aggregate.slice.payload, dtype="<u4") == 12).all()
+    finally:
+        core.close()
+
+
+def test_a_second_exclusion_names_everyone_excluded_so_far(tmp_path):
+    everyone = ["a", "b", "c", "d"]
+    core = _core(tmp_path)
+    try:
+        state = core.open_round(_recover_header("a", everyone))
+        core.drop(state, ["c"], "gone")
+        core.drop(state, ["d"], "gone too")
+        controls = [d.control for d in _box(core, "a") if d.WhichOneof("body") == "control"]
+        assert [list(c.dropped) for c in controls] == [["c"], ["c", "d"]]
+    finally:
+        core.close()
+
+
+def test_a_party_that_sent_part_of_its_slices_is_aborted_not_excluded(tmp_path):
+    core = _core(tmp_path)
+    try:
+        state = core.open_round(_recover_header("c"))
+        core.push("c", state, _words(state.header, 0, 1))
+        core.drop(state, ["c"], "its stream broke")
+        assert state.status == "aborted"  # its words are in slice 0: only a retry removes them
+        controls = [d.control for d in _box(core, "a") if d.WhichOneof("body") == "control"]
+        assert [c.kind for c in controls] == [pb.RoundControl.KIND_ABORTED]
+    finally:
+        core.close()
+
+
+def test_a_stored_exclusion_is_told_again_before_a_redelivery(tmp_path):
+    core = _core(tmp_path)
+    try:
+        state = core.open_round(_recover_header("a"))
+        core.open_round(_recover_header("b"))
+        for party, value in (("a", 5), ("b", 7)):
+            for index in range(state.header.num_slices):
+                core.push(party, state, _words(state.header, index, value))
+        core.drop(state, ["c"], "gone")
+        assert state.status == "complete"
+    finally:
+        core.close()
+    restarted = _core(tmp_path)  # a new process on the same state directory
+    try:
+        restarted.redeliver(("j", 1, 0, 0), "b")
+        box = _box(restarted, "b")
+        assert box[0].WhichOneof("body") == "control" and list(box[0].control.dropped) == ["c"]
+        assert len(box) == 1 + state.header.num_slices
+    finally:
+        restarted.close()
 
 
 def test_recover_dropouts_is_for_masked_sums_only():

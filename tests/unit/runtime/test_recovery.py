@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from confide.crypto import shamir
-from confide.errors import ProtocolError
+from confide.errors import ProtocolError, RoundAbortedError
 from confide.protect.base import ProtectionParams, RoundContext
 from confide.protect.keys import decode_fields
 from confide.protect.masking import FixedPoint, SecAgg
@@ -286,6 +286,84 @@ def test_views_that_differ_reveal_nothing(federation):
     assert not [s for s in session.hub.log if s.tag.startswith("secagg/reveal")]
 
 
+def test_too_few_survivors_to_confirm_an_exclusion_retry_and_reveal_nothing(federation):
+    # Three parties tolerate one colluder (t = 2): all three must confirm an exclusion, so two survivors cannot.
+    names = list(federation)[:3]
+    session = Round(federation, names, timeout=1.0)
+    uploads = session.upload(names[:2])
+    with pytest.raises(AssertionError, match="RoundAbortedError: round attempt not recoverable"):
+        session.finish(uploads, [names[2]], names[:2])
+    assert not [s for s in session.hub.log if s.tag.startswith(("secagg/reveal", "secagg/view"))]
+
+
+def test_a_lying_aggregator_and_a_colluder_cannot_open_one_party(federation):
+    """The aggregator tells alpha nobody was excluded and the others that alpha was; charlie colludes.
+
+    charlie confirms each story to the parties told it. alpha cannot gather enough confirmations
+    (3 of 4) and reveals nothing; the others reveal their pair keys with alpha, but no share of
+    alpha's self mask leaves an honest party, so alpha's words stay masked.
+    """
+    names = list(federation)  # alpha, bravo, charlie, delta
+    alpha, bravo, charlie, delta = names
+    session = Round(federation, names, timeout=1.5)
+    uploads = session.upload(names)
+    colluder = session.parties[charlie]
+    view_tag = "secagg/view/0"
+    colluder.share(1, view_tag, b'{"excluded": []}', [alpha])
+    colluder.share(1, view_tag, b'{"excluded": ["alpha"]}', [bravo, delta])
+
+    outcomes: dict[str, BaseException | None] = {}
+
+    def run(name, told):
+        context = session.context(name)
+        context.excluded = lambda: told
+        combined = [sum(parts, np.zeros(len(parts[0]), np.uint32)) for parts in zip(*uploads.values(), strict=True)]
+
+        def result(index):
+            return pb.Slice(index=index, n_valid=combined[index].size, payload=combined[index].tobytes())
+
+        try:
+            session.parties[name].finish_round(context, result)
+            outcomes[name] = None
+        except BaseException as error:  # noqa: BLE001 - recorded for the assertions
+            outcomes[name] = error
+
+    threads = {
+        alpha: lambda: run(alpha, []),
+        bravo: lambda: run(bravo, [alpha]),
+        delta: lambda: run(delta, [alpha]),
+    }
+    # The relay is the aggregator: it holds back bravo's and delta's views from alpha.
+    _suppress_views_to(session, alpha, from_parties=(bravo, delta))
+    run_parallel(threads, timeout=60)
+    assert isinstance(outcomes[alpha], RoundAbortedError), outcomes[alpha]
+    assert not [x for x in session.hub.log if x.sender == alpha and x.tag.startswith("secagg/reveal")]
+    # What charlie holds of alpha's self mask: its own share, and none from bravo or delta.
+    revealed = session.opened(charlie, "secagg/reveal")
+    assert all("b/alpha" not in fields for fields in revealed.values())
+    assert shamir_threshold(session) == 2  # one share (charlie's own) is below t
+
+
+def shamir_threshold(session) -> int:
+    return default_threshold(len(session.names) - 1)
+
+
+def _suppress_views_to(session, recipient, from_parties):
+    for sender in from_parties:
+        exchange = session.parties[sender].exchange
+        exchange.drop = None
+        original_send = exchange.send
+
+        def send(round_number, tag, payload, recipients, original_send=original_send):
+            if tag.startswith("secagg/view") and recipient in recipients:
+                recipients = [r for r in recipients if r != recipient]
+                if not recipients:
+                    return
+            original_send(round_number, tag, payload, recipients)
+
+        exchange.send = send
+
+
 def test_an_excluded_party_refuses_to_unmask(federation):
     names = list(federation)
     session = Round(federation, names, timeout=1.0)
@@ -308,6 +386,8 @@ def test_fewer_than_t_colluders_learn_nothing_beyond_the_sum(eight, excluded):
     session = Round(eight, names, neighbours=4, timeout=2.0)
     victim_dropped = names[6] if excluded else None
     contributors = [n for n in names if n != victim_dropped]
+    if victim_dropped:
+        session.share_only([victim_dropped])  # slow, not dead: its shares are out, its words never arrived
     uploads = session.upload(contributors)
     session.finish(uploads, [victim_dropped] if excluded else [], contributors)
     graph = neighbour_graph("job-1", names, 1, 0, 4)
