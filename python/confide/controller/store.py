@@ -7,16 +7,24 @@ a failed one leaves the old schema in place.
 
 Durability: SQLite runs in write-ahead-log mode with ``synchronous=FULL`` (a committed
 transaction survives a crash of the process or the machine); PostgreSQL has its own WAL. Every
-controller operation is one transaction, so a session log entry is either fully stored or not at
-all, and a controller killed mid-operation loses nothing that was acknowledged.
+controller operation that writes more than one row is one transaction, so a session log entry is
+either fully stored or not at all, and a controller killed mid-operation loses nothing that was
+acknowledged. A heartbeat that reports nothing (one agent's last-seen time at most, and reads)
+runs its statements in autocommit mode (``Store.autocommit``): no BEGIN and COMMIT round trips.
+
+PostgreSQL connections are pooled; one that sat in the pool for over ``PING_IDLE_S`` seconds is
+pinged before use and replaced if the server went away (a restart), the same protection as
+SQLAlchemy's ``pool_pre_ping`` without a round trip on every checkout of a busy pool.
 
 Rows never hold training records: datasets are described by name, schema, row count and owner.
 """
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -35,8 +43,8 @@ from sqlalchemy import (
     create_engine,
     event,
 )
-from sqlalchemy.engine import Engine, make_url
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.engine import Connection, Engine, make_url
+from sqlalchemy.exc import DBAPIError, DisconnectionError, OperationalError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
 from confide.errors import InvalidParameterError
@@ -298,12 +306,44 @@ def _sqlite_pragmas(dbapi_connection, _record) -> None:
     cursor.close()
 
 
+#: A pooled PostgreSQL connection unused for this long (seconds) is pinged before it is handed out.
+PING_IDLE_S = 1.0
+
+
+def _ping_when_idle(engine: Engine) -> None:
+    """Ping a connection that sat in the pool over PING_IDLE_S; replace it if the server went away.
+
+    ``pool_pre_ping`` pings on every checkout: one more round trip per heartbeat (~10% of the
+    controller's time on it, py-spy). A connection used within the last second has just
+    answered; one that idled longer is checked, so a restarted server costs no failed request.
+    """
+
+    def idle_from_now(_dbapi_connection, record, *_args) -> None:
+        record.info["idle_since"] = time.monotonic()
+
+    def checkout(dbapi_connection, record, _proxy) -> None:
+        if time.monotonic() - record.info.get("idle_since", 0.0) < PING_IDLE_S:
+            return
+        try:
+            alive = engine.dialect.do_ping(dbapi_connection)
+        except engine.dialect.loaded_dbapi.Error as error:
+            raise DisconnectionError(str(error)) from error  # the pool discards it and connects anew
+        if not alive:
+            raise DisconnectionError("the connection did not answer a ping")
+
+    event.listen(engine, "connect", idle_from_now)
+    event.listen(engine, "checkin", idle_from_now)
+    event.listen(engine, "checkout", checkout)
+
+
 class Store:
     """An engine plus a session factory; ``transaction()`` is the unit of every operation."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self._sessions = sessionmaker(engine, expire_on_commit=False)
+        self._reader: Connection | None = None  # reader(): opened on first use
+        self._reader_lock = threading.Lock()
 
     @property
     def url(self) -> str:
@@ -321,8 +361,49 @@ class Store:
         with self._sessions() as session, session.begin():
             yield session
 
+    @contextmanager
+    def autocommit(self) -> Iterator[Session]:
+        """A session whose every statement commits on its own (no BEGIN/COMMIT round trips).
+
+        Only for work that writes at most one row in one statement and otherwise reads, where
+        each read standing alone is correct (PostgreSQL's READ COMMITTED gives each statement
+        its own snapshot inside a transaction too): an agent's heartbeat without reports.
+        """
+        with self.engine.connect() as connection:
+            with self._sessions(bind=connection.execution_options(isolation_level="AUTOCOMMIT")) as session:
+                yield session
+
+    @contextmanager
+    def reader(self) -> Iterator[Connection | None]:
+        """The store's one reserved connection (autocommit), or None while another thread uses it.
+
+        For short reads on the API's event loop, which must never wait for the pool (its
+        connections may all be held by writers in worker threads). The connection is opened on
+        first use and replaced after a database error (a restarted server, say).
+        """
+        if not self._reader_lock.acquire(blocking=False):
+            yield None
+            return
+        try:
+            if self._reader is None or self._reader.invalidated or self._reader.closed:
+                self._reader = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+            try:
+                yield self._reader
+            except DBAPIError:
+                reader, self._reader = self._reader, None
+                with suppress(Exception):  # already broken: closing is best effort
+                    reader.invalidate()
+                    reader.close()
+                raise
+        finally:
+            self._reader_lock.release()
+
     def close(self) -> None:
         """Release every pooled connection."""
+        with self._reader_lock:
+            if self._reader is not None:
+                self._reader.close()
+                self._reader = None
         self.engine.dispose()
 
 
@@ -358,7 +439,11 @@ def open_store(url: str, *, migrate: bool = True) -> Store:
         engine = create_engine(parsed, connect_args={"timeout": 30, "check_same_thread": False})
         event.listen(engine, "connect", _sqlite_pragmas)
     else:
-        engine = create_engine(parsed, pool_size=10, max_overflow=20, pool_pre_ping=True)
+        # Kept open: 30 (the API's worker threads reach that under load). An overflow connection
+        # is closed when returned and the next one opened anew (a PostgreSQL backend process
+        # each time): with 10 kept, bursts of heartbeats kept opening and closing connections.
+        engine = create_engine(parsed, pool_size=30, max_overflow=10)
+        _ping_when_idle(engine)
     if migrate:
         try:
             upgrade(engine)

@@ -5,10 +5,12 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm.attributes import set_committed_value
 
 from confide.controller import service
+from confide.controller import store as store_module
 from confide.controller.service import _PARTICIPATIONS, Controller, _light_changes
 from confide.controller.store import Participant, Party, utcnow
 from confide.errors import NotFoundError
@@ -228,3 +230,65 @@ def test_a_report_about_an_earlier_run_only_moves_the_applied_entry():
     session = service.JobSession(run=2, head_seq=3, state="running")
     changes = _light_changes(participant, session, {"session": "t", "applied_seq": 3, "run": 1, "status": "failed"})
     assert changes == {"applied_seq": 3}
+
+
+# ---------------------------------------------------------------------------------------------- read-only heartbeats
+
+
+def test_a_heartbeat_that_writes_nothing_is_answered_by_the_read_only_path(store, workers, fed):
+    first, _ = workers
+    caller = party(PARTIES[0])
+    first.sync(caller, [])  # writes last_seen_at (and sweeps): the next ones within the interval write nothing
+    first._last_sweep = utcnow().timestamp()
+    assert first.sync_read_only(caller, []) == first.sync(caller, []) == {"instructions": []}
+    token, _ = _running(first, fed)
+    first._last_sweep = utcnow().timestamp()
+    answer = first.sync_read_only(caller, [])
+    assert answer == first.sync(caller, [])
+    assert [instruction["session"] for instruction in answer["instructions"]] == [token]
+    # What may write goes to sync(): reports, a due last-seen write, a due expiry sweep.
+    assert first.sync_read_only(caller, [{"session": token}]) is None
+    first._clock.now += first.last_seen_write_s
+    assert first.sync_read_only(caller, []) is None
+    first.sync(caller, [])
+    first._last_sweep = 0.0
+    assert first.sync_read_only(caller, []) is None
+
+
+def test_an_unregistered_agent_gets_no_read_only_answer(controller):
+    assert controller.sync_read_only(party("stranger"), []) is None  # sync() refuses it
+
+
+def test_the_read_only_path_never_waits_and_replaces_a_failed_connection(store, workers, monkeypatch):
+    first, _ = workers
+    caller = party(PARTIES[0])
+    first.sync(caller, [])
+    first._last_sweep = utcnow().timestamp()
+    assert first.sync_read_only(caller, []) == {"instructions": []}
+    with store._reader_lock:  # another thread reads: no waiting, sync() in a thread answers
+        assert first.sync_read_only(caller, []) is None
+    broken = store._reader
+
+    def fail(*_args, **_kwargs):
+        raise OperationalError("SELECT", {}, Exception("server closed the connection unexpectedly"))
+
+    monkeypatch.setattr(broken, "execute", fail)
+    assert first.sync_read_only(caller, []) is None
+    assert store._reader is None
+    assert first.sync_read_only(caller, []) == {"instructions": []}  # on a new connection
+    assert store._reader is not broken
+
+
+def test_a_pooled_connection_that_idled_is_pinged_and_replaced_when_its_server_went_away(store, monkeypatch):
+    if store.dialect != "postgresql":
+        pytest.skip("SQLite has no server to lose")
+    monkeypatch.setattr(store_module, "PING_IDLE_S", 0.0)
+    with store.engine.connect() as connection, store.engine.connect():  # two pooled connections
+        backend = connection.exec_driver_sql("SELECT pg_backend_pid()").scalar()
+    with store.engine.connect() as admin:  # the other one (the pool hands them out in turn)
+        assert admin.exec_driver_sql("SELECT pg_backend_pid()").scalar() != backend
+        admin.exec_driver_sql(f"SELECT pg_terminate_backend({backend})")
+        admin.commit()
+    for _ in range(3):  # the dead one fails its ping on checkout and is replaced: no request fails
+        with store.transaction() as db:
+            assert db.execute(select(func.pg_backend_pid())).scalar() != backend
