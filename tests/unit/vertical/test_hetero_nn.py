@@ -241,6 +241,7 @@ def test_the_guest_decrypts_only_masked_values_and_no_host_features(views):
     n = int.from_bytes(key.n_bytes(), "big")
     layout = hn._Layout(params, 8, n)
     checked = {"init": 0, "z": 0, "grad": 0, "back": 0}
+    low_highs = slots = 0
     for _sender, tag, message in views["channels"]["h"].received_by("g"):
         for name, value in fields(message):
             if isinstance(value, bytes):
@@ -255,7 +256,8 @@ def test_the_guest_decrypts_only_masked_values_and_no_host_features(views):
             vector = _native.CiphertextVector.from_bytes(message["z"], key)
             for v in hn._decrypt(secret, vector, n, 0)[:3]:
                 highs = [s >> 64 for s in hn._unpack_unsigned(v, layout.w_f, layout.per_forward * 8, tag)]
-                assert sum(h > 1 << (layout.rho_bits - 8) for h in highs) >= len(highs) - 1
+                low_highs += sum(h <= 1 << (layout.rho_bits - 8) for h in highs)
+                slots += len(highs)
             checked["z"] += 1
         elif tag.endswith("/grad"):
             grads = _slots(secret, message["grad"], key, layout.w_g, 8)
@@ -265,6 +267,10 @@ def test_the_guest_decrypts_only_masked_values_and_no_host_features(views):
             checked["grad"] += 1
             checked["back"] += 1
     assert all(checked.values()), checked
+    # A uniform rho falls below 2^(rho_bits - 8) with probability 1/256 per slot: counted over every
+    # slot (a per-vector bound of one such slot failed about once in a few runs by chance), 8x that
+    # rate is never reached by chance, while slots without rho would all be low.
+    assert low_highs <= max(3, slots / 32), (low_highs, slots)
 
 
 # ----------------------------------------------------------------------------- bad input
