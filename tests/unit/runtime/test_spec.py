@@ -111,6 +111,39 @@ def test_min_parties_above_party_count_named():
     assert parse_job(spec(protection={"min_parties": 3})).protection.min_parties == 3
 
 
+def test_dropout_recovery_is_accepted_for_secagg_and_reaches_the_protocol():
+    job = parse_job(spec(protection={"mode": "secagg", "on_dropout": "recover", "neighbours": 2}))
+    params = job.protection.params()
+    assert params.recover and params.neighbours == 2 and params.min_parties == 2
+    assert not parse_job(spec(protection={"mode": "secagg"})).protection.params().recover
+
+
+@pytest.mark.parametrize(
+    ("protection", "words"),
+    [
+        ({"mode": "paillier", "on_dropout": "recover"}, ["protection.on_dropout recover", "mode paillier"]),
+        ({"mode": "secagg", "neighbours": 4}, ["protection.neighbours", "on_dropout: recover"]),
+        ({"mode": "secagg", "on_dropout": "recover", "mask_bound": None}, ["protection.mask_bound"]),
+        (
+            {"mode": "secagg", "on_dropout": "recover", "neighbours": 2, "recovery_threshold": 3},
+            ["protection.recovery_threshold (3)", "protection.neighbours (2)"],
+        ),
+        ({"mode": "secagg", "on_dropout": "recover", "recovery_timeout_s": 0}, ["protection.recovery_timeout_s"]),
+    ],
+)
+def test_dropout_recovery_errors_name_the_field(protection, words):
+    message = error_of(spec(protection=protection))
+    assert all(w in message for w in words), message
+
+
+def test_dropout_recovery_is_refused_with_distributed_privacy():
+    data = spec(
+        protection={"mode": "secagg", "on_dropout": "recover"},
+        privacy={"mechanism": "distributed", "epsilon": 5.0},
+    )
+    assert "on_dropout recover" in error_of(data)
+
+
 @pytest.mark.parametrize("data", [None, [], ["job"], "job_id: x", 42])
 def test_non_mapping_input(data):
     message = error_of(data)
