@@ -63,7 +63,7 @@ from confide.reports import Failure, ModelSummary, PartyReport, RoundReport
 from confide.spec import JobSpec
 from confide.transport.certs import Identity
 from confide.transport.client import AGGREGATOR, CONTROL_ROUND, AggregatorClient
-from confide.transport.slicing import pipelined, slice_length_for
+from confide.transport.slicing import Paced, pipelined, slice_length_for
 from confide.v1 import runtime_pb2 as pb
 
 __all__ = ["PartyExchange", "failure_of", "load_party_data", "report_failure", "run_party"]
@@ -263,7 +263,12 @@ class RoundUpload:
         if self._thread is not None:
             self._thread.join()
 
-    def _requests(self, generation: int):
+    def _requests(self, generation: int) -> Paced[pb.Slice]:
+        """The slices of push stream ``generation``, telling the sender when the next is not ready yet."""
+        pipeline: list[Paced[pb.Slice]] = []
+        return Paced(self._slices(generation, pipeline), lambda: not pipeline or pipeline[0].ready())
+
+    def _slices(self, generation: int, pipeline: list):
         # A stream that failed while this generator waited for the scale leaves it suspended in
         # gRPC's request thread, which resumes it once on release and drops what it yields. Such
         # a superseded generator must stop there: were it to produce and cache slices beside the
@@ -282,18 +287,23 @@ class RoundUpload:
         yield from cached
         start = len(cached)
         transport = self._spec.transport
-        for item in pipelined(
+        paced = pipelined(
             lambda i: self._produce(start + i),
             self._count - start,
             depth=transport.pipeline_depth,
             enabled=transport.pipeline,
             workers=encode_workers(transport.pipeline),
-        ):
-            with self._lock:
-                if generation != self._generation:
-                    return
-                self._cache.append(item)
-            yield item
+        )
+        pipeline.append(paced)
+        try:
+            for item in paced:
+                with self._lock:
+                    if generation != self._generation:
+                        return
+                    self._cache.append(item)
+                yield item
+        finally:
+            paced.close()  # a superseded or abandoned stream stops its producers now
 
     def _run(self) -> None:
         deadline = time.monotonic() + self._spec.transport.reconnect_timeout_s
@@ -554,6 +564,7 @@ def run_party(
     protection = make_protection(spec.protection.mode, exchange, params, **extra)
     # Several slices encoded at once, one thread each; without the pipeline one slice uses every core.
     protection.encode_threads = 1 if encode_workers(spec.transport.pipeline) > 1 else 0
+    protection.pipeline = spec.transport.pipeline
     restore = _stop_on_sigterm(stop_file)
     admitted_round = 0
     try:

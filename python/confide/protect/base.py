@@ -146,6 +146,9 @@ class Protection(ABC):
     aggregator_sees: ClassVar[str]
     #: Threads one ``encode`` call may use (0: every core; 1 when several slices are encoded at once).
     encode_threads: int = 0
+    #: The transport pipeline is on (``transport.pipeline``): a mode that sends in several steps
+    #: overlaps its own crypto with them (paillier shares decrypted slices as they are decoded).
+    pipeline: bool = False
     #: Whether a restarted party can take its place again: everything it held can be handed back
     #: to it by a peer (not so for a threshold key share, which dies with its process).
     rejoinable: ClassVar[bool] = True

@@ -295,7 +295,7 @@ class ThresholdProtection(PaillierProtection):
                 f"{self.params.share_timeout_s:g} s"
             )
 
-        return self._assemble(context, decoded, silent)
+        return self._assemble(context, [decoded], silent)
 
     def report(self) -> dict:
         """Mode, threshold, how the key was made, and what it costs."""

@@ -95,7 +95,13 @@ def parse_targets(target: str | Sequence[str]) -> list[str]:
 
 
 def batched(header: pb.RoundHeader, slices: Iterable[pb.Slice], sent: dict[int, int] | None = None):
-    """The push stream: the header, then slices grouped into :class:`SliceBatch` messages."""
+    """The push stream: the header, then slices grouped into :class:`SliceBatch` messages.
+
+    A batch closes when it is full, or when ``slices`` has a ``ready()`` that says the next slice
+    is still being protected (:class:`confide.transport.slicing.Paced`): what is done goes on the
+    wire now instead of waiting, so protection and transmission overlap.
+    """
+    ready = getattr(slices, "ready", None)
     message = pb.PushMessage(header=header)
     if sent is not None:
         sent[header.round] += message.ByteSize()
@@ -111,7 +117,7 @@ def batched(header: pb.RoundHeader, slices: Iterable[pb.Slice], sent: dict[int, 
         lengths.append(len(item.payload))
         payloads.append(item.payload)
         size += len(item.payload)
-        if size >= BATCH_BYTES or len(indices) >= BATCH_SLICES:
+        if size >= BATCH_BYTES or len(indices) >= BATCH_SLICES or (ready is not None and not ready()):
             message = pb.PushMessage(
                 batch=pb.SliceBatch(indices=indices, n_valid=n_valid, lengths=lengths, payload=b"".join(payloads))
             )

@@ -42,7 +42,17 @@ def bounded_key_generation(monkeypatch):
 class PaillierSession:
     """Three parties with PaillierProtection; the test plays the aggregator."""
 
-    def __init__(self, federation, share_timeout_s: float = 10.0, with_fetch: bool = True):
+    def __init__(
+        self,
+        federation,
+        share_timeout_s: float = 10.0,
+        with_fetch: bool = True,
+        slice_length: int = SLICE,
+        pipeline: bool = False,
+    ):
+        self.slice_length = slice_length
+        #: Called as on_result(name, index) before combined slice ``index`` is handed to ``name``.
+        self.on_result = lambda name, index: None
         self.hub = MemoryHub()
         self.params = ProtectionParams(key_bits=2048, bits=BITS, setup_timeout_s=10, share_timeout_s=share_timeout_s)
         self.exchanges = {name: self.hub.exchange(federation[name]) for name in NAMES}
@@ -56,16 +66,23 @@ class PaillierSession:
             )
             for name in NAMES
         }
+        for protection in self.parties.values():
+            protection.pipeline = pipeline
         run_parallel({name: (lambda p=p: p.setup(NAMES)) for name, p in self.parties.items()})
 
     def context(self, name: str, attempt: int) -> RoundContext:
         return RoundContext(
-            round=1, attempt=attempt, participants=NAMES, party_id=name, vector_length=LENGTH, slice_length=SLICE
+            round=1,
+            attempt=attempt,
+            participants=NAMES,
+            party_id=name,
+            vector_length=LENGTH,
+            slice_length=self.slice_length,
         )
 
     def _slice(self, attempt: int, index: int) -> pb.Slice:
-        start = index * SLICE
-        n_valid = min(SLICE, LENGTH - start)
+        start = index * self.slice_length
+        n_valid = min(self.slice_length, LENGTH - start)
         return pb.Slice(index=index, n_valid=n_valid, payload=self.combined[attempt][index])
 
     def _fetch_for(self, name: str):
@@ -98,6 +115,7 @@ class PaillierSession:
             def result(index: int) -> pb.Slice:
                 with self._lock:
                     self.result_calls.append((name, index))
+                self.on_result(name, index)
                 return self._slice(attempt, index)
 
             return self.parties[name].finish_round(context, result)
@@ -172,7 +190,7 @@ def test_round_robin_decryption_gives_every_party_the_aggregate(session):
     assert session.fetch_calls == []
     assert all(p.local_fallbacks == 0 for p in session.parties.values())
     # shares travel under the group key: no float32 slice of the aggregate in the clear
-    shares = [s for s in session.hub.log if s.tag == "shares/0"]
+    shares = [s for s in session.hub.log if s.tag == "shares.0/0"]
     assert {s.sender for s in shares} == set(NAMES)
     chunk = results["alpha"][:8].astype("<f4").tobytes()
     assert not any(chunk in s.payload for s in shares)
@@ -198,6 +216,55 @@ def test_missing_share_falls_back_to_local_decryption(federation):
     assert session.parties["charlie"].local_fallbacks == 0
     assert sorted(session.fetch_calls) == [("alpha", [2]), ("bravo", [2])]
     assert sorted(session.result_calls) == [("alpha", 0), ("bravo", 1), ("charlie", 2)]
+
+
+def test_with_the_pipeline_each_piece_is_shared_while_the_next_is_decrypted(federation):
+    # 10 slices: alpha decrypts 0, 3, 6, 9 (4 pieces), bravo and charlie 3 each.
+    session = PaillierSession(federation, slice_length=4096, pipeline=True)
+    first_piece_sent = threading.Event()
+    real_share = session.parties["alpha"].share
+
+    def share(round_number, tag, payload, peers):
+        real_share(round_number, tag, payload, peers)
+        if tag == "shares.0/0":
+            first_piece_sent.set()
+
+    session.parties["alpha"].share = share
+    overlapped: list[bool] = []
+    # Without the overlap, alpha would share nothing before its last slice is decrypted.
+    session.on_result = lambda name, index: (
+        overlapped.append(first_piece_sent.wait(5.0)) if (name, index) == ("alpha", 9) else None
+    )
+    vectors = make_vectors(8)
+    check_aggregate(session, vectors, session.run(vectors))
+    assert overlapped == [True]
+    tags = {(s.sender, s.tag) for s in session.hub.log if s.tag.startswith("shares")}
+    assert tags == {("alpha", f"shares.{k}/0") for k in range(4)} | {
+        (name, f"shares.{k}/0") for name in ("bravo", "charlie") for k in range(3)
+    }
+    assert session.fetch_calls == [] and all(p.local_fallbacks == 0 for p in session.parties.values())
+
+
+def test_a_peer_gone_after_its_first_piece_has_the_rest_decrypted_locally(federation):
+    session = PaillierSession(federation, share_timeout_s=1.0, slice_length=4096, pipeline=True)
+    session.exchanges["charlie"].drop = lambda round_number, tag: tag.startswith("shares") and tag != "shares.0/0"
+    vectors = make_vectors(9)
+    check_aggregate(session, vectors, session.run(vectors))
+    # charlie's first piece (slice 2) arrived; slices 5 and 8 are fetched and decrypted, once per peer
+    assert sorted(session.fetch_calls) == [("alpha", [5, 8]), ("bravo", [5, 8])]
+    assert [session.parties[n].local_fallbacks for n in NAMES] == [1, 1, 0]
+
+
+def test_share_pieces_cut_every_part_the_same_way_on_every_party():
+    assert paillier_module.share_pieces([0, 3, 6, 9], 8) == [[0], [3], [6], [9]]
+    assert paillier_module.share_pieces(list(range(10)), 3) == [[0, 1, 2], [3, 4, 5], [6, 7, 8, 9]]
+    assert paillier_module.share_pieces([4], 1) == [[4]]
+    assert paillier_module.share_pieces([], 8) == [[]]
+    for length in range(1, 40):
+        for pieces in range(1, 10):
+            cut = paillier_module.share_pieces(list(range(length)), pieces)
+            assert [i for piece in cut for i in piece] == list(range(length))
+            assert len(cut) == min(pieces, length) and all(cut)
 
 
 def test_missing_share_without_fetch_is_a_protocol_error(federation):

@@ -14,6 +14,7 @@ from confide.transport.slicing import (
     DEFAULT_SLICE_BYTES,
     MAX_SLICE_BYTES,
     MIN_SLICE_BYTES,
+    Paced,
     pipelined,
     slice_bounds,
     slice_length_for,
@@ -263,3 +264,51 @@ def test_pipeline_overlaps_with_depth_one():
     serial = min(_timed(False, 1) for _ in range(2))
     overlapped = min(_timed(True, 1) for _ in range(2))
     assert overlapped < 0.8 * serial, f"pipelined {overlapped:.3f} s vs serial {serial:.3f} s"
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# readiness: a batch never waits for a slice still being protected
+
+
+def test_ready_says_whether_the_next_item_is_done():
+    gate = threading.Event()
+
+    def produce(index: int) -> int:
+        if index == 1:
+            gate.wait(5.0)
+        return index
+
+    iterator = pipelined(produce, 3, depth=2)
+    assert next(iterator) == 0
+    assert not iterator.ready()  # item 1 is held at the gate
+    gate.set()
+    deadline = time.monotonic() + 5.0
+    while not iterator.ready() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert iterator.ready()
+    assert list(iterator) == [1, 2]
+    assert iterator.ready()  # exhausted: next() would not wait
+    sequential = pipelined(lambda i: i, 3, enabled=False)
+    assert sequential.ready() and list(sequential) == [0, 1, 2]
+
+
+def test_a_batch_closes_early_when_the_next_slice_is_not_ready():
+    from confide.transport.client import batched
+    from confide.v1 import runtime_pb2 as pb
+
+    items = [pb.Slice(index=i, n_valid=1, payload=bytes([i]) * 100) for i in range(6)]
+    taken: list[int] = []
+
+    def take():
+        for item in items:
+            taken.append(item.index)
+            yield item
+
+    # The slice after 1 and the one after 4 "are still being protected".
+    paced = Paced(take(), lambda: taken[-1] not in (1, 4))
+    messages = list(batched(pb.RoundHeader(round=1), paced))
+    assert messages[0].HasField("header")
+    assert [list(m.batch.indices) for m in messages[1:]] == [[0, 1], [2, 3, 4], [5]]
+    # A plain iterable (no ready()) fills batches as before.
+    whole = list(batched(pb.RoundHeader(round=1), iter(items)))
+    assert [list(m.batch.indices) for m in whole[1:]] == [[0, 1, 2, 3, 4, 5]]
