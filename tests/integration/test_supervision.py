@@ -31,6 +31,17 @@ def _pid_of(workdir: Path, *words: str) -> int:
     return found[0]
 
 
+def _node_pid(workdir: Path, node: int) -> int:
+    """The pid of aggregator cluster node ``node`` under ``workdir`` (its ``--state`` folder is ``node-K``)."""
+    found = [
+        pid
+        for pid, argv in confide_processes(workdir).items()
+        if "--state" in argv and Path(argv[argv.index("--state") + 1]).name == f"node-{node}"
+    ]
+    assert len(found) == 1, f"expected one process of node {node} under {workdir}, found {found}"
+    return found[0]
+
+
 def _wait_for_round(report: Path, number: int, timeout: float = 180.0) -> None:
     deadline = time.monotonic() + timeout
     while True:
@@ -140,6 +151,33 @@ def test_confide_run_names_a_killed_aggregator_restarts_it_and_the_job_completes
     assert [r["process"] for r in report["restarts"]] == ["aggregator"]
     assert [r["round"] for r in report["rounds"]] == list(range(1, 13)) and report["dropped"] == {}
     assert len(_final_models(workdir, spec.parties)) == 1
+
+
+def test_confide_run_names_a_killed_cluster_node_restarts_it_and_the_parties_readmit_it(tmp_path):
+    spec = make_spec(job_id="supervised-cluster", rounds=16, protection={"mode": "secagg"})
+    job = tmp_path / "job.json"
+    job.write_text(spec.model_dump_json())
+    workdir = tmp_path / "run"
+    launcher = _confide_run(job, workdir, "--nodes", "2")
+    try:
+        _wait_for_round(workdir / "parties" / "hospital-b.report.json", 3)
+        pid = _node_pid(workdir, 0)  # node 0 also relays
+        os.kill(pid, signal.SIGKILL)
+        killed_at = len(json.loads((workdir / "parties" / "hospital-b.report.json").read_text())["rounds"])
+        output, _ = launcher.communicate(timeout=240)
+    finally:
+        launcher.kill()
+    assert launcher.returncode == 0, output
+    assert f"node-0 (pid {pid}) was killed by SIGKILL at round" in output
+    assert "restarted: node-0 was killed by SIGKILL" in output
+    report = json.loads((workdir / "report.json").read_text())
+    assert [r["process"] for r in report["restarts"]] == ["node-0"]
+    assert [r["round"] for r in report["rounds"]] == list(range(1, 17)) and report["dropped"] == {}
+    assert len(_final_models(workdir, spec.parties)) == 1
+    # The restarted node was re-admitted: it served (and stored) its share of the last round.
+    state = workdir / "aggregator-state" / "node-0"
+    stored = [int(path.name.split("-")[1]) for path in state.rglob("round-*-s0.bin")]
+    assert max(stored) == spec.rounds, (killed_at, sorted(stored))
 
 
 def test_confide_run_resume_goes_on_from_the_last_round_every_party_checkpointed(tmp_path):

@@ -22,6 +22,7 @@ The job fails only when every node is lost.
 from __future__ import annotations
 
 import os
+import subprocess
 import time
 from pathlib import Path
 
@@ -134,6 +135,11 @@ class Cluster:
     def kill(self, node: int) -> None:
         """Kill one node at once (fault injection: no goodbye, like a crashed machine)."""
         self.children.kill(f"node-{node}")
+
+    def processes(self) -> dict[int, subprocess.Popen]:
+        """The latest process of every node started so far (dead ones included)."""
+        found = {k: self.children.children.get(f"node-{k}") for k in range(self.nodes)}
+        return {k: process for k, process in found.items() if process is not None}
 
     def alive(self) -> list[int]:
         """Nodes whose process still runs."""

@@ -10,7 +10,9 @@ through gRPC with mutual TLS, as they would across sites.
 The launcher supervises what it started (every 0.2 s): a child that dies without having said
 why (SIGKILL, a segfault, the OOM killer) is named at once with how it died and the round the
 job was at, and started again, up to ``max_restarts`` times each. The aggregator comes back on
-its port with its stored rounds and the parties reconnect; a party comes back with ``--rejoin``
+its port with its stored rounds and the parties reconnect; a cluster node (``--nodes``) comes
+back on its port and the parties re-admit it at a round boundary (meanwhile the next live node
+serves its share); a party comes back with ``--rejoin``
 and its peers admit it at the next round boundary (:mod:`confide.party.rejoin`). A party that
 failed and said why in its report is a dropout, not restarted. ``resume=True`` (``confide run
 --resume``) goes on with a stopped job from the last round every party checkpointed.
@@ -222,6 +224,11 @@ class LocalFederation:
             if any(p.poll() is None for p in self.parties.values()):
                 self._handled.add(aggregator.pid)
                 self._restart("aggregator", aggregator, at, echo, lambda: self.start_aggregator(self.port))
+        if self.cluster is not None and any(p.poll() is None for p in self.parties.values()):
+            for node, process in self.cluster.processes().items():
+                if process.poll() is not None and process.pid not in self._handled:
+                    self._handled.add(process.pid)
+                    self._restart(f"node-{node}", process, at, echo, lambda node=node: self.cluster.restart(node))
         for party, process in list(self.parties.items()):
             code = process.poll()
             if code in (None, 0) or process.pid in self._handled:
@@ -254,10 +261,11 @@ class LocalFederation:
         where = f"at round {at} of {self.spec.rounds}"
         if used >= self.max_restarts:
             if name != "aggregator":
-                echo(
-                    f"{name} (pid {process.pid}) {how} {where}; not restarted (max_restarts {self.max_restarts}): "
-                    "the others go on without it"
+                others = (
+                    "the other nodes serve its share" if name.startswith("node-") else "the others go on without it"
                 )
+                budget = f"not restarted (max_restarts {self.max_restarts})"
+                echo(f"{name} (pid {process.pid}) {how} {where}; {budget}: {others}")
                 return False
             raise JobFailedError(
                 f"{name} (pid {process.pid}) {how} {where}; it was restarted {used} time(s) already "
