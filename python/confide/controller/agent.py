@@ -93,7 +93,10 @@ class Agent:
         self.interval_s = interval_s
         self._stopped = threading.Event()
         self._registered = False
+        # The newest checkpoint round the controller acknowledged, per session; and the mark of
+        # the report in flight (a sync that fails leaves them to be sent again, like metrics).
         self._reported_checkpoints: dict[str, int] = {}
+        self._checkpoint_marks: dict[str, int] = {}
         self._verification: dict[str, list] = {}
         self._runs: dict[str, int] = {}
         # The last round whose metrics the controller acknowledged, per (session, run); and the
@@ -167,6 +170,7 @@ class Agent:
         answer = self.client.sync(self._reports())
         self._metrics_sent.update(self._metrics_marks)
         self._unchanged_sent.update(self._unchanged_marks)
+        self._reported_checkpoints.update(self._checkpoint_marks)
         for instruction in answer.get("instructions", []):
             try:
                 self._follow(instruction)
@@ -178,6 +182,7 @@ class Agent:
         reports = []
         self._metrics_marks = {}
         self._unchanged_marks = {}
+        self._checkpoint_marks = {}
         for session in self.sessions():
             stored = self._load(session)
             report: dict[str, Any] = {"session": session, "applied_seq": stored["seq"]}
@@ -232,10 +237,9 @@ class Agent:
             number = path.name.removeprefix("round-")
             if path.is_dir() and path.name.startswith("round-") and number.isdigit() and int(number) > reported:
                 found.append((int(number), path))
-        out = []
-        for number, path in sorted(found):
-            out.append({"round": number, "files": ckpt.manifest(path, prefix=f"{path.name}/")})
-            self._reported_checkpoints[session] = number
+        out = [{"round": number, "files": ckpt.manifest(path, prefix=f"{path.name}/")} for number, path in sorted(found)]
+        if out:
+            self._checkpoint_marks[session] = out[-1]["round"]  # acknowledged once the sync succeeds
         return out
 
     def _follow(self, instruction: dict) -> None:

@@ -481,6 +481,47 @@ def test_an_agent_sends_metrics_in_bounded_batches_and_again_for_a_new_run(tmp_p
     assert client.sent[-1]["protection"] == {"m": 1} and client.sent[-1]["metrics"][0]["round"] == 1
 
 
+def test_an_agent_sends_a_checkpoint_again_when_the_sync_carrying_it_failed(tmp_path):
+    # The soak found it: a controller killed while a heartbeat carried the last round's
+    # checkpoint left the agent believing it delivered, and the session never completed.
+    from confide.controller.agent import Agent
+
+    class Worker:
+        def state(self, session):
+            return {"run": 1, "status": "running", "round": 2}
+
+    class Client:
+        def __init__(self):
+            self.sent, self.fail = [], False
+
+        def sync(self, reports):
+            if self.fail:
+                raise ConnectionError("controller killed")
+            self.sent.append(reports[0])
+            return {"instructions": []}
+
+    client = Client()
+    agent = Agent(client, Worker(), tmp_path)
+    agent._save("s1", 1, {"x": 1})
+
+    def write_checkpoint(number: int) -> None:
+        directory = agent.checkpoint_dir("s1") / f"round-{number:06d}"
+        directory.mkdir(parents=True)
+        (directory / "local.npz").write_bytes(bytes([number]))
+
+    write_checkpoint(1)
+    agent.step()
+    write_checkpoint(2)
+    client.fail = True
+    with pytest.raises(ConnectionError):
+        agent.step()
+    client.fail = False
+    agent.step()
+    agent.step()
+    rounds = [[c["round"] for c in report.get("checkpoints", [])] for report in client.sent]
+    assert rounds == [[1], [2], []]
+
+
 def test_audit_filters_run_in_the_database_and_match_literally(fed):
     controller = fed.c
     fed.register_party("site_a")
