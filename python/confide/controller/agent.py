@@ -237,7 +237,9 @@ class Agent:
             number = path.name.removeprefix("round-")
             if path.is_dir() and path.name.startswith("round-") and number.isdigit() and int(number) > reported:
                 found.append((int(number), path))
-        out = [{"round": number, "files": ckpt.manifest(path, prefix=f"{path.name}/")} for number, path in sorted(found)]
+        out = [
+            {"round": number, "files": ckpt.manifest(path, prefix=f"{path.name}/")} for number, path in sorted(found)
+        ]
         if out:
             self._checkpoint_marks[session] = out[-1]["round"]  # acknowledged once the sync succeeds
         return out
