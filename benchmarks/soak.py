@@ -1,12 +1,24 @@
-"""Soak: a long job under ``confide run`` while its processes are SIGKILLed at random.
+"""Soak: long jobs while their processes are SIGKILLed at random, the controller's too.
 
-One ``confide run`` (aggregator and three parties as separate processes, gRPC with mutual TLS on
-loopback) trains Homo LR on breast cancer for ``--rounds`` rounds in ``--mode`` (secagg by
-default). Every ``--kill-every`` seconds on average (exponential gaps, seeded) this script
-SIGKILLs one of them: the aggregator with probability ``--aggregator-share``, else a party drawn
-at random. The launcher must name each death, restart the process, and the job must go on:
-a restarted aggregator with its stored rounds, a restarted party rejoining at a round boundary
-with the model everyone holds.
+Two parts, each ``--rounds`` rounds of Homo LR on breast cancer (secagg by default), every
+``--kill-every`` seconds on average (exponential gaps, seeded) a SIGKILL:
+
+1. **Launcher.** One ``confide run --nodes N`` (an aggregator cluster of ``--nodes`` processes,
+   or one aggregator with ``--nodes 1``, and three parties, gRPC with mutual TLS on loopback).
+   The victim is an aggregator node with probability ``--aggregator-share``, else a party drawn
+   at random, one node and one party down at a time: every node lost at once, or two of three
+   parties gone in one round (fewer than ``min_parties``), fail a job by design, so a node or a
+   party is killed only once the last one killed has served or trained a round since it came
+   back. The launcher must name each death and restart the process, and the job must go on: a
+   restarted node re-admitted by the parties at a round boundary (the next live node serving
+   its share, and the relay, meanwhile), a restarted aggregator with its stored rounds, a
+   restarted party rejoining at a round boundary with the model everyone holds.
+2. **Controller.** A whole deployment (``LocalDeployment``: controller on SQLite, aggregator and
+   three party agents as processes); a developer submits the job as a session and the victim is
+   always the controller, which this script starts again on its port as a service manager
+   would. The job's data plane does not need it; the agents keep their per-round metrics until
+   a heartbeat gets through, so the controller must end with the session completed and every
+   round's metrics of every party (``--controller-rounds``, 0 to skip).
 
 What it checks and records (``benchmarks/results/soak.json``):
 
@@ -14,11 +26,13 @@ What it checks and records (``benchmarks/results/soak.json``):
   ``soak.rounds_lost``: rounds missing from it (must be 0);
 - ``soak.kills`` and ``soak.restarts``: every kill must show up as a restart in the report;
 - ``soak.models_identical``: 1 when every party that finished holds the same final weights;
-- per role, the peak resident memory of any process (``VmHWM``) and the growth of resident
-  memory over the life of each long-lived process (median of its last fifth minus median of its
-  first fifth after the first 5 % of its life), sampled once a second from ``/proc``.
+- ``soak.controller.*``: the same for the controller part, where a round is lost when the
+  controller lacks its metrics for any party;
+- per role (aggregator, party, controller, agent), the peak resident memory of any process
+  (``VmHWM``) and the growth of resident memory over the life of each long-lived process (median
+  of its last fifth minus median of its first fifth after the first 5 % of its life), sampled
+  once a second from ``/proc``.
 
-Controller kills and aggregator cluster node kills are not part of this soak (docs/benchmarks.md).
 No anchor: the figures are checks and memory, not speed against another system.
 """
 
@@ -61,14 +75,32 @@ def job(rounds: int, mode: str) -> dict:
 
 
 def processes(workdir: Path) -> dict[int, str]:
-    """Live ``confide`` processes of this soak: pid -> role (aggregator or the party's name)."""
+    """Live ``confide`` processes of this soak: pid -> role (``aggregator``, ``node-K``, ``controller``,
+    ``agent`` or the party's name)."""
     found = {}
     for pid, argv in confide_processes(workdir).items():
-        if "aggregator" in argv:
+        if (
+            "aggregator" in argv
+            and "--state" in argv
+            and Path(argv[argv.index("--state") + 1]).name.startswith("node-")
+        ):
+            found[pid] = Path(argv[argv.index("--state") + 1]).name
+        elif "aggregator" in argv:
             found[pid] = "aggregator"
+        elif "controller" in argv:
+            found[pid] = "controller"
+        elif "agent" in argv:
+            found[pid] = "agent"
         elif "--party" in argv:
             found[pid] = argv[argv.index("--party") + 1]
     return found
+
+
+def role_of(name: str) -> str:
+    """The memory figure a process counts in: nodes count as aggregators, every party as ``party``."""
+    if name.startswith("node-"):
+        return "aggregator"
+    return name if name in ("aggregator", "controller", "agent") else "party"
 
 
 def past_round(run: Path, number: int) -> bool:
@@ -81,6 +113,18 @@ def past_round(run: Path, number: int) -> bool:
         if not rounds or rounds[-1]["round"] <= number:
             return False
     return True
+
+
+def current_round(run: Path) -> int:
+    """The newest round any party's report shows."""
+    newest = 0
+    for party in PARTIES:
+        try:
+            rounds = json.loads((run / "parties" / f"{party}.report.json").read_text())["rounds"]
+        except (OSError, ValueError, KeyError):
+            continue
+        newest = max([newest] + [r["round"] for r in rounds[-1:]])
+    return newest
 
 
 def memory(pid: int) -> tuple[float, float] | None:
@@ -119,19 +163,21 @@ def growth(samples: list[tuple[float, float, float]]) -> float:
     return statistics.median(s[1] for s in kept[-fifth:]) - statistics.median(s[1] for s in kept[:fifth])
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=1000)
-    parser.add_argument("--mode", default="secagg")
-    parser.add_argument("--kill-every", type=float, default=4.0, help="mean seconds between kills")
-    parser.add_argument("--aggregator-share", type=float, default=0.3)
-    parser.add_argument("--seed", type=int, default=5)
-    parser.add_argument("--workdir", default=None)
-    parser.add_argument("--write", action="store_true", help="also update docs/benchmarks.md")
-    args = parser.parse_args()
-    rng = random.Random(args.seed)
-    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="confide-soak-"))
-    workdir.mkdir(parents=True, exist_ok=True)
+def controller_job(rounds: int, mode: str) -> dict:
+    """The soak's job as a deployment session: the same model, each party's catalog shard as FL_Data."""
+    spec = job(rounds, mode)
+    del spec["data"]
+    spec["job_id"] = "soak-controller"
+    spec["fl_data"] = {
+        "label": "diagnosis",
+        "participants": {p: {"dataset": "breast-cancer", "seed": 3} for p in PARTIES},
+        "pipeline": [{"name": "scaled", "op": "scale", "params": {"method": "standard"}}],
+    }
+    return spec
+
+
+def launcher_part(args, rng: random.Random, workdir: Path) -> tuple[list[dict], Sampler, list[dict]]:
+    """``confide run --nodes N`` under party and node (or aggregator) kills; returns (records, sampler, kills)."""
     spec = workdir / "soak.json"
     spec.write_text(json.dumps(job(args.rounds, args.mode)))
     run = workdir / "run"
@@ -139,13 +185,14 @@ def main() -> None:
     started = time.monotonic()
     launcher = subprocess.Popen(
         [sys.executable, "-m", "confide", "run", str(spec), "--workdir", str(run), "--no-progress"]
-        + ["--max-restarts", "1000"],
+        + ["--max-restarts", "1000", "--nodes", str(args.nodes)],
         stdout=log,
         stderr=subprocess.STDOUT,
     )
     sampler = Sampler(run)
     sampler.start()
     kills: list[dict] = []
+    down_at = {"server": 0, "party": 0}  # the round at which the last of each was killed
     next_kill = started + rng.expovariate(1 / args.kill_every)
     while launcher.poll() is None:
         time.sleep(0.2)
@@ -153,7 +200,20 @@ def main() -> None:
             continue  # kills start once the job runs (a death during set-up fails a job by design)
         next_kill = time.monotonic() + rng.expovariate(1 / args.kill_every)
         live = processes(run)
-        role = "aggregator" if rng.random() < args.aggregator_share else rng.choice(PARTIES)
+        kind = "server" if rng.random() < args.aggregator_share else "party"
+        if down_at[kind] and not past_round(run, down_at[kind] + 1):
+            # One node and one party down at a time, by design of the job's tolerance: every node
+            # lost at once, or two of three parties in one round (fewer than min_parties), fail
+            # it. The last one killed must have served (or trained) a round since it came back.
+            continue
+        if kind == "server":
+            servers = sorted(r for r in live.values() if r == "aggregator" or r.startswith("node-"))
+            if len(servers) < args.nodes or len(servers) != len(set(servers)):
+                continue  # a node is still restarting
+            role = rng.choice(servers)
+        else:
+            role = rng.choice(PARTIES)
+        down_at[kind] = current_round(run)
         victims = [pid for pid, r in live.items() if r == role]
         if len(victims) != 1:
             continue  # mid-restart or finished: skip this kill
@@ -181,10 +241,14 @@ def main() -> None:
             finals[party] = tuple(party_report["weights"])
     identical = len(set(finals.values())) == 1 and len(finals) >= 2
     restarts = report["restarts"]
-    by_role: dict[str, list[int]] = {}
-    for pid, role in sampler.roles.items():
-        by_role.setdefault("aggregator" if role == "aggregator" else "party", []).append(pid)
-    params = {"rounds": args.rounds, "mode": args.mode, "kill_every_s": args.kill_every, "seed": args.seed}
+    params = {
+        "rounds": args.rounds,
+        "mode": args.mode,
+        "nodes": args.nodes,
+        "kill_every_s": args.kill_every,
+        "seed": args.seed,
+        "node_kills": sum(k["role"].startswith("node-") or k["role"] == "aggregator" for k in kills),
+    }
     results = [
         record("soak.rounds_completed", len(numbers), "rounds", params=params),
         record("soak.rounds_lost", len(lost), "rounds", params=params),
@@ -193,29 +257,153 @@ def main() -> None:
         record("soak.models_identical", float(identical), "bool", params={**params, "parties": sorted(finals)}),
         record("soak.wall_seconds", wall, "s", params=params),
     ]
-    for role, pids in sorted(by_role.items()):
-        peak = max(max(s[2] for s in sampler.samples[pid]) for pid in pids)
+    print(f"launcher part: kills {len(kills)}, restarts in the report {len(restarts)}, lost rounds {lost[:10]}")
+    if lost or len(restarts) < len(kills) or not identical:
+        raise SystemExit(
+            f"soak failed: rounds lost {lost[:10]}, {len(kills)} kills and {len(restarts)} restarts, "
+            f"models identical: {identical}; see {workdir}"
+        )
+    return results, sampler, kills
+
+
+def controller_part(args, rng: random.Random, workdir: Path) -> tuple[list[dict], Sampler, list[dict]]:
+    """A deployment session under controller kills; returns (records, sampler, kills)."""
+    from confide.errors import ConfideError
+    from confide.local import LocalDeployment
+
+    deployment = LocalDeployment(workdir / "deploy", parties=list(PARTIES))
+    deployment.start()
+    sampler = Sampler(deployment.workdir)
+    sampler.start()
+    kills: list[dict] = []
+    rounds = args.controller_rounds
+    try:
+        deployment.grant_all("alice")
+        with deployment.client("alice") as alice:
+            token = alice.submit(controller_job(rounds, args.mode))["session"]
+        started = time.monotonic()
+        next_kill = started + rng.expovariate(1 / args.kill_every)
+        deadline = started + 60 + rounds * 2.0
+        state = None
+        while time.monotonic() < deadline:
+            time.sleep(0.2)
+            try:
+                with deployment.client("alice") as alice:
+                    state = alice.status(token)["state"]
+            except ConfideError:
+                state = None  # down (killed, or restarting)
+            if state in ("completed", "failed", "refused", "cancelled", "revoked"):
+                break
+            if time.monotonic() < next_kill or state is None:
+                continue
+            next_kill = time.monotonic() + rng.expovariate(1 / args.kill_every)
+            pid = deployment.children.children["controller"].pid
+            deployment.children.kill("controller")
+            kills.append({"at_s": round(time.monotonic() - started, 1), "role": "controller", "pid": pid})
+            print(f"  {kills[-1]['at_s']:7.1f} s  SIGKILL controller (pid {pid})", flush=True)
+            time.sleep(rng.uniform(0.0, 2.0))  # down a while, as a machine that reboots
+            deployment.start_controller()
+        wall = time.monotonic() - started
+        if state != "completed":
+            raise SystemExit(f"soak failed: the controller's session is {state!r} after {wall:.0f} s; see {workdir}")
+        # The last heartbeats may still be on their way: metrics of the last rounds arrive within a few.
+        missing: dict[str, list[int]] = {}
+        for _ in range(40):
+            with deployment.client("alice") as alice:
+                metrics = alice.request("GET", f"/v1/sessions/{token}/metrics")
+            seen = {r["name"]: {m["round"] for m in r["metrics"]} for r in metrics["participants"]}
+            missing = {p: sorted(set(range(1, rounds + 1)) - seen.get(p, set())) for p in PARTIES}
+            if not any(missing.values()):
+                break
+            time.sleep(0.5)
+        finals = {}
+        for party in PARTIES:
+            reports = sorted(
+                (deployment.workdir / "parties" / party / "sessions" / token).rglob(f"{party}.report.json")
+            )
+            report = json.loads(reports[-1].read_text())
+            if report["status"] == "completed":
+                finals[party] = tuple(report["weights"])
+    finally:
+        sampler.stop.set()
+        sampler.join()
+        deployment.stop()
+    lost = sorted({r for rows in missing.values() for r in rows})
+    identical = len(set(finals.values())) == 1 and len(finals) == len(PARTIES)
+    params = {"rounds": rounds, "mode": args.mode, "kill_every_s": args.kill_every, "seed": args.seed}
+    results = [
+        record("soak.controller.rounds_completed", rounds - len(lost), "rounds", params=params),
+        record("soak.controller.rounds_lost", len(lost), "rounds", params=params),
+        record("soak.controller.kills", len(kills), "kills", params=params),
+        record("soak.controller.models_identical", float(identical), "bool", params=params),
+        record("soak.controller.wall_seconds", wall, "s", params=params),
+    ]
+    print(f"controller part: kills {len(kills)}, rounds without metrics at the controller {lost[:10]}")
+    if lost or not identical:
+        raise SystemExit(f"soak failed: the controller lacks rounds {lost[:10]} or the models differ; see {workdir}")
+    return results, sampler, kills
+
+
+def memory_records(samplers: list[Sampler], wall: float, params: dict) -> list[dict]:
+    """Peak RSS per role, and the growth of each process that lived long enough (worst per role)."""
+    by_role: dict[str, list[tuple[Sampler, int]]] = {}
+    for sampler in samplers:
+        for pid, name in sampler.roles.items():
+            by_role.setdefault(role_of(name), []).append((sampler, pid))
+    results = []
+    for role, members in sorted(by_role.items()):
+        peak = max(max(s[2] for s in sampler.samples[pid]) for sampler, pid in members)
         results.append(record(f"soak.peak_rss_mb.{role}", peak, "MiB", params=params))
-        lived = [pid for pid in pids if len(sampler.samples[pid]) >= max(30, 0.3 * wall)]
+        lived = [sampler.samples[pid] for sampler, pid in members if len(sampler.samples[pid]) >= max(30, 0.3 * wall)]
         if lived:
-            worst = max(growth(sampler.samples[pid]) for pid in lived)
+            worst = max(growth(samples) for samples in lived)
             results.append(
                 record(f"soak.rss_growth_mb.{role}", worst, "MiB", params={**params, "processes": len(lived)})
             )
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=1000)
+    parser.add_argument("--controller-rounds", type=int, default=1000, help="rounds of the controller part (0: skip)")
+    parser.add_argument("--mode", default="secagg")
+    parser.add_argument(
+        "--nodes", type=int, default=2, help="aggregator nodes of the launcher part (1: one aggregator)"
+    )
+    parser.add_argument("--kill-every", type=float, default=2.0, help="mean seconds between kills")
+    parser.add_argument("--aggregator-share", type=float, default=0.3)
+    parser.add_argument("--seed", type=int, default=5)
+    parser.add_argument("--workdir", default=None)
+    parser.add_argument("--write", action="store_true", help="also update docs/benchmarks.md")
+    args = parser.parse_args()
+    rng = random.Random(args.seed)
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="confide-soak-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    results, sampler, kills = launcher_part(args, rng, workdir)
+    samplers, wall = [sampler], results[-1]["value"]
+    controller_kills: list[dict] = []
+    if args.controller_rounds:
+        more, sampler, controller_kills = controller_part(args, rng, workdir)
+        results += more
+        samplers.append(sampler)
+    params = {"rounds": args.rounds, "mode": args.mode, "nodes": args.nodes, "seed": args.seed}
+    results += memory_records(samplers, wall, params)
     info = machine()
     path = write("soak", info, results)
     lines = results_table(results, value=",.1f")
     print("\n".join(lines))
-    print(f"kills {len(kills)}, restarts in the report {len(restarts)}, lost rounds {lost[:10]}; wrote {path}")
+    print(f"wrote {path}")
     if args.write:
+        servers = sum(k["role"] != "controller" and k["role"] not in PARTIES for k in kills)
         said = (
             f"Measured {info['date']} on {info['cpu']} ({info['cores']} cores), commit {info['commit']}: "
-            f"{args.rounds} rounds of {args.mode}, a SIGKILL every {args.kill_every:g} s on average "
-            f"({len(kills)} kills: {sum(k['role'] == 'aggregator' for k in kills)} of the aggregator), one run."
+            f"{args.rounds} rounds of {args.mode} under `confide run --nodes {args.nodes}`, a SIGKILL every "
+            f"{args.kill_every:g} s on average ({len(kills)} kills: {servers} of aggregator nodes, the rest "
+            f"parties); then {args.controller_rounds} rounds as a controller session with "
+            f"{len(controller_kills)} controller kills. One run."
         )
         write_markdown_block("soak", "Soak: a long job under random SIGKILLs", [said, "", *lines], "soak")
-    if lost or len(restarts) < len(kills) or not identical:
-        raise SystemExit("soak failed: rounds lost, a kill without a restart, or the parties' models differ")
 
 
 if __name__ == "__main__":
