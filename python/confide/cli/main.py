@@ -165,7 +165,7 @@ def _parser() -> argparse.ArgumentParser:
         "--max-restarts",
         type=int,
         default=3,
-        help="times each crashed process (aggregator or party) is started again; 0: never (default 3)",
+        help="times each crashed process (aggregator, cluster node or party) is started again; 0: never (default 3)",
     )
     run.add_argument("--mode", default=None, help="override protection.mode")
     run.add_argument("--split", default=None, help="override data.split (iid or label_skew)")
