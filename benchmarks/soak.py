@@ -103,28 +103,26 @@ def role_of(name: str) -> str:
     return name if name in ("aggregator", "controller", "agent") else "party"
 
 
-def past_round(run: Path, number: int) -> bool:
-    """Whether every party's report shows a round after ``number``."""
+def last_rounds(run: Path) -> list[int]:
+    """The last round in each party's report (0 where it has none yet or it is being rewritten)."""
+    found = []
     for party in PARTIES:
         try:
             rounds = json.loads((run / "parties" / f"{party}.report.json").read_text())["rounds"]
         except (OSError, ValueError, KeyError):
-            return False
-        if not rounds or rounds[-1]["round"] <= number:
-            return False
-    return True
+            rounds = []
+        found.append(rounds[-1]["round"] if rounds else 0)
+    return found
+
+
+def past_round(run: Path, number: int) -> bool:
+    """Whether every party's report shows a round after ``number``."""
+    return min(last_rounds(run)) > number
 
 
 def current_round(run: Path) -> int:
     """The newest round any party's report shows."""
-    newest = 0
-    for party in PARTIES:
-        try:
-            rounds = json.loads((run / "parties" / f"{party}.report.json").read_text())["rounds"]
-        except (OSError, ValueError, KeyError):
-            continue
-        newest = max([newest] + [r["round"] for r in rounds[-1:]])
-    return newest
+    return max(last_rounds(run))
 
 
 def memory(pid: int) -> tuple[float, float] | None:

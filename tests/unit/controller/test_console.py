@@ -443,6 +443,19 @@ def test_a_party_shares_only_the_tail_of_its_log_and_only_when_it_changes(tmp_pa
     assert "log_tail" not in second[0] and "protection" not in second[0]
 
 
+class _FlakyController:
+    """A controller client that records each first report and fails while ``fail`` is set."""
+
+    def __init__(self):
+        self.sent, self.fail = [], False
+
+    def sync(self, reports):
+        if self.fail:
+            raise ConnectionError("controller away")
+        self.sent.append(reports[0])
+        return {"instructions": []}
+
+
 def test_an_agent_sends_metrics_in_bounded_batches_and_again_for_a_new_run(tmp_path):
     from confide.controller.agent import METRICS_PER_REPORT, Agent
 
@@ -453,17 +466,7 @@ def test_an_agent_sends_metrics_in_bounded_batches_and_again_for_a_new_run(tmp_p
             rows = [{"round": r, "loss": 1.0} for r in range(1, 2 * METRICS_PER_REPORT + 2)]
             return {"run": self.run, "status": "running", "round": len(rows), "metrics": rows, "protection": {"m": 1}}
 
-    class Client:
-        def __init__(self):
-            self.sent, self.fail = [], False
-
-        def sync(self, reports):
-            if self.fail:
-                raise ConnectionError("controller away")
-            self.sent.append(reports[0])
-            return {"instructions": []}
-
-    worker, client = Worker(), Client()
+    worker, client = Worker(), _FlakyController()
     agent = Agent(client, worker, tmp_path)
     agent._save("s1", 1, {"x": 1})
     agent.step()
@@ -490,17 +493,7 @@ def test_an_agent_sends_a_checkpoint_again_when_the_sync_carrying_it_failed(tmp_
         def state(self, session):
             return {"run": 1, "status": "running", "round": 2}
 
-    class Client:
-        def __init__(self):
-            self.sent, self.fail = [], False
-
-        def sync(self, reports):
-            if self.fail:
-                raise ConnectionError("controller killed")
-            self.sent.append(reports[0])
-            return {"instructions": []}
-
-    client = Client()
+    client = _FlakyController()
     agent = Agent(client, Worker(), tmp_path)
     agent._save("s1", 1, {"x": 1})
 
