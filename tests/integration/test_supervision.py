@@ -91,6 +91,31 @@ def test_crashed_party_rejoins_at_the_next_round_and_ends_with_everyones_model(t
     assert report["final_auc"] > 0.98
 
 
+@pytest.mark.parametrize("mode", ["secagg", "paillier"])
+def test_two_of_three_crashing_in_one_round_are_admitted_back_by_the_survivor_to_its_retry(tmp_path, mode):
+    # Found by the soak: the leader and another party died in one round, the one survivor was
+    # below min_parties (2) and failed the job although the launcher was restarting both.
+    spec = make_spec(job_id=f"rejoin-two-{mode}", rounds=8, protection={"mode": mode, "on_dropout": "retry"})
+    lines: list[str] = []
+    crash = {p: {"exit_round": 4, "exit_marker": tmp_path / f"{p}.crashed"} for p in ("hospital-a", "hospital-b")}
+    report = run_local(spec, tmp_path / "run", progress=False, echo=lines.append, party_env=_slow_rounds(spec, **crash))
+
+    said = sorted(line for line in lines if "exited with status 17" in line)
+    assert [line.split(" (pid")[0] for line in said] == ["hospital-a", "hospital-b"], lines
+    assert sorted((r["process"], r["round"]) for r in report["restarts"]) == [("hospital-a", 4), ("hospital-b", 4)]
+    rounds = report["rounds"]
+    assert [r["round"] for r in rounds] == list(range(1, 9)) and report["dropped"] == {}
+    rejoins = {p: report["parties"][p]["rejoins"] for p in ("hospital-a", "hospital-b")}
+    assert all(len(r) == 1 for r in rejoins.values()), rejoins
+    # Whoever had asked back in when hospital-c was left alone joins the retry of round 4 (both,
+    # or the quicker one, the other at a later round boundary): admitted by the survivor.
+    retry = [p for p, r in rejoins.items() if r[0]["at_round"] == 4]
+    assert retry and all(rejoins[p][0]["admitted_by"] == "hospital-c" for p in retry), rejoins
+    assert rounds[3]["attempts"] >= 2 and rounds[3]["participants"] == sorted([*retry, "hospital-c"]), rounds[3]
+    assert len(_final_models(tmp_path / "run", spec.parties)) == 1, "every party ends with the same model"
+    assert report["final_auc"] > 0.98
+
+
 def test_leader_killed_between_rounds_is_admitted_back_by_the_next_leader(tmp_path):
     spec = make_spec(job_id="rejoin-leader", rounds=14, protection={"mode": "groupmask", "on_dropout": "retry"})
     lines: list[str] = []

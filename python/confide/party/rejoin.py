@@ -29,6 +29,11 @@ the round's membership:
 A joiner not admitted within ``max(60 s, round_timeout_s)`` asks again under a new incarnation
 (the leader that decided on its request may have died before admitting it).
 
+A round that loses all parties but one (the leader among them, say, with 3 parties and
+``min_parties`` 2) would leave too few to retry it. The one survivor then waits for the dropped
+parties' requests (:meth:`Membership.await_rejoiners`) and, as the retry's leader, admits them
+to the next attempt of that round with the round-start model; the admission names the attempt.
+
 The others read the decision after local training (the message has long arrived), so a round
 costs no extra wait while everyone is present. A leader that dies between rounds is noticed
 from its own rejoin request: its peers run the round without it, and the next leader admits it.
@@ -77,6 +82,8 @@ class Admission:
     strategy: dict[str, np.ndarray]
     incarnations: dict[str, int] = field(default_factory=dict)
     leader: str = ""
+    #: The attempt of ``round`` it joins: 0, or the retry a lone survivor admitted it to.
+    attempt: int = 0
     #: The request tags this process sent (dropped from the client's re-send list once admitted).
     requests: list[str] = field(default_factory=list)
 
@@ -198,15 +205,17 @@ class Membership:
                 return tag, announcement
         return None
 
-    def open_round(self, round_number: int, participants: list[str], snapshot) -> None:
+    def open_round(self, round_number: int, participants: list[str], snapshot, attempt: int = 0) -> list[str]:
         """At a round's start, before training: the leader decides and admits (others do nothing).
 
         ``snapshot()`` gives the round-start global model and strategy state (called only when
         someone joins), which a joiner must start from to end the round with everyone's model.
+        ``attempt``: the attempt of the round the joiners take part in (a lone survivor's retry,
+        :meth:`await_rejoiners`). Returns the round's members as decided here.
         """
         self._decision = None
         if not self.protection.rejoinable or participants[0] != self.party_id:
-            return
+            return list(participants)
         joiners: dict[str, dict] = {}
         for party in self.parties:
             if party == self.party_id:
@@ -240,11 +249,36 @@ class Membership:
             weights, strategy_state = snapshot()
             for party, joiner in joiners.items():
                 try:
-                    self._admit(round_number, party, joiner["tag"], members, weights, strategy_state)
+                    self._admit(round_number, party, joiner["tag"], members, weights, strategy_state, attempt)
                 except ConfideError as error:  # it asks again under a new incarnation
                     log.warning("round %d: admitting %s failed: %s", round_number, party, error)
                     continue
                 log.info("round %d: %s rejoins (request %s)", round_number, party, joiner["tag"])
+        return self._members(participants, joiners)
+
+    def await_rejoiners(self, round_number: int, dropped: list[str], needed: int, timeout: float) -> bool:
+        """A lone survivor of an aborted round: wait until ``needed`` of ``dropped`` ask back in.
+
+        Two of three parties crashing in one round leave fewer than ``min_parties``; under a
+        launcher (or a service manager) that restarts them they ask back in within seconds, and
+        the survivor can admit them to a retry of the same round (:meth:`open_round` with the
+        next attempt) instead of failing the job. Returns whether enough asked within ``timeout``.
+        """
+        if not self.protection.rejoinable:
+            return False
+        deadline = time.monotonic() + timeout
+        log.warning(
+            "round %d: %s dropped out and too few parties are left; waiting up to %gs for them to ask back in",
+            round_number,
+            ", ".join(dropped),
+            timeout,
+        )
+        while True:
+            if sum(self._newest(party) is not None for party in dropped) >= needed:
+                return True
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.2)
 
     def settle(self, round_number: int, participants: list[str], timeout: float) -> list[str]:
         """After training: the round's participants, as the leader decided them."""
@@ -297,7 +331,7 @@ class Membership:
     def _members(self, participants: list[str], joiners) -> list[str]:
         return [p for p in self.parties if p in participants or p in joiners]
 
-    def _admit(self, round_number, party, tag, members, weights, strategy_state) -> None:
+    def _admit(self, round_number, party, tag, members, weights, strategy_state, attempt: int = 0) -> None:
         keys = self._keys
         incarnation = tag[len(REJOIN_PREFIX) :]
         bundle = _npz(
@@ -318,6 +352,7 @@ class Membership:
             ),
             chunks=len(chunks),
             incarnations=json.dumps(self.incarnations),
+            attempt=attempt,
         )
         for index, chunk in enumerate(chunks):
             chunk_tag = f"{MODEL_PREFIX}{incarnation}/{index}"
@@ -406,4 +441,11 @@ def request_rejoin(protection, exchange, client, parties: list[str], timeout: fl
         incarnations={p: int(n) for p, n in json.loads(inner["incarnations"]).items()},
         leader=leader,
         requests=sent,
+        attempt=_attempt(inner.get("attempt", 0)),
     )
+
+
+def _attempt(value) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 1_000_000:
+        raise ProtocolError(f"admission names attempt {value!r}, not an attempt number")
+    return value

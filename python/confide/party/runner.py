@@ -566,7 +566,7 @@ def run_party(
     protection.encode_threads = 1 if encode_workers(spec.transport.pipeline) > 1 else 0
     protection.pipeline = spec.transport.pipeline
     restore = _stop_on_sigterm(stop_file)
-    admitted_round = 0
+    admitted_round = attempt_admitted = 0
     try:
         client.connect()
         started = time.perf_counter()
@@ -577,6 +577,7 @@ def run_party(
             client.forget(CONTROL_ROUND, admission.requests)  # a reconnect must not send them again
             counts, participants = admission.counts, admission.participants
             first_round = admitted_round = admission.round
+            attempt_admitted = admission.attempt
             done = [r.round for r in report.rounds]
             report.rejoins.append(
                 {
@@ -651,7 +652,10 @@ def run_party(
                 break  # the budget is spent for some party: all stop together
             if not admitted:  # after the budget vote: nobody is admitted to a round that does not run
                 membership.open_round(round_number, participants, lambda: (model.get_weights(), strategy.state()))
-            entry = _train_and_aggregate(training, participants, round_number, settled=admitted)
+            first_attempt = attempt_admitted if admitted else 0
+            entry = _train_and_aggregate(
+                training, participants, round_number, settled=admitted, first_attempt=first_attempt
+            )
             if privacy is not None:
                 _write_ledger(checkpoint_dir, privacy)
             participants = entry.participants
@@ -735,12 +739,15 @@ class _Training:
 
 
 def _train_and_aggregate(
-    training: _Training, participants: list[str], round_number: int, *, settled: bool = False
+    training: _Training, participants: list[str], round_number: int, *, settled: bool = False, first_attempt: int = 0
 ) -> RoundReport:
     """One round: local training, then the protected aggregation (retried without dropouts).
 
     Unless ``settled`` (a rejoined party's first round), the round's membership is read after
-    training: the leader may have admitted a restarted party.
+    training: the leader may have admitted a restarted party. ``first_attempt``: the attempt a
+    rejoined party was admitted to (a lone survivor's retry; 0 otherwise). A lone survivor of an
+    attempt that leaves fewer than ``min_parties`` waits for the dropped parties to ask back in
+    and admits them to the next attempt (:func:`_readmit`) before it gives up on the job.
     """
     spec, party_id, model, layout, strategy, data = (
         training.spec,
@@ -770,7 +777,7 @@ def _train_and_aggregate(
     _check_finite(delta, layout, party_id, round_number)
     if training.membership is not None and not settled:
         participants = training.membership.settle(round_number, participants, client.message_timeout_s)
-    attempt = 0
+    attempt = first_attempt
     while True:
         total = sum(float(counts[p][0]) for p in participants)
         vector = training.privacy.privatize(delta, participants, protection) if training.privacy else None
@@ -808,10 +815,16 @@ def _train_and_aggregate(
             if spec.protection.on_dropout == "fail":
                 raise JobFailedError(f"{aborted}; on_dropout is 'fail'") from None
             if len(aborted.survivors) < spec.protection.min_parties:
-                raise JobFailedError(
-                    f"{aborted}; {len(aborted.survivors)} parties left, protection.min_parties is "
-                    f"{spec.protection.min_parties}"
-                ) from None
+                members = _readmit(training, aborted, round_number, global_vector, attempt + 1)
+                if members is None:
+                    raise JobFailedError(
+                        f"{aborted}; {len(aborted.survivors)} parties left, protection.min_parties is "
+                        f"{spec.protection.min_parties}"
+                    ) from None
+                log.warning("%s; retrying round %d with %s, readmitted", aborted, round_number, members)
+                participants = members
+                attempt += 1
+                continue
             log.warning("%s; retrying round %d with %s", aborted, round_number, aborted.survivors)
             participants = list(aborted.survivors)
             attempt += 1
@@ -850,6 +863,29 @@ def _train_and_aggregate(
         entry["weights"] = new_global.tolist()
     entry["eval_s"] = round(time.perf_counter() - started, 6)
     return RoundReport(**entry)
+
+
+def _readmit(
+    training: _Training, aborted: RoundAbortedError, round_number: int, global_vector, attempt: int
+) -> list[str] | None:
+    """A lone survivor's retry with the dropped parties back: the members of ``attempt``, or None.
+
+    Only where this party is the one survivor (it leads the retry, so no other survivor needs to
+    hear of it), the mode can take a party back, and no privacy budget is in play (its vote is
+    held at a round's start). The joiners get the round-start model and train the round anew.
+    """
+    spec, membership = training.spec, training.membership
+    if membership is None or training.privacy is not None or aborted.survivors != [training.party_id]:
+        return None
+    needed = spec.protection.min_parties - 1
+    wait = max(60.0, spec.transport.round_timeout_s)
+    if not membership.await_rejoiners(round_number, aborted.dropped, needed, wait):
+        return None
+    round_start = training.layout.unflatten(global_vector)
+    members = membership.open_round(
+        round_number, [training.party_id], lambda: (round_start, training.strategy.state()), attempt=attempt
+    )
+    return members if len(members) >= spec.protection.min_parties else None
 
 
 def _rejoin(spec: JobSpec, protection, exchange, client, model, layout: WeightLayout, strategy):

@@ -107,6 +107,23 @@ def test_restarted_party_is_admitted_with_the_model_secrets_and_fresh_pair_keys(
     assert members["bravo"].settle(6, PARTIES, timeout=5) == PARTIES
 
 
+def test_a_lone_survivor_waits_for_the_dropped_and_admits_them_to_its_next_attempt(federation):
+    hub = MemoryHub()
+    _, members = _set_up(hub, federation, "secagg")
+    alpha = members["alpha"]
+    # Nobody has asked back in yet: the wait ends without them.
+    assert alpha.await_rejoiners(4, ["bravo", "charlie"], needed=1, timeout=0.3) is False
+    _, thread, out = _rejoin_in_background(hub, federation, "charlie", "secagg")
+    assert alpha.await_rejoiners(4, ["bravo", "charlie"], needed=1, timeout=5) is True
+    assert alpha.await_rejoiners(4, ["bravo", "charlie"], needed=2, timeout=0.3) is False  # bravo never asked
+    members_of_retry = alpha.open_round(4, ["alpha"], lambda: ({"w": np.zeros(4)}, {}), attempt=2)
+    assert members_of_retry == ["alpha", "charlie"]
+    thread.join(20)
+    admission = out.get("admission")
+    assert admission is not None, out.get("error")
+    assert (admission.round, admission.attempt, admission.participants) == (4, 2, ["alpha", "charlie"])
+
+
 def test_model_larger_than_one_chunk_arrives_whole(federation, monkeypatch):
     import confide.party.rejoin as rejoin
 
