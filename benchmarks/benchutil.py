@@ -34,10 +34,15 @@ def rate(call: Callable[[], object], items: int, *, repeats: int = 3, min_second
 def machine() -> dict:
     """What the figures were measured on."""
     model, flags = "unknown", set()
+    family = model_number = ""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name") and model == "unknown":
                 model = line.split(":", 1)[1].strip()
+            if line.startswith("cpu family") and not family:
+                family = line.split(":", 1)[1].strip()
+            if line.startswith("model\t") and not model_number:
+                model_number = line.split(":", 1)[1].strip()
             if line.startswith("flags") and not flags:
                 flags = set(line.split(":", 1)[1].split())
     except OSError:
@@ -48,6 +53,8 @@ def machine() -> dict:
         commit = ""
     return {
         "cpu": model,
+        "cpu_family": family,
+        "cpu_model": model_number,
         "cores": os.cpu_count(),
         "python": platform.python_version(),
         "platform": platform.platform(),

@@ -36,6 +36,14 @@ def test_mode_trains_and_reports_what_ran(reports, mode):
     assert Path(report["files"]["plot"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.parametrize("mode", ["paillier", "threshold"])
+def test_paillier_modes_name_the_crypto_engine(reports, mode):
+    protection = reports[mode]["protection"]
+    assert protection["crypto_engine"].startswith(("cpu:", "gpu:"))
+    assert protection["crypto_engine_reason"]
+    assert protection["cpu_batches"] + protection["gpu_batches"] > 0
+
+
 @pytest.mark.parametrize("mode", ["secagg", "paillier", "groupmask", "tee", "threshold"])
 def test_protected_modes_match_plain_auc(reports, mode):
     assert abs(reports[mode]["final_auc"] - reports["plain"]["final_auc"]) <= 0.005

@@ -18,6 +18,7 @@ use numpy::{PyArray1, PyReadonlyArray1};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyTuple};
+use rayon::prelude::*;
 use rug::integer::Order;
 use std::sync::Arc;
 
@@ -127,6 +128,7 @@ impl Encryptor<'_> {
         quantizer: &str,
         seed: Option<u64>,
         threads: usize,
+        engine: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyCiphertextVector> {
         let public = self.public().clone();
         let codec = build_codec(kind, bits, max_summands, alpha, quantizer, public.bits())?;
@@ -139,15 +141,27 @@ impl Encryptor<'_> {
             })
         };
         let layout = codec_layout(&codec);
-        let run = |slice: Slice<'_>| {
-            py.detach(|| {
-                threaded(threads, || {
-                    let packed = encode(slice)?;
-                    let plaintexts: Vec<Integer> =
-                        packed.limbs.chunks(layout.limbs.max(1)).map(|l| Integer::from_digits(l, Order::Lsf)).collect();
-                    Ok((packed.length, self.encrypt_many(&plaintexts, Randomizer::FixedBase)?))
-                })
-            })
+        let per = layout.limbs.max(1);
+        let run = |slice: Slice<'_>| -> PyResult<(usize, Vec<Ciphertext>)> {
+            let Some(engine) = engine else {
+                return Ok(py.detach(|| {
+                    threaded(threads, || {
+                        let packed = encode(slice)?;
+                        let plaintexts: Vec<Integer> = packed.limbs.chunks(per).map(|l| Integer::from_digits(l, Order::Lsf)).collect();
+                        Ok((packed.length, self.encrypt_many(&plaintexts, Randomizer::FixedBase)?))
+                    })
+                })?);
+            };
+            // Another engine (the GPU, confide.crypto.gpu) encrypts what the codec packed:
+            // engine(limbs: uint64 array, limbs_per_plaintext, holder) -> big-endian ciphertext bytes.
+            let packed = py.detach(|| threaded(threads, || encode(slice)))?;
+            let count = packed.limbs.len() / per;
+            let holder = matches!(self, Encryptor::Holder(_));
+            let out = engine.call1((PyArray1::from_vec(py, packed.limbs), per, holder))?;
+            let out = out.cast_into::<PyBytes>().map_err(|_| invalid("engine", "must return bytes"))?;
+            let bytes = out.as_bytes();
+            let ciphertexts = py.detach(|| threaded(threads, || ciphertexts_from_engine(&public, bytes, count)))?;
+            Ok((packed.length, ciphertexts))
         };
         let (length, ciphertexts) = if let Ok(array) = values.extract::<PyReadonlyArray1<'_, f32>>() {
             run(Slice::F32(array.as_slice().map_err(|_| invalid("values", "array must be contiguous"))?))?
@@ -158,6 +172,22 @@ impl Encryptor<'_> {
         };
         Ok(PyCiphertextVector::new(public, ciphertexts, Some(PackInfo { codec, length: length as u64, summed: 1 })))
     }
+}
+
+/// Ciphertexts an external engine returned as `count` big-endian elements of the key's
+/// ciphertext width, each checked to lie in (0, n²).
+fn ciphertexts_from_engine(public: &EncryptionKey, bytes: &[u8], count: usize) -> NativeResult<Vec<Ciphertext>> {
+    let width = public.ciphertext_bytes();
+    if bytes.len() != count * width {
+        return Err(NativeError::from(confide_paillier::Error::InvalidParameter {
+            field: "engine",
+            reason: format!("returned {} bytes for {count} ciphertexts of {width} bytes", bytes.len()),
+        }));
+    }
+    Ok(bytes
+        .par_chunks(width)
+        .map(|c| Ciphertext::new(public, Integer::from_digits(c, Order::Msf)))
+        .collect::<confide_paillier::Result<Vec<_>>>()?)
 }
 
 #[derive(Clone, Copy)]
@@ -242,7 +272,7 @@ impl PyEncryptionKey {
     fn encrypt_raw(&self, py: Python<'_>, plaintexts: Vec<Vec<u8>>, randomizer: &str, threads: usize) -> PyResult<PyCiphertextVector> {
         Encryptor::Public(&self.key).encrypt_raw(py, plaintexts, randomizer, threads)
     }
-    #[pyo3(signature = (values, kind, bits, max_summands, alpha, quantizer = "exact_bound", seed = None, threads = 0))]
+    #[pyo3(signature = (values, kind, bits, max_summands, alpha, quantizer = "exact_bound", seed = None, threads = 0, engine = None))]
     #[allow(clippy::too_many_arguments)]
     fn encrypt_packed(
         &self,
@@ -255,8 +285,9 @@ impl PyEncryptionKey {
         quantizer: &str,
         seed: Option<u64>,
         threads: usize,
+        engine: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyCiphertextVector> {
-        Encryptor::Public(&self.key).encrypt_packed(py, values, kind, bits, max_summands, alpha, quantizer, seed, threads)
+        Encryptor::Public(&self.key).encrypt_packed(py, values, kind, bits, max_summands, alpha, quantizer, seed, threads, engine)
     }
     fn __eq__(&self, other: &Self) -> bool {
         self.key == other.key
@@ -323,7 +354,7 @@ impl PyDecryptionKey {
     fn encrypt_raw(&self, py: Python<'_>, plaintexts: Vec<Vec<u8>>, randomizer: &str, threads: usize) -> PyResult<PyCiphertextVector> {
         Encryptor::Holder(&self.key).encrypt_raw(py, plaintexts, randomizer, threads)
     }
-    #[pyo3(signature = (values, kind, bits, max_summands, alpha, quantizer = "exact_bound", seed = None, threads = 0))]
+    #[pyo3(signature = (values, kind, bits, max_summands, alpha, quantizer = "exact_bound", seed = None, threads = 0, engine = None))]
     #[allow(clippy::too_many_arguments)]
     fn encrypt_packed(
         &self,
@@ -336,8 +367,9 @@ impl PyDecryptionKey {
         quantizer: &str,
         seed: Option<u64>,
         threads: usize,
+        engine: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyCiphertextVector> {
-        Encryptor::Holder(&self.key).encrypt_packed(py, values, kind, bits, max_summands, alpha, quantizer, seed, threads)
+        Encryptor::Holder(&self.key).encrypt_packed(py, values, kind, bits, max_summands, alpha, quantizer, seed, threads, engine)
     }
     #[pyo3(signature = (vector, threads = 0))]
     fn decrypt_i64<'py>(&self, py: Python<'py>, vector: &PyCiphertextVector, threads: usize) -> PyResult<Bound<'py, PyArray1<i64>>> {
@@ -362,18 +394,52 @@ impl PyDecryptionKey {
     }
     /// Returns (sums as float64, overflow positions as int64).
     #[allow(clippy::type_complexity)]
-    #[pyo3(signature = (vector, threads = 0))]
+    /// With `engine`, another engine (the GPU) decrypts: engine(ciphertext bytes, count) -> the
+    /// plaintexts as `count` big-endian elements of the modulus width.
+    #[pyo3(signature = (vector, threads = 0, engine = None))]
     fn decrypt_packed<'py>(
         &self,
         py: Python<'py>,
         vector: &PyCiphertextVector,
         threads: usize,
+        engine: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<(Bound<'py, PyArray1<f64>>, Bound<'py, PyArray1<i64>>)> {
         self.check_key(vector)?;
         let pack = vector.pack.as_ref().ok_or_else(|| invalid("vector", "holds raw ciphertexts, not a packed vector: use decrypt_i64"))?;
+        let public = self.key.encryption_key();
+        let external = match engine {
+            None => None,
+            Some(engine) => {
+                let width = public.ciphertext_bytes();
+                let mut data = Vec::with_capacity(vector.ciphertexts.len() * width);
+                for c in vector.ciphertexts.iter() {
+                    let digits = c.as_integer().to_digits::<u8>(Order::Msf);
+                    data.resize(data.len() + width - digits.len(), 0);
+                    data.extend_from_slice(&digits);
+                }
+                let count = vector.ciphertexts.len();
+                let out = engine.call1((PyBytes::new(py, &data), count))?;
+                let out = out.cast_into::<PyBytes>().map_err(|_| invalid("engine", "must return bytes"))?;
+                let n_width = public.ciphertext_bytes() / 2;
+                if out.as_bytes().len() != count * n_width {
+                    return Err(invalid(
+                        "engine",
+                        format!("returned {} bytes for {count} plaintexts of {n_width} bytes", out.as_bytes().len()),
+                    ));
+                }
+                let plaintexts: Vec<Integer> = out.as_bytes().chunks(n_width).map(|c| Integer::from_digits(c, Order::Msf)).collect();
+                if let Some(index) = plaintexts.iter().position(|m| m >= public.n()) {
+                    return Err(invalid("engine", format!("plaintext {index} is not below n")));
+                }
+                Some(plaintexts)
+            }
+        };
         let (values, overflow) = py.detach(|| {
             threaded(threads, || {
-                let plaintexts = self.key.decrypt_many(&vector.ciphertexts)?;
+                let plaintexts = match external {
+                    Some(plaintexts) => plaintexts,
+                    None => self.key.decrypt_many(&vector.ciphertexts)?,
+                };
                 decode_packed(pack, &plaintexts)
             })
         })?;

@@ -25,6 +25,7 @@ from typing import Literal
 import numpy as np
 
 from confide import _native
+from confide.crypto import gpu
 from confide.errors import EncodingError, InvalidParameterError
 
 __all__ = [
@@ -393,18 +394,19 @@ def encrypt_packed(
         array = array.astype(np.float64)
     array = np.ascontiguousarray(array.reshape(-1))
     native = key._native
-    return EncryptedVector(
-        native.encrypt_packed(
-            array,
-            codec.kind,
-            codec.bits,
-            codec.max_parties,
-            float(codec.alpha),
-            codec.quantizer,
-            codec.seed,
-            threads,
-        )
+    holder = isinstance(key, DecryptionKey)
+    public = native.encryption_key if holder else native
+    _, slots = _native.codec_layout_of(
+        codec.kind, codec.bits, codec.max_parties, float(codec.alpha), public.bits, codec.quantizer
     )
+    arguments = (array, codec.kind, codec.bits, codec.max_parties, float(codec.alpha), codec.quantizer, codec.seed)
+    hook = gpu.encrypt_hook(native, holder, -(-array.size // max(1, slots)))
+    if hook is not None:
+        try:
+            return EncryptedVector(native.encrypt_packed(*arguments, threads, hook))
+        except gpu.GpuUnavailable as exc:  # named in the report, then the CPU engine runs the batch
+            gpu.note_fallback(str(exc))
+    return EncryptedVector(native.encrypt_packed(*arguments, threads))
 
 
 def sum_encrypted(vectors: list[EncryptedVector], *, threads: int = 0) -> EncryptedVector:
@@ -423,7 +425,16 @@ def decrypt_packed(
     "exact_bound" quantizer that cannot happen for honest parties, so it raises
     :class:`EncodingError` unless ``return_overflow`` asks for the positions instead.
     """
-    values, overflow = key._native.decrypt_packed(_native_vector(vector), threads)
+    native_vector = _native_vector(vector)
+    hook = gpu.decrypt_hook(key._native, len(native_vector))
+    values = None
+    if hook is not None:
+        try:
+            values, overflow = key._native.decrypt_packed(native_vector, threads, hook)
+        except gpu.GpuUnavailable as exc:
+            gpu.note_fallback(str(exc))
+    if values is None:
+        values, overflow = key._native.decrypt_packed(native_vector, threads)
     if return_overflow:
         return values, overflow
     if overflow.size and vector._native.quantizer == "exact_bound":

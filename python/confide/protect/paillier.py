@@ -37,6 +37,7 @@ import numpy as np
 from confide._checks import require
 from confide.crypto import BatchCryptCodec, DecryptionKey, EncryptedVector, daciq_threshold, decrypt_packed
 from confide.crypto import encrypt_packed as _encrypt_packed
+from confide.crypto.gpu import engine_report as gpu_engine_report
 from confide.errors import MessageTimeoutError, ProtocolError
 from confide.protect.base import Protection, RoundContext, pack_parts, unpack_parts
 from confide.protect.keys import GroupCipher, PeerKeys
@@ -265,4 +266,6 @@ class PaillierProtection(GroupShared, Protection):
             "last_alpha": self.last_alpha,
             "secret_key_holders": "participants only (sealed pairwise by the leader)",
             "decryption": "split: participant (slice mod m) decrypts, shares under the group key",
+            # Which engine ran the Paillier arithmetic here (GPU or CPU, with any fallback).
+            **gpu_engine_report(),
         }

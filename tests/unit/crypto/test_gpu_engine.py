@@ -1,0 +1,326 @@
+"""The GPU Paillier engine's arithmetic, checked on machines with no GPU.
+
+``paillier.cu`` builds twice: for the GPU by NVRTC (the PTX test below), and for the CPU with the
+system C compiler. The CPU build runs the same kernels through the same engine code as the GPU
+(``CpuBackend`` against ``GpuBackend``), and every result is compared with GMP (gmpy2) bit for bit,
+at both key sizes, packed and per value, with edge values. On a machine with a GPU and
+``confide[gpu]`` installed, the last tests run the GPU backend against the same references.
+"""
+
+from __future__ import annotations
+
+import random
+
+import gmpy2
+import numpy as np
+import pytest
+
+from confide import crypto
+from confide.crypto.gpu import backend as gpu_backend
+from confide.crypto.gpu import engine as gpu_engine
+from confide.crypto.gpu import select_engine
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+
+def _primes(bits: int, seed: int) -> tuple[int, int]:
+    rng = random.Random(seed)
+    out = []
+    while len(out) < 2:
+        x = gmpy2.next_prime(rng.getrandbits(bits // 2) | (3 << (bits // 2 - 2)))
+        if x.bit_length() == bits // 2 and x not in out:
+            out.append(int(x))
+    return out[0], out[1]
+
+
+def _kernels(bits: int, seed: int, backend_for=None, window: int = 8):
+    p, q = _primes(bits, seed)
+    n = p * q
+    rng = random.Random(seed + 1)
+    h_s = gmpy2.powmod(rng.getrandbits(2 * bits) % (n * n), n, n * n)
+    backend_for = backend_for or gpu_backend.CpuBackend
+    return PaillierRef(n, int(h_s), bits // 2, p, q), gpu_engine.PaillierKernels(
+        backend_for, n, int(h_s), bits // 2, p, q, window=window, chunk=48
+    )
+
+
+class PaillierRef:
+    """The definitions, evaluated by GMP."""
+
+    def __init__(self, n, h_s, rand_bits, p, q):
+        self.n, self.h_s, self.rand_bits, self.p, self.q = n, h_s, rand_bits, p, q
+        self.n2 = n * n
+        self.lam = (p - 1) * (q - 1) // int(gmpy2.gcd(p - 1, q - 1))
+        self.mu = int(gmpy2.invert((gmpy2.powmod(n + 1, self.lam, self.n2) - 1) // n, n))
+
+    def encrypt(self, m, a):
+        return int((1 + m * self.n) * gmpy2.powmod(self.h_s, a, self.n2) % self.n2)
+
+    def decrypt(self, c):
+        return int((gmpy2.powmod(c, self.lam, self.n2) - 1) // self.n * self.mu % self.n)
+
+
+# The small size keeps the CPU reference quick; 2048 and 3072 are the product's key sizes.
+SIZES = [(512, 3), (2048, 5), (3072, 7)]
+
+
+@pytest.fixture(scope="module", params=SIZES, ids=[f"{b}-bit" for b, _ in SIZES])
+def pair(request):
+    bits, seed = request.param
+    return _kernels(bits, seed)
+
+
+def _edge_plaintexts(n: int, rng: random.Random, count: int) -> list[int]:
+    edges = [0, 1, 2, n - 1, n - 2, n // 2, (1 << 32) - 1, 1 << 32, (1 << 64) + 1, n // 3 - 1]
+    return edges + [rng.randrange(n) for _ in range(count - len(edges))]
+
+
+def _edge_exponents(bits: int, rng: random.Random, count: int) -> list[int]:
+    top = (1 << bits) - 1
+    edges = [0, 1, top, 1 << (bits - 1), 0xFF, 0xFF00, top ^ 0xFF]
+    return edges + [rng.getrandbits(bits) for _ in range(count - len(edges))]
+
+
+def test_encrypt_equals_gmp_for_the_same_randomness(pair):
+    ref, kern = pair
+    rng = random.Random(11)
+    count = 60  # more than one chunk of 48
+    plaintexts = _edge_plaintexts(ref.n, rng, count)
+    exponents = _edge_exponents(ref.rand_bits, rng, count)
+    got = kern.encrypt_raw(plaintexts, exponents)
+    assert got == [ref.encrypt(m, a) for m, a in zip(plaintexts, exponents, strict=False)]
+
+
+def test_decrypt_is_exact_and_inverts_encrypt(pair):
+    ref, kern = pair
+    rng = random.Random(12)
+    plaintexts = _edge_plaintexts(ref.n, rng, 30)
+    ciphertexts = [ref.encrypt(m, rng.getrandbits(ref.rand_bits)) for m in plaintexts]
+    assert kern.decrypt_raw(ciphertexts) == plaintexts
+    assert [ref.decrypt(c) for c in kern.encrypt_raw(plaintexts)] == plaintexts
+
+
+def test_products_and_powers_equal_gmp(pair):
+    ref, kern = pair
+    rng = random.Random(13)
+    a = [rng.randrange(1, ref.n2) for _ in range(20)] + [1, ref.n2 - 1]
+    b = [rng.randrange(1, ref.n2) for _ in range(20)] + [ref.n2 - 1, ref.n2 - 1]
+    assert kern.mul_many(a, b) == [x * y % ref.n2 for x, y in zip(a, b, strict=False)]
+    shared = rng.getrandbits(ref.n.bit_length())
+    assert kern.pow_many(a, shared) == [int(gmpy2.powmod(x, shared, ref.n2)) for x in a]
+    each = [0, 1, 2, 3, (1 << 64) - 1] + [rng.getrandbits(70) for _ in range(len(a) - 5)]
+    assert kern.pow_many(a, each) == [int(gmpy2.powmod(x, e, ref.n2)) for x, e in zip(a, each, strict=False)]
+
+
+def test_crt_recombination_equals_gmp(pair):
+    ref, kern = pair
+    rng = random.Random(14)
+    values = [0, 1, ref.n2 - 1] + [rng.randrange(ref.n2) for _ in range(20)]
+    p2, q2 = ref.p**2, ref.q**2
+    assert kern.crt_combine([v % p2 for v in values], [v % q2 for v in values]) == values
+
+
+def test_homomorphic_sum_of_packed_blocks_round_trips():
+    """Packed slots survive GPU encryption, the aggregator's product and GPU decryption."""
+    ref, kern = _kernels(2048, 5)
+    slot, slots = 64, 30  # 30 slots of 64 bits in one 2048-bit plaintext, 3 parties
+    rng = random.Random(15)
+    parties = [[rng.getrandbits(60) for _ in range(slots)] for _ in range(3)]
+    packed = [sum(v << (slot * k) for k, v in enumerate(vals)) for vals in parties]
+    ciphertexts = [kern.encrypt_raw([m])[0] for m in packed]
+    total = kern.mul_many(kern.mul_many(ciphertexts[:1], ciphertexts[1:2]), ciphertexts[2:3])[0]
+    plain = kern.decrypt_raw([total])[0]
+    assert [(plain >> (slot * k)) & ((1 << slot) - 1) for k in range(slots)] == [
+        sum(c) for c in zip(*parties, strict=False)
+    ]
+
+
+def test_interoperates_with_the_cpu_engine():
+    """Ciphertexts of the Rust engine decrypt on the kernels, and the kernels' on the Rust engine."""
+    native = crypto._native.generate_keypair(2048)
+    n_bytes = native.encryption_key.n_bytes()
+    n = int.from_bytes(n_bytes, "big")
+    p, q = (int.from_bytes(x, "big") for x in native.primes_bytes())
+    h_s, rand_bits = gpu_engine_key_parts(native.encryption_key)
+    kern = gpu_engine.PaillierKernels(gpu_backend.CpuBackend, n, h_s, rand_bits, p, q, chunk=64)
+    values = np.array([0, 1, -1, 123456789, -(2**40)], dtype=np.int64)
+    vector = native.encryption_key.encrypt_i64(values)
+    ciphertexts = [int.from_bytes(vector.element_bytes(i), "big") for i in range(len(vector))]
+    decoded = [m - n if m > n // 3 else m for m in kern.decrypt_raw(ciphertexts)]
+    assert decoded == values.tolist()
+    mine = kern.encrypt_raw([v % n for v in values.tolist()])
+    back = crypto._native.CiphertextVector.from_elements(
+        [c.to_bytes(native.encryption_key.ciphertext_bytes, "big") for c in mine], native.encryption_key
+    )
+    assert native.decrypt_i64(back, 1).tolist() == values.tolist()
+
+
+def gpu_engine_key_parts(public) -> tuple[int, int]:
+    from confide.crypto.gpu import public_key_parts
+
+    n, h_s, rand_bits = public_key_parts(public)
+    assert n == int.from_bytes(public.n_bytes(), "big")
+    return h_s, rand_bits
+
+
+def test_bad_input_is_refused_with_the_field_named():
+    ref, kern = _kernels(512, 3)
+    with pytest.raises(ValueError, match=r"plaintexts\[1\]"):
+        kern.encrypt_raw([1, ref.n])
+    with pytest.raises(ValueError, match=r"ciphertexts\[0\]"):
+        kern.decrypt_raw([0])
+    with pytest.raises(ValueError, match="exponents"):
+        kern.encrypt_raw([1, 2], [3])
+
+
+def test_out_of_memory_halves_the_chunk_then_gives_up(monkeypatch):
+    ref, kern = _kernels(512, 3)
+    calls = []
+    real = gpu_backend.CpuBackend.launch
+
+    def tight(self, kernel, count, *args):
+        calls.append(count)
+        if count > 20:
+            raise MemoryError("simulated: GPU out of memory")
+        return real(self, kernel, count, *args)
+
+    monkeypatch.setattr(gpu_backend.CpuBackend, "launch", tight)
+    monkeypatch.setattr(gpu_engine, "MIN_CHUNK", 8)
+    kern.chunk = 64
+    plaintexts = list(range(50))
+    exps = [7] * 50
+    assert kern.encrypt_raw(plaintexts, exps) == [ref.encrypt(m, 7) for m in plaintexts]
+    assert calls[:2] == [50, 32] and all(c <= 20 for c in calls[2:])  # 64 -> 32 -> 16 items a launch
+
+    def never(self, kernel, count, *args):
+        raise MemoryError("simulated")
+
+    monkeypatch.setattr(gpu_backend.CpuBackend, "launch", never)
+    with pytest.raises(gpu_backend.GpuUnavailable, match="out of memory"):
+        kern.encrypt_raw(plaintexts, exps)
+
+
+def test_ptx_compiles_without_a_gpu():
+    """NVRTC turns the kernel source into PTX for Hopper at both key sizes' limb counts."""
+    try:
+        gpu_backend.nvrtc_version()
+    except gpu_backend.GpuUnavailable as exc:
+        pytest.skip(str(exc))
+    for limbs in (64, 128, 192):
+        ptx = gpu_backend.compile_ptx(limbs, "compute_90")
+        text = ptx.decode(errors="replace")
+        assert ".target sm_90" in text
+        for kernel in gpu_backend.KERNELS:
+            assert f".entry {kernel}(" in text
+
+
+def test_engine_selection_without_a_gpu(monkeypatch):
+    monkeypatch.setenv("CONFIDE_ENGINE", "cpu")
+    choice = select_engine()
+    assert choice.gpu is None and choice.name == f"cpu:{crypto._native.engine()}"
+    monkeypatch.setenv("CONFIDE_ENGINE", "auto")
+    choice = select_engine(probe=lambda: (_ for _ in ()).throw(gpu_backend.GpuUnavailable("no device")))
+    assert choice.gpu is None and "no device" in choice.reason and choice.name.startswith("cpu:")
+    monkeypatch.setenv("CONFIDE_ENGINE", "gpu")
+    with pytest.raises(gpu_backend.GpuUnavailable, match="CONFIDE_ENGINE=gpu.*no device"):
+        select_engine(probe=lambda: (_ for _ in ()).throw(gpu_backend.GpuUnavailable("no device")))
+    monkeypatch.setenv("CONFIDE_ENGINE", "tpu")
+    with pytest.raises(ValueError, match="CONFIDE_ENGINE must be one of auto, cpu, gpu"):
+        select_engine()
+
+
+def _gpu_or_skip():
+    try:
+        return gpu_backend.GpuBackend(128)
+    except gpu_backend.GpuUnavailable as exc:
+        pytest.skip(f"no GPU here: {exc}")
+
+
+@pytest.mark.parametrize("bits,seed", [(2048, 5), (3072, 7)])
+def test_gpu_equals_gmp(bits, seed):
+    _gpu_or_skip()
+    ref, kern = _kernels(bits, seed, backend_for=gpu_backend.GpuBackend)
+    rng = random.Random(21)
+    plaintexts = _edge_plaintexts(ref.n, rng, 300)
+    exponents = _edge_exponents(ref.rand_bits, rng, 300)
+    ciphertexts = kern.encrypt_raw(plaintexts, exponents)
+    assert ciphertexts == [ref.encrypt(m, a) for m, a in zip(plaintexts, exponents, strict=False)]
+    assert kern.decrypt_raw(ciphertexts) == plaintexts
+    assert kern.mul_many(ciphertexts, ciphertexts[::-1]) == [
+        x * y % ref.n2 for x, y in zip(ciphertexts, ciphertexts[::-1], strict=False)
+    ]
+
+
+@pytest.fixture
+def reference_engine(monkeypatch):
+    """The product's GPU hooks with the kernels' CPU build standing in for the device."""
+    from confide.crypto import gpu
+
+    gpu.reset_engine()
+    monkeypatch.setitem(gpu._STATE, "choice", gpu.EngineChoice("gpu:cpu-reference", gpu_backend.CpuBackend, "test"))
+    monkeypatch.setattr(gpu, "GPU_MIN_PLAINTEXTS", 4)
+    yield gpu
+    gpu.reset_engine()
+
+
+def test_packed_encryption_and_decryption_run_on_the_selected_engine(reference_engine):
+    """encrypt_packed / decrypt_packed hand the codec's plaintexts to the engine and back."""
+    gpu = reference_engine
+    key = crypto.DecryptionKey.generate(2048)
+    codec = crypto.BatchCryptCodec(bits=16, max_parties=3, alpha=1.0)
+    rng = np.random.default_rng(3)
+    parts = [rng.uniform(-0.5, 0.5, 700).astype(np.float32) for _ in range(3)]
+    on_gpu = [crypto.encrypt_packed(v, codec, key) for v in parts]
+    assert gpu.engine_report()["gpu_batches"] == 3
+    gpu.reset_engine()
+    gpu._STATE["choice"] = gpu.EngineChoice("cpu:test", None, "test")
+    on_cpu = crypto.encrypt_packed(parts[0], codec, key)
+    expected = crypto.decrypt_packed(crypto.sum_encrypted([on_cpu, *on_gpu[1:]]), key)
+    total = crypto.sum_encrypted(on_gpu)
+    cpu_sum = crypto.decrypt_packed(total, key)  # the CPU engine decrypts the GPU's ciphertexts
+    np.testing.assert_allclose(cpu_sum, np.sum(parts, axis=0), atol=2e-3)
+    np.testing.assert_allclose(expected, cpu_sum, atol=2e-3)
+    gpu._STATE["choice"] = gpu.EngineChoice("gpu:cpu-reference", gpu_backend.CpuBackend, "test")
+    np.testing.assert_array_equal(crypto.decrypt_packed(total, key), cpu_sum)
+    report = gpu.engine_report()
+    assert report["crypto_engine"] == "gpu:cpu-reference" and report["gpu_batches"] == 1
+
+
+def test_a_failed_gpu_batch_runs_on_the_cpu_and_is_reported(reference_engine, monkeypatch):
+    gpu = reference_engine
+    from confide.crypto.gpu import engine as kernels
+
+    def out_of_memory(self, *args, **kwargs):
+        raise gpu_backend.GpuUnavailable("GPU out of memory even for 256 items")
+
+    monkeypatch.setattr(kernels.PaillierKernels, "encrypt_limbs", out_of_memory)
+    key = crypto.DecryptionKey.generate(2048)
+    codec = crypto.BatchCryptCodec(bits=16, max_parties=2, alpha=1.0)
+    values = np.linspace(-0.4, 0.4, 900).astype(np.float32)
+    vector = crypto.encrypt_packed(values, codec, key)
+    np.testing.assert_allclose(crypto.decrypt_packed(vector, key), values, atol=2e-3)
+    report = gpu.engine_report()
+    assert report["gpu_fallbacks"] == 1 and "out of memory" in report["gpu_last_fallback"]
+
+
+def test_an_engine_returning_bad_ciphertexts_is_refused():
+    key = crypto.DecryptionKey.generate(2048)
+    native = key._native
+    values = np.zeros(300, dtype=np.float32)
+    with pytest.raises(
+        crypto.InvalidParameterError if hasattr(crypto, "InvalidParameterError") else Exception, match="engine"
+    ):
+        native.encrypt_packed(values, "batchcrypt", 16, 2, 1.0, "exact_bound", None, 1, lambda limbs, per, h: b"\0" * 7)
+    zero = lambda limbs, per, h: b"\0" * (len(limbs) // per * native.encryption_key.ciphertext_bytes)  # noqa: E731
+    with pytest.raises(Exception, match="(?i)ciphertext"):
+        native.encrypt_packed(values, "batchcrypt", 16, 2, 1.0, "exact_bound", None, 1, zero)
+
+
+def test_report_names_the_cpu_when_every_batch_was_small(reference_engine):
+    gpu = reference_engine
+    gpu.GPU_MIN_PLAINTEXTS = 10_000
+    key = crypto.DecryptionKey.generate(2048)
+    crypto.encrypt_packed(np.zeros(50, np.float32), crypto.BatchCryptCodec(bits=16, max_parties=2, alpha=1.0), key)
+    report = gpu.engine_report()
+    assert report["crypto_engine"].startswith("cpu:") and "under 10000 plaintexts" in report["crypto_engine_reason"]
+    assert report["cpu_batches"] == 1 and report["gpu_batches"] == 0
