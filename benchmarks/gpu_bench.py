@@ -163,23 +163,89 @@ def bench_size(bits: int, batch: int, cpu_batch: int, repeats: int) -> list[dict
     return out
 
 
+def bench_vertical(rows: int, features: int, trees: int, depth: int) -> list[dict]:
+    """SecureBoost per tree with the GPU engine against the CPU engine, on 2 threads and on all cores."""
+    import vertical_bench as vb
+
+    from confide.vertical import secureboost as sb
+
+    X_g, X_h, y, n_test = vb.load("synthetic_100k", rows, features)
+    device = device_info()
+    runs = {}
+    for engine, threads in (("gpu", 2), ("cpu", 2), ("gpu", 0), ("cpu", 0)):
+        use_engine(engine)
+        params = sb.SecureBoostParams(n_trees=trees, max_depth=depth, learning_rate=0.3, n_bins=32, threads=threads)
+        result = vb.secureboost_ours(X_g, X_h, y, n_test, params)
+        report = gpu.engine_report()
+        runs[engine, threads] = result
+        print(
+            f"secureboost {rows}x{features} engine={report['crypto_engine']} threads={threads or os.cpu_count()}: "
+            f"{result['seconds_per_tree']:.3f} s/tree (encrypt {result['encrypt_s']:.3f}, histograms "
+            f"{result['hist_s']:.3f}, fold {result['fold_s']:.3f}, decrypt {result['decrypt_s']:.3f}), "
+            f"AUC {result['auc']:.4f}, gpu batches {report['gpu_batches']}",
+            flush=True,
+        )
+    common = {
+        "rows": rows - n_test,
+        "features": features,
+        "split": "50/50",
+        "trees": trees,
+        "depth": depth,
+        "bins": 32,
+        "key_bits": 2048,
+        **device,
+        "cpu_engine": f"cpu:{_native.engine()}",
+        "gpu_runs": "guest gradient encryption and guest decryption on the GPU; host histograms on the CPU",
+    }
+    out = []
+    for threads, label in ((2, "2_threads"), (0, "all_cores")):
+        g, c = runs["gpu", threads], runs["cpu", threads]
+        params = {
+            **common,
+            "threads": threads or os.cpu_count(),
+            "encrypt_s_gpu": round(g["encrypt_s"], 4),
+            "encrypt_s_cpu": round(c["encrypt_s"], 4),
+            "auc_gpu": round(g["auc"], 5),
+            "auc_cpu": round(c["auc"], 5),
+        }
+        name = "vertical.secureboost.synthetic_100k.gpu.seconds_per_tree"
+        if threads:
+            name += ".2_threads"
+        out.append(record(name, g["seconds_per_tree"], "s", f"cpu_engine_{label}", c["seconds_per_tree"], params))
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bits", type=int, nargs="+", default=[2048, 3072])
     parser.add_argument("--batch", type=int, default=1 << 17)
     parser.add_argument("--cpu-batch", type=int, default=1 << 14)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--parts", default="crypto,vertical", help="crypto, vertical or both")
+    parser.add_argument("--rows", type=int, default=100_000)
+    parser.add_argument("--features", type=int, default=100)
+    parser.add_argument("--trees", type=int, default=3)
+    parser.add_argument("--depth", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "crypto_gpu.json")
     args = parser.parse_args()
-    results = []
-    for bits in args.bits:
-        results.extend(bench_size(bits, args.batch, args.cpu_batch, args.repeats))
-        for r in results[-7:]:
-            print(json.dumps(r), flush=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
+    parts = set(args.parts.split(","))
     info = {**machine(), "gpu": device_info()}
-    args.out.write_text(json.dumps({"machine": info, "results": results}, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    if "crypto" in parts:
+        results = []
+        for bits in args.bits:
+            results.extend(bench_size(bits, args.batch, args.cpu_batch, args.repeats))
+            for r in results[-7:]:
+                print(json.dumps(r), flush=True)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"machine": info, "results": results}, indent=2) + "\n")
+        print(f"wrote {args.out}")
+    if "vertical" in parts:
+        results = bench_vertical(args.rows, args.features, args.trees, args.depth)
+        for r in results:
+            print(json.dumps(r), flush=True)
+        path = args.out.with_name("vertical_gpu.json")
+        path.write_text(json.dumps({"machine": info, "results": results}, indent=2) + "\n")
+        print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ _KEYS: dict[bytes, Any] = {}
 def encrypt_public(public_key: bytes, plaintexts: list[bytes]) -> bytes:
     """Encrypt raw plaintexts with the public key (DJN fixed-base tables, one thread): vector bytes."""
     from confide import _native
+    from confide.crypto import gpu
 
     key = _KEYS.get(public_key)
     if key is None:
@@ -27,7 +28,7 @@ def encrypt_public(public_key: bytes, plaintexts: list[bytes]) -> bytes:
         key.precompute()
         _KEYS.clear()  # one job's key at a time
         _KEYS[public_key] = key
-    return key.encrypt_raw(plaintexts, "fixed_base", 1).to_bytes()
+    return gpu.encrypt_raw(key, plaintexts, "fixed_base", 1).to_bytes()
 
 
 def encrypt_raw_on(engine, encryption_key, plaintexts: list[bytes], *, min_chunk: int = 2048):
@@ -37,10 +38,11 @@ def encrypt_raw_on(engine, encryption_key, plaintexts: list[bytes], *, min_chunk
     chunks' ciphertexts are put back in order.
     """
     from confide import _native
+    from confide.crypto import gpu
 
     count = len(plaintexts)
     if count == 0:
-        return encryption_key.encrypt_raw([], "fixed_base", 1)
+        return gpu.encrypt_raw(encryption_key, [], "fixed_base", 1)
     chunks = max(1, min(2 * engine.workers, -(-count // min_chunk)))
     size = -(-count // chunks)
     public = encryption_key.to_bytes()

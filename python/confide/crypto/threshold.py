@@ -57,7 +57,7 @@ import gmpy2
 import numpy as np
 
 from confide import _native
-from confide.crypto import EncryptedVector, EncryptionKey
+from confide.crypto import EncryptedVector, EncryptionKey, gpu
 from confide.errors import EncodingError, InvalidParameterError, ProtocolError
 
 __all__ = [
@@ -770,9 +770,11 @@ def partial_decrypt(
     if isinstance(vector, EncryptedVector):
         if vector.encryption_key != public.encryption_key():
             raise InvalidParameterError("vector is not encrypted under this threshold key")
-        magnitude = abs(exponent).to_bytes(_width(abs(exponent).bit_length()), "big")
-        native = vector._native.power(magnitude, exponent < 0, threads)
-        values = [int.from_bytes(native.element_bytes(i), "big") for i in range(len(native))]
+        values = gpu.power(vector.encryption_key._native, vector._native, exponent)  # None: not on a GPU
+        if values is None:
+            magnitude = abs(exponent).to_bytes(_width(abs(exponent).bit_length()), "big")
+            native = vector._native.power(magnitude, exponent < 0, threads)
+            values = [int.from_bytes(native.element_bytes(i), "big") for i in range(len(native))]
         ciphertexts = _ciphertexts(vector)
     else:
         ciphertexts = [int(c) for c in vector]

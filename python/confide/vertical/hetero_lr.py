@@ -119,6 +119,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from confide import _native
+from confide.crypto import gpu
 from confide.errors import ConfideError, EncodingError, InvalidParameterError, ProtocolError
 from confide.vertical.channel import Channel
 from confide.vertical.paillier_util import Meter as _Meter
@@ -697,7 +698,7 @@ def _mask_vector(
     threads: int,
 ) -> _native.CiphertextVector:
     """[[x + R]]: adds a fresh encryption of the masks (which also re-randomizes)."""
-    return vector.add(encryptor.encrypt_raw(_raw(masks, n), "fixed_base", threads), threads)
+    return vector.add(gpu.encrypt_raw(encryptor, _raw(masks, n), "fixed_base", threads), threads)
 
 
 def _vector_field(
@@ -924,7 +925,7 @@ def train_guest(
             d_guest = 0.25 * z_guest - 0.5 * signs[index]
             D_guest = _fixed(d_guest, F, "the guest's fore-gradient")
             with meter:
-                encrypted_d = secret.encrypt_i64(D_guest, "fixed_base", threads)
+                encrypted_d = gpu.encrypt_i64(secret, D_guest, "fixed_base", threads)
             channel.send(hosts, f"hlr-d/{tag}", {"d": encrypted_d.to_bytes()})
 
             parts = [
@@ -945,7 +946,7 @@ def train_guest(
                 hg_tag = f"hlr-hg/{tag}"
                 masked = _vector_field(channel.recv(host, hg_tag), "grad", guest_key, host, hg_tag, host_columns[host])
                 with meter:
-                    values = [int.from_bytes(v, "big") for v in secret.decrypt_raw(masked, threads)]
+                    values = [int.from_bytes(v, "big") for v in gpu.decrypt_raw(secret, masked, threads)]
                 channel.send(host, f"hlr-hgr/{tag}", {"masked": _pack(values, _width(guest_key))})
 
             ggr_tag = f"hlr-ggr/{tag}"
@@ -953,7 +954,7 @@ def train_guest(
             values = _unpack(reply.get("masked"), width_host, columns + 1, f"message {ggr_tag!r} from {key_host}")
             loss_vector = _vector_field(reply, "loss", guest_key, key_host, ggr_tag, 1)
             with meter:
-                loss_value = int.from_bytes(secret.decrypt_raw(loss_vector, threads)[0], "big")
+                loss_value = int.from_bytes(gpu.decrypt_raw(secret, loss_vector, threads)[0], "big")
             clear = _unmask(values, masks[:-1], n_host, f"message {ggr_tag!r} from {key_host}")
             grad = np.array([c / (1 << (F + exponent)) / size for c in clear[:-1]] + [clear[-1] / (1 << F) / size])
             grad[:-1] += params.l2 * weights[:-1]
@@ -1090,11 +1091,11 @@ def train_host(
             z_own = standard[index] @ weights
             U_own = _fixed(0.25 * z_own, F, f"the partial score of {me}")
             with meter:
-                u_for_guest = u_encryptor.encrypt_i64(U_own, "fixed_base", threads)
+                u_for_guest = gpu.encrypt_i64(u_encryptor, U_own, "fixed_base", threads)
             channel.send(guest, f"hlr-u/{tag}", {"u": u_for_guest.to_bytes()})
             if others:
                 with meter:
-                    u_for_hosts = guest_key.encrypt_i64(U_own, "fixed_base", threads)
+                    u_for_hosts = gpu.encrypt_i64(guest_key, U_own, "fixed_base", threads)
                 channel.send(others, f"hlr-uh/{tag}", {"u": u_for_hosts.to_bytes()})
 
             encrypted_d = _vector_field(
@@ -1125,7 +1126,7 @@ def train_host(
                     cross = _signed_dot(later_sum, _fixed(z_own, F, f"the partial score of {me}"), threads)
             if not is_key_host:
                 with meter:
-                    share = guest_key.encrypt_raw(_raw([plain], n_guest), "fixed_base", threads)
+                    share = gpu.encrypt_raw(guest_key, _raw([plain], n_guest), "fixed_base", threads)
                     if cross is not None:
                         share = share.add(cross, threads)
                 channel.send(key_host, f"hlr-lh/{tag}", {"loss": share.to_bytes()})
@@ -1139,8 +1140,8 @@ def train_host(
                     for h in others
                 ]
                 with meter:
-                    values = [int.from_bytes(v, "big") for v in secret.decrypt_raw(incoming, threads)]
-                    total = guest_key.encrypt_raw(_raw([values[-1] + plain], n_guest), "fixed_base", threads)
+                    values = [int.from_bytes(v, "big") for v in gpu.decrypt_raw(secret, incoming, threads)]
+                    total = gpu.encrypt_raw(guest_key, _raw([values[-1] + plain], n_guest), "fixed_base", threads)
                     extra = ([cross] if cross is not None else []) + shares
                     if extra:
                         total = _native.CiphertextVector.sum([total, *extra], threads)

@@ -79,11 +79,13 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
 
 from confide import _native
+from confide.crypto import gpu
 from confide.errors import ConfideError, DataProblemError, InvalidParameterError, ProtocolError
 from confide.vertical.channel import Channel
 from confide.vertical.netlayers import (
@@ -285,7 +287,7 @@ def _decrypt(secret: _native.DecryptionKey, vector: _native.CiphertextVector, n:
     """Centered plaintexts (-n/2, n/2]."""
     half = n // 2
     out = []
-    for b in secret.decrypt_raw(vector, threads):
+    for b in gpu.decrypt_raw(secret, vector, threads):
         v = int.from_bytes(b, "big")
         out.append(v - n if v > half else v)
     return out
@@ -648,7 +650,7 @@ def _host_forward(
     addend = np.zeros((outputs * per, layout.d_i), dtype=object)
     addend[:rows] = low.astype(object) + (np.array(rho, dtype=object).reshape(rows, layout.d_i) << 64)
     packed = _pack(addend.reshape(outputs, per * layout.d_i).tolist(), layout.w_f)
-    return products.add(key.encrypt_raw(_raw(packed, n), "fixed_base", threads), threads), clipped
+    return products.add(gpu.encrypt_raw(key, _raw(packed, n), "fixed_base", threads), threads), clipped
 
 
 def _guest_forward_open(
@@ -700,7 +702,7 @@ def _host_gradient(layout: _Layout, by_row, a_q_e: np.ndarray, key, n: int, thre
         _native.CiphertextVector.from_elements([corr] * layout.d_h, key), threads
     )
     return gradient.add(
-        key.encrypt_raw(_raw(_pack(mask_rows, layout.w_g), n), "fixed_base", threads), threads
+        gpu.encrypt_raw(key, _raw(_pack(mask_rows, layout.w_g), n), "fixed_base", threads), threads
     ), mask_rows
 
 
@@ -711,7 +713,7 @@ def _host_back(layout: _Layout, by_column, share: np.ndarray, rows: int, key, n:
     products = by_column.dot_groups_u64(np.ascontiguousarray(share), 64, threads)  # index g d_h + k
     masks = _random_below(groups * layout.d_h * s, layout.y_value + SIGMA)
     packed = _pack([masks[i * s : (i + 1) * s] for i in range(groups * layout.d_h)], layout.w_d)
-    masked = products.add(key.encrypt_raw(_raw(packed, n), "fixed_base", threads), threads)
+    masked = products.add(gpu.encrypt_raw(key, _raw(packed, n), "fixed_base", threads), threads)
     # masks[(g d_h + k) s + r] belongs to row g s + r, column k
     r = (
         np.array(masks, dtype=object)
@@ -863,7 +865,7 @@ def train_guest(
             count = len(rows_b)
             for h in hosts:
                 with meter:
-                    enc = _encrypt_shares(layouts[h], shares[h], secret.encrypt_raw, n, threads)
+                    enc = _encrypt_shares(layouts[h], shares[h], partial(gpu.encrypt_raw, secret), n, threads)
                 channel.send(h, tag + "/w", {"w": enc.to_bytes()})
             z_hosts = np.zeros((count, params.interactive_units))
             for h in hosts:
@@ -881,7 +883,9 @@ def train_guest(
             delta = net.backward(grad, count)
             lay0 = layouts[hosts[0]]
             with meter:
-                by_row, by_column, d_q, n_clip = _encode_delta(lay0, delta, secret.encrypt_raw, n, threads)
+                by_row, by_column, d_q, n_clip = _encode_delta(
+                    lay0, delta, partial(gpu.encrypt_raw, secret), n, threads
+                )
             clipped["delta"] += n_clip
             channel.send(hosts, tag + "/delta", {"row": by_row.to_bytes(), "column": by_column.to_bytes()})
             c = _lr_multiplier(params, count)
@@ -1107,7 +1111,7 @@ def predict_guest(
         count = part.stop - part.start
         tag = f"hnnp/{session}/{start}"
         for h in hosts:
-            enc = _encrypt_shares(layouts[h], model.shares[h], secret.encrypt_raw, n, params.threads)
+            enc = _encrypt_shares(layouts[h], model.shares[h], partial(gpu.encrypt_raw, secret), n, params.threads)
             channel.send(h, tag + "/w", {"w": enc.to_bytes()})
         z_hosts = np.zeros((count, params.interactive_units))
         for h in hosts:

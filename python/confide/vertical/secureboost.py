@@ -48,6 +48,7 @@ from typing import Literal
 import numpy as np
 
 from confide import _native
+from confide.crypto import gpu
 from confide.errors import ConfideError, InvalidParameterError, ProtocolError
 from confide.vertical.binning import MAX_BINS, MIN_BINS, Binner
 
@@ -930,7 +931,7 @@ class _RemoteSource:
         for i, data in enumerate(hists):
             folded = _native.CiphertextVector.from_bytes(data, self.key.encryption_key)
             started = time.perf_counter()
-            plains = self.key.decrypt_raw(folded, self.params.threads)
+            plains = gpu.decrypt_raw(self.key, folded, self.params.threads)
             self.stats["decrypt_s"] += time.perf_counter() - started
             self.stats["decrypted"] += len(plains)
             self.stats["cells"] += features * n_bins
@@ -1048,7 +1049,7 @@ def train_guest(
     def encrypt(plaintexts: list[bytes]):
         if encrypt_with is not None:
             return encrypt_with(key.encryption_key, plaintexts)
-        return key.encrypt_raw(plaintexts, "fixed_base", params.threads)
+        return gpu.encrypt_raw(key, plaintexts, "fixed_base", params.threads)
 
     def advance() -> None:
         channel.round += 1

@@ -324,3 +324,104 @@ def test_report_names_the_cpu_when_every_batch_was_small(reference_engine):
     report = gpu.engine_report()
     assert report["crypto_engine"].startswith("cpu:") and "under 10000 plaintexts" in report["crypto_engine_reason"]
     assert report["cpu_batches"] == 1 and report["gpu_batches"] == 0
+
+
+def test_raw_and_i64_paths_match_the_native_engine(reference_engine):
+    """The vertical algorithms' calls (encrypt_raw, encrypt_i64, decrypt_raw) on the engine."""
+    gpu = reference_engine
+    native = crypto._native.generate_keypair(2048)
+    public = native.encryption_key
+    n = int.from_bytes(public.n_bytes(), "big")
+    rng = random.Random(31)
+    ints = [0, 1, n - 1, 2**64, 2**32 - 1] + [rng.randrange(n) for _ in range(7)]
+    plaintexts = [v.to_bytes((v.bit_length() + 7) // 8, "big") for v in ints]
+    for key in (public, native):  # the public-key and the key-holder entry points
+        vector = gpu.encrypt_raw(key, plaintexts, "fixed_base", 1)
+        assert native.decrypt_raw(vector, 1) == plaintexts
+        assert gpu.decrypt_raw(native, vector, 1) == plaintexts
+    values = np.array([0, 1, -1, 2**63 - 1, -(2**63), -(2**32), 2**32, -123456789], dtype=np.int64)
+    vector = gpu.encrypt_i64(native, values, "fixed_base", 1)
+    assert native.decrypt_i64(vector, 1).tolist() == values.tolist()
+    cpu_vector = public.encrypt_i64(values, "fixed_base", 1)
+    assert gpu.decrypt_raw(native, cpu_vector, 1) == native.decrypt_raw(cpu_vector, 1)
+    assert gpu.engine_report()["gpu_batches"] == 6
+    # Small batches and the classical randomizer stay on the native engine.
+    gpu.GPU_MIN_PLAINTEXTS = 100
+    assert native.decrypt_raw(gpu.encrypt_raw(public, plaintexts[:3]), 1) == plaintexts[:3]
+    assert gpu.engine_report()["gpu_batches"] == 6
+    with pytest.raises(Exception, match="(?i)plaintext"):
+        gpu.encrypt_raw(public, [(n + 5).to_bytes(256, "big")] * 4)
+
+
+def test_raw_and_packed_paths_on_the_gpu(monkeypatch):
+    """The vertical and packed entry points on a real GPU, against the native engine."""
+    _gpu_or_skip()
+    from confide.crypto import gpu
+
+    gpu.reset_engine()
+    monkeypatch.setenv("CONFIDE_ENGINE", "gpu")
+    try:
+        native = crypto._native.generate_keypair(2048)
+        public = native.encryption_key
+        n = int.from_bytes(public.n_bytes(), "big")
+        rng = random.Random(41)
+        ints = [0, 1, n - 1] + [rng.randrange(n) for _ in range(997)]
+        plaintexts = [v.to_bytes((v.bit_length() + 7) // 8, "big") for v in ints]
+        vector = gpu.encrypt_raw(public, plaintexts, "fixed_base", 0)
+        assert native.decrypt_raw(vector, 0) == plaintexts
+        assert gpu.decrypt_raw(native, vector, 0) == plaintexts
+        values = np.random.default_rng(5).integers(-(2**62), 2**62, 1000, dtype=np.int64)
+        assert native.decrypt_i64(gpu.encrypt_i64(native, values, "fixed_base", 0), 0).tolist() == values.tolist()
+        key = crypto.DecryptionKey(native)
+        codec = crypto.BatchCryptCodec(bits=16, max_parties=3, alpha=1.0)
+        floats = np.random.default_rng(6).uniform(-1, 1, 100_000).astype(np.float32)
+        packed = crypto.encrypt_packed(floats, codec, key)
+        on_gpu = crypto.decrypt_packed(packed, key)
+        report = gpu.engine_report()
+        assert report["crypto_engine"].startswith("gpu:") and report["gpu_batches"] == 5
+        monkeypatch.setenv("CONFIDE_ENGINE", "cpu")
+        gpu.reset_engine()
+        np.testing.assert_array_equal(crypto.decrypt_packed(packed, key), on_gpu)
+    finally:
+        gpu.reset_engine()
+
+
+def test_a_driver_too_old_for_the_ptx_is_a_clear_error_and_auto_runs_the_cpu(monkeypatch):
+    """A driver that refuses NVRTC's PTX: ``gpu`` fails with what to do, ``auto`` names the CPU and why."""
+    import enum
+    import types
+
+    cuda_bindings = pytest.importorskip("cuda.bindings")
+    from confide.crypto import gpu
+
+    class Result(enum.Enum):
+        CUDA_SUCCESS = 0
+        CUDA_ERROR_OUT_OF_MEMORY = 2
+        CUDA_ERROR_UNSUPPORTED_PTX_VERSION = 222
+
+    ok = Result.CUDA_SUCCESS
+    fake = types.SimpleNamespace(
+        CUresult=Result,
+        CUdevice_attribute=types.SimpleNamespace(
+            CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR=75, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR=76
+        ),
+        cuInit=lambda flags: (ok,),
+        cuDeviceGet=lambda index: (ok, 0),
+        cuDevicePrimaryCtxRetain=lambda device: (ok, "context"),
+        cuCtxSetCurrent=lambda context: (ok,),
+        cuDeviceGetAttribute=lambda attribute, device: (ok, 9 if attribute == 75 else 0),
+        cuDeviceGetName=lambda size, device: (ok, b"Old Driver GPU\0"),
+        cuModuleLoadData=lambda ptx: (Result.CUDA_ERROR_UNSUPPORTED_PTX_VERSION, None),
+    )
+    monkeypatch.setattr(cuda_bindings, "driver", fake, raising=False)
+    monkeypatch.setattr(gpu_backend, "compile_ptx", lambda limbs, arch: b"// PTX")
+    monkeypatch.setattr(gpu_backend, "nvrtc_version", lambda: (13, 2))
+    monkeypatch.setattr(gpu, "_BACKENDS", {})
+    with pytest.raises(gpu_backend.GpuUnavailable, match="driver is older than the NVRTC library.*update the driver"):
+        gpu_backend.GpuBackend(128)
+    monkeypatch.setenv("CONFIDE_ENGINE", "gpu")
+    with pytest.raises(gpu_backend.GpuUnavailable, match="CONFIDE_ENGINE=gpu"):
+        select_engine()
+    monkeypatch.setenv("CONFIDE_ENGINE", "auto")
+    choice = select_engine()
+    assert choice.gpu is None and choice.name.startswith("cpu:") and "older than the NVRTC" in choice.reason

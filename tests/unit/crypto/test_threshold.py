@@ -229,3 +229,24 @@ def test_packed_vectors_decrypt_on_the_native_engine():
     assert np.allclose(values, np.clip(updates, -0.5, 0.5).sum(axis=0), atol=3 * 3 * 0.5 / 2**14)
     with pytest.raises(ProtocolError, match="needs 2"):
         th.decrypt_packed_threshold(public, total, partials[:1])
+
+
+def test_partial_decryption_on_the_selected_engine_equals_the_native_one(monkeypatch):
+    """c^(2 Delta d_j) on the GPU engine (its kernels' CPU build stands in) equals the native power."""
+    from confide.crypto import gpu
+
+    keys = th.deal_threshold_keys(3, 2, bits=2048)
+    public = keys[0].public
+    codec = BatchCryptCodec(bits=16, max_parties=3, alpha=0.5)
+    total = encrypt_packed(np.linspace(-0.4, 0.4, 250), codec, public.encryption_key())  # 3 ciphertexts
+    native = th.partial_decrypt(keys[1], total)
+    gpu.reset_engine()
+    monkeypatch.setitem(gpu._STATE, "choice", gpu.EngineChoice("gpu:cpu-reference", gpu.CpuBackend, "test"))
+    monkeypatch.setattr(gpu, "GPU_MIN_PLAINTEXTS", 2)
+    try:
+        on_engine = th.partial_decrypt(keys[1], total)
+        assert gpu.engine_report()["gpu_batches"] == 1
+    finally:
+        gpu.reset_engine()
+    assert on_engine.values == native.values
+    th.verify_partial(public, total, on_engine)

@@ -270,3 +270,22 @@ def test_training_resumes_after_a_boosting_round_to_the_same_trees(objective):
     for a, b in zip(resumed["g"].trees, straight["g"].trees, strict=True):
         assert [n.weight for n in a] == [n.weight for n in b]
     assert [h["tree"] for h in resumed["g"].history] == list(range(2 * params.classes, 3 * params.classes))
+
+
+def test_the_selected_paillier_engine_encrypts_the_guests_gradients(breast, monkeypatch):
+    """With a GPU engine selected (its kernels' CPU build stands in), the trees are the same."""
+    from confide.crypto import gpu
+
+    gpu.reset_engine()
+    monkeypatch.setitem(gpu._STATE, "choice", gpu.EngineChoice("gpu:cpu-reference", gpu.CpuBackend, "test"))
+    X, y = breast
+    params = sb.SecureBoostParams(n_trees=1, max_depth=2)
+    try:
+        results, _ = secure_fit(X[:, :10], [X[:, 10:]], y, params)
+        report = gpu.engine_report()
+    finally:
+        gpu.reset_engine()
+    assert report["crypto_engine"] == "gpu:cpu-reference" and report["gpu_batches"] >= 1
+    reference = reference_fit(X[:, :10], [X[:, 10:]], y, params)
+    assert results["guest"].splits() == reference.splits()
+    assert leaves(results["guest"]) == leaves(reference)

@@ -206,3 +206,133 @@ def engine_report() -> dict[str, Any]:
         report["gpu_fallbacks"] = _STATE["fallbacks"]
         report["gpu_last_fallback"] = _STATE["last_fallback"]
     return report
+
+
+# ------------------------------------------------------------------------------------------------
+# Raw encryption and decryption for the vertical algorithms and the compute workers: each call
+# runs on the GPU when the engine has one and the batch is large enough, else on the native key.
+# ``key`` is a native EncryptionKey or DecryptionKey (confide._native).
+# ------------------------------------------------------------------------------------------------
+
+
+def _is_holder(key) -> bool:
+    return hasattr(key, "primes_bytes")
+
+
+def _raw_block(public, ciphertexts: bytes, count: int) -> bytes:
+    """A raw ciphertext block (wire.rs: "PCT1" ‖ key_id ‖ count ‖ elem_len ‖ encoding 0 ‖ no params ‖ flags 0)."""
+    key_id = public.to_bytes()[-16:]
+    header = b"PCT1" + key_id + count.to_bytes(4, "big") + public.ciphertext_bytes.to_bytes(2, "big")
+    return header + b"\x00" + (0).to_bytes(2, "big") + b"\x00" + ciphertexts
+
+
+def _vector_from_limbs(kern, public, limbs):
+    from confide import _native
+    from confide.crypto.gpu.engine import limbs_to_be_rows
+
+    rows = limbs_to_be_rows(limbs, public.ciphertext_bytes)
+    _STATE["gpu_batches"] += 1
+    return _native.CiphertextVector.from_bytes(_raw_block(public, rows.tobytes(), rows.shape[0]), public)
+
+
+def _gpu_for(key, count: int, randomizer: str):
+    if randomizer != "fixed_base" or count < GPU_MIN_PLAINTEXTS or current_engine().gpu is None:
+        _STATE["cpu_batches"] += 1
+        return None
+    return _kernels_for(key, _is_holder(key))
+
+
+def encrypt_raw(key, plaintexts: list[bytes], randomizer: str = "fixed_base", threads: int = 0):
+    """``key.encrypt_raw(plaintexts, randomizer, threads)`` on the selected engine."""
+    kern = _gpu_for(key, len(plaintexts), randomizer)
+    if kern is not None:
+        import numpy as np
+
+        from confide.crypto.gpu.engine import be_rows_to_limbs
+
+        public = key.encryption_key if _is_holder(key) else key
+        width = public.ciphertext_bytes // 2
+        try:
+            if any(len(p) > width for p in plaintexts):
+                raise ValueError(f"plaintexts: each must be below n ({width} bytes)")
+            rows = np.frombuffer(b"".join(p.rjust(width, b"\0") for p in plaintexts), dtype=np.uint8)
+            limbs = be_rows_to_limbs(rows.reshape(len(plaintexts), width), kern.mod_n2.limbs // 2)
+            return _vector_from_limbs(kern, public, kern.encrypt_limbs(limbs))
+        except GpuUnavailable as exc:
+            note_fallback(str(exc))
+        except ValueError:
+            pass  # out-of-range input: the native call names the field and the limit
+    return key.encrypt_raw(plaintexts, randomizer, threads)
+
+
+def encrypt_i64(key, values, randomizer: str = "fixed_base", threads: int = 0):
+    """``key.encrypt_i64(values, randomizer, threads)`` (v < 0 encodes as n + v) on the selected engine."""
+    import numpy as np
+
+    values = np.ascontiguousarray(values, dtype=np.int64)
+    kern = _gpu_for(key, values.size, randomizer)
+    if kern is not None:
+        public = key.encryption_key if _is_holder(key) else key
+        half = kern.mod_n2.limbs // 2
+        magnitude = np.abs(values).astype(np.uint64)  # |INT64_MIN| = 2^63 is exact in uint64
+        low = (magnitude & np.uint64(0xFFFFFFFF)).astype(np.int64)
+        high = (magnitude >> np.uint64(32)).astype(np.int64)
+        negative = values < 0
+        limbs = np.zeros((half, values.size), dtype=np.uint32)
+        borrow = np.zeros(values.size, dtype=np.int64)
+        for k in range(half):  # n - |v| for the negative values, limb by limb with borrow
+            sub = (low if k == 0 else high if k == 1 else 0) + borrow
+            d = np.int64(int(kern._n_limbs[k])) - sub
+            borrow = (d < 0).astype(np.int64)
+            limbs[k] = np.where(negative, d + (borrow << 32), low if k == 0 else high if k == 1 else 0)
+        try:
+            return _vector_from_limbs(kern, public, kern.encrypt_limbs(limbs))
+        except GpuUnavailable as exc:
+            note_fallback(str(exc))
+    return key.encrypt_i64(values, randomizer, threads)
+
+
+def decrypt_raw(key, vector, threads: int = 0) -> list[bytes]:
+    """``key.decrypt_raw(vector, threads)`` (big-endian, minimal length) on the selected engine."""
+    kern = _gpu_for(key, len(vector), "fixed_base")
+    if kern is not None:
+        public = key.encryption_key
+        if vector.key_id != public.key_id:
+            return key.decrypt_raw(vector, threads)  # the native call names the mismatch
+        data = vector.to_bytes()
+        width = public.ciphertext_bytes
+        body = data[len(data) - len(vector) * width :]
+        values = [int.from_bytes(body[i * width : (i + 1) * width], "big") for i in range(len(vector))]
+        try:
+            plain = kern.decrypt_raw(values)
+            _STATE["gpu_batches"] += 1
+            return [m.to_bytes((m.bit_length() + 7) // 8, "big") for m in plain]
+        except GpuUnavailable as exc:
+            note_fallback(str(exc))
+    return key.decrypt_raw(vector, threads)
+
+
+def power(public, vector, exponent: int) -> list[int] | None:
+    """c^exponent mod n² for every ciphertext of a native vector on the GPU, or None (run it natively).
+
+    Threshold partial decryption's c^(2·Δ·d_j): one shared exponent, thousands of ciphertexts.
+    A negative exponent raises the inverse: c^|e| on the GPU, then one inversion per value.
+    """
+    kern = _gpu_for(public, len(vector), "fixed_base")
+    if kern is None:
+        return None
+    import gmpy2
+
+    data = vector.to_bytes()
+    width = public.ciphertext_bytes
+    body = data[len(data) - len(vector) * width :]
+    values = [int.from_bytes(body[i * width : (i + 1) * width], "big") for i in range(len(vector))]
+    try:
+        out = kern.pow_many(values, abs(int(exponent)))
+    except GpuUnavailable as exc:
+        note_fallback(str(exc))
+        return None
+    _STATE["gpu_batches"] += 1
+    if exponent < 0:
+        out = [int(gmpy2.invert(v, kern.n2)) for v in out]
+    return out

@@ -197,6 +197,7 @@ class GpuArray:
 
     def __del__(self) -> None:  # pragma: no cover - needs a GPU
         try:
+            self.backend._bind()
             self.backend.cu.cuMemFree(self.ptr)
         except Exception:
             pass
@@ -244,6 +245,10 @@ class GpuBackend:  # pragma: no cover - exercised on the GPU machine (scripts/gp
         self.stream = self._check(cu.cuStreamCreate(0), "stream")
         self.kernel_seconds = 0.0
 
+    def _bind(self) -> None:
+        # The context is current per thread: a party's guest and host threads share the device.
+        self.cu.cuCtxSetCurrent(self.context)
+
     def _check(self, result, what: str):
         err, *rest = result if isinstance(result, tuple) else (result,)
         if err != self.cu.CUresult.CUDA_SUCCESS:
@@ -254,11 +259,13 @@ class GpuBackend:  # pragma: no cover - exercised on the GPU machine (scripts/gp
 
     def empty(self, count: int) -> GpuArray:
         """A zeroed (CPU) or uninitialised (GPU) array of ``count`` uint32."""
+        self._bind()
         nbytes = max(4, 4 * int(count))
         return GpuArray(self._check(self.cu.cuMemAlloc(nbytes), f"cuMemAlloc({nbytes})"), nbytes, self)
 
     def upload(self, array: np.ndarray) -> GpuArray:
         """A backend copy of a uint32 array."""
+        self._bind()
         host = np.ascontiguousarray(array, dtype=np.uint32)
         out = self.empty(host.size)
         self._check(self.cu.cuMemcpyHtoDAsync(out.ptr, host.ctypes.data, host.nbytes, self.stream), "copy in")
@@ -267,6 +274,7 @@ class GpuBackend:  # pragma: no cover - exercised on the GPU machine (scripts/gp
 
     def download(self, array: GpuArray) -> np.ndarray:
         """The array's contents as numpy uint32."""
+        self._bind()
         host = np.empty(array.nbytes // 4, dtype=np.uint32)
         self._check(self.cu.cuMemcpyDtoHAsync(host.ctypes.data, array.ptr, array.nbytes, self.stream), "copy out")
         self.synchronize()
@@ -274,6 +282,7 @@ class GpuBackend:  # pragma: no cover - exercised on the GPU machine (scripts/gp
 
     def launch(self, kernel: str, count: int, *args: Any) -> None:
         """Runs ``kernel`` over ``count`` items with ``args`` (arrays or uint32 scalars); returns when done."""
+        self._bind()
         holders = []
         for arg in args:
             if isinstance(arg, GpuArray):
@@ -295,9 +304,11 @@ class GpuBackend:  # pragma: no cover - exercised on the GPU machine (scripts/gp
 
     def synchronize(self) -> None:
         """Waits for the work queued so far."""
+        self._bind()
         self._check(self.cu.cuStreamSynchronize(self.stream), "synchronize")
 
     def free_bytes(self) -> int:
         """Free memory of the device, in bytes."""
+        self._bind()
         free, _total = self._check(self.cu.cuMemGetInfo(), "cuMemGetInfo")
         return int(free)
