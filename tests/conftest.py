@@ -1,9 +1,10 @@
 import pytest
 
 from confide.crypto import DecryptionKey
+from tests.fixtures.keys import fixed_key
 
 
 @pytest.fixture(scope="session")
 def key() -> DecryptionKey:
-    """One 2048-bit key for the whole session (generation and tables cost ~1 s)."""
-    return DecryptionKey.generate(2048)
+    """The fixed 2048-bit test key (tests/fixtures/keys.py), shared by the session."""
+    return fixed_key()

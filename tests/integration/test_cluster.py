@@ -7,13 +7,14 @@ import time
 import numpy as np
 import pytest
 
-from confide.local import LocalFederation, run_local
+from confide.local import LocalFederation
 from confide.local.cluster import Cluster
 from confide.transport.certs import Identity, init_federation
 from confide.transport.client import AGGREGATOR, AggregatorClient
 from confide.transport.routing import node_for
 from confide.v1 import runtime_pb2 as pb
 from tests.fixtures.faults import with_faults
+from tests.fixtures.federation import run_local
 from tests.integration.conftest import make_spec
 
 SYNTHETIC = {"dataset": "synthetic", "samples": 3000, "features": 1500, "test_fraction": 0.2}

@@ -14,8 +14,8 @@ import yaml
 
 from confide.cli.main import print_summary
 from confide.errors import JobFailedError
-from confide.local import run_local
 from confide.spec import parse_job
+from tests.fixtures.federation import run_local
 from tests.fixtures.partitions import write_partitions
 
 PARTIES = ["hospital-a", "hospital-b"]

@@ -11,7 +11,7 @@ import dp_accounting
 import pytest
 from dp_accounting import rdp
 
-from confide.local import run_local
+from tests.fixtures.federation import run_local
 from tests.integration.conftest import make_spec
 
 CASES = {

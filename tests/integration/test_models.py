@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from confide.errors import JobFailedError
-from confide.local import run_local
 from confide.spec import load_job, parse_job
+from tests.fixtures.federation import run_local
 
 # Found, not imported: the frameworks run in the party processes. JAX in the test process would
 # make every later fork (multiprocessing tests) warn, since JAX is multithreaded.

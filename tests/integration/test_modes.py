@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from confide.local import run_local
+from tests.fixtures.federation import run_local
 from tests.integration.conftest import make_spec
 
 MODES = ["plain", "secagg", "paillier", "groupmask", "tee", "threshold"]

@@ -13,6 +13,7 @@ from confide.transport.certs import Identity, init_federation
 from confide.transport.client import AGGREGATOR, AggregatorClient
 from confide.v1 import runtime_pb2 as pb
 from confide.v1 import runtime_pb2_grpc as rpc
+from tests.fixtures.keys import fixed_key
 
 PARTIES = ["party-a", "party-b"]
 
@@ -162,7 +163,7 @@ def test_absent_participant_aborts_the_attempt_and_late_slices_are_refused(feder
 def test_paillier_slices_under_another_key_are_refused(federation):
     client, _, _ = federation
     a, b = client("party-a"), client("party-b")
-    key, other = DecryptionKey.generate(2048), DecryptionKey.generate(2048)
+    key, other = fixed_key(), DecryptionKey.generate(2048)
     codec = BatchCryptCodec(bits=16, max_parties=2, alpha=1.0)
     values = np.linspace(-0.5, 0.5, 10)
 
@@ -189,7 +190,7 @@ def test_paillier_slices_under_another_key_are_refused(federation):
 def test_a_completed_round_is_not_served_to_a_run_under_another_key(federation):
     client, _, _ = federation
     a, b = client("party-a"), client("party-b")
-    key, other = DecryptionKey.generate(2048), DecryptionKey.generate(2048)
+    key, other = fixed_key(), DecryptionKey.generate(2048)
     codec = BatchCryptCodec(bits=16, max_parties=2, alpha=1.0)
     paillier = dict(
         kind=pb.AGGREGATION_KIND_PAILLIER_PRODUCT,

@@ -18,13 +18,14 @@ import pytest
 
 from confide.controller.client import ControllerClient
 from confide.errors import CertificateRevokedError
-from confide.local import LocalFederation, run_local
+from confide.local import LocalFederation
 from confide.local.processes import Processes
 from confide.transport import tls
 from confide.transport.certs import CRL_FILE, Identity, init_federation
 from confide.v1 import runtime_pb2 as pb
 from confide.v1 import runtime_pb2_grpc as rpc
 from tests.fixtures.faults import with_faults
+from tests.fixtures.federation import run_local
 from tests.integration.conftest import make_spec
 
 #: One heartbeat interval of the agents (controller/agent.py), the bound the issue sets.

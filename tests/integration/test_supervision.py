@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from confide.local import run_local
 from tests.fixtures.faults import confide_processes, with_faults
+from tests.fixtures.federation import run_local
 from tests.integration.conftest import make_spec
 
 

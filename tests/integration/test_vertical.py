@@ -11,10 +11,10 @@ import yaml
 
 from confide.data.vertical import vertical_party_data
 from confide.errors import JobFailedError
-from confide.local import run_local
 from confide.spec import load_job, parse_job
 from confide.vertical.estimators import HeteroNNClassifier, SecureBoostClassifier
 from tests.fixtures.faults import with_faults
+from tests.fixtures.federation import run_local
 
 
 def vertical_spec(algorithm: str, **overrides) -> object:

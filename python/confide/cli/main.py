@@ -599,6 +599,8 @@ def print_summary(report: dict) -> None:
             f"  threshold Paillier {protection['key_bits']}-bit: {protection['secret_key_holders']}; key generation "
             f"{protection['keygen']} ({protection['keygen_seconds']:.1f} s); {protection['decryption']}"
         )
+    if job.mode in ("paillier", "threshold") and protection.get("crypto_engine"):
+        print(f"  Paillier engine: {protection['crypto_engine']} ({protection['crypto_engine_reason']})")
     privacy = (protection or {}).get("privacy")
     if privacy:
         print(

@@ -365,6 +365,7 @@ def run_local(
     compute: dict[str, str] | None = None,
     max_restarts: int = 3,
     resume: bool = False,
+    baseline: bool = True,
 ) -> dict:
     """Run ``spec`` on a local federation in ``workdir``; returns the job report.
 
@@ -373,7 +374,9 @@ def run_local(
     gives each party its dataset catalog for jobs whose ``fl_data`` names catalog datasets;
     ``compute`` a party's engine for a partitioned dataset (``inline``, ``ray``, ``ray:ADDRESS``).
     ``max_restarts``: how often each crashed child is started again (0: never). ``resume``: go on
-    with the job stopped in ``workdir`` from the last round every party checkpointed.
+    with the job stopped in ``workdir`` from the last round every party checkpointed. ``baseline``:
+    also train the centralized baseline the report shows beside the federated model (embedded
+    data only; off, the report's ``centralized`` is empty).
     """
     if spec.fl_data is not None:
         missing = [p for p in spec.parties if p not in (catalogs or {})]
@@ -431,7 +434,7 @@ def run_local(
         raise JobFailedError("job failed:\n  " + "\n  ".join(reasons or ["no party completed"]))
     dropped = {p: reports[p].get("error") or f"exited with status {federation.parties[p].returncode}" for p in failed}
     dropped.update(federation.never_admitted)
-    report = build_report(spec, reports, time.perf_counter() - started, dropped)
+    report = build_report(spec, reports, time.perf_counter() - started, dropped, baseline=baseline)
     report["restarts"] = federation.restarts
     report["resumed_after_round"] = federation.resume_round
     paths = write_report(report, Path(workdir))
@@ -651,7 +654,9 @@ def _baseline(spec: JobSpec) -> dict:
     return out
 
 
-def build_report(spec: JobSpec, reports: dict[str, dict], wall_seconds: float, dropped: dict[str, str]) -> dict:
+def build_report(
+    spec: JobSpec, reports: dict[str, dict], wall_seconds: float, dropped: dict[str, str], *, baseline: bool = True
+) -> dict:
     """The job report from the parties' reports (``dropped``: parties that left, and why)."""
     first = next(r for r in reports.values() if r.get("status") == "completed")
     rounds = []
@@ -707,7 +712,7 @@ def build_report(spec: JobSpec, reports: dict[str, dict], wall_seconds: float, d
         final_accuracy=rounds[-1]["accuracy"],
         model=_model_summary(reports),
         strategy=first.get("strategy"),
-        centralized=centralized_baseline(spec),
+        centralized=centralized_baseline(spec) if baseline else {},
         wall_seconds=wall_seconds,
         setup_seconds=max(r.get("setup_seconds", 0.0) for r in reports.values()),
         reconnects=sum(r.get("reconnects", 0) for r in reports.values()),

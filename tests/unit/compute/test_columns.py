@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 from sklearn.datasets import load_breast_cancer
 
-from confide import _native
 from confide.compute import open_compute
 from confide.compute.columns import ColumnRows, PartitionedColumns
 from confide.compute.partitions import PartitionTask, list_partitions
@@ -17,9 +16,10 @@ from confide.vertical import secureboost as sb
 from confide.vertical.binning import Binner
 from confide.vertical.channel import LocalChannel, run_parties
 from confide.vertical.psi import intersect
+from tests.fixtures.keys import fixed_native_key
 from tests.fixtures.partitions import host_fl_data, write_columns
 
-KEY = _native.generate_keypair(2048)
+KEY = fixed_native_key()
 
 
 class ArrayRows(ColumnRows):

@@ -11,10 +11,10 @@ import pytest
 
 from confide.compute import SecretShippingError, open_compute
 from confide.compute.partitions import PartitionedData, PartitionRows, PartitionTask, list_partitions
-from confide.crypto import DecryptionKey
 from confide.data.fldata import FLData
 from confide.ml.homo_lr import HomoLR
 from confide.vertical.binning import Binner
+from tests.fixtures.keys import fixed_key, fixed_native_key
 from tests.fixtures.partitions import fl_data
 
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'confide[ray]'; make test installs it)")
@@ -88,7 +88,7 @@ def test_a_worker_killed_mid_call_is_restarted_and_the_call_retried(engine, part
 
 def test_no_secret_reaches_a_ray_worker(engine, partitioned):
     data = hold(engine, partitioned)
-    key = DecryptionKey.generate(2048)
+    key = fixed_key()
     with pytest.raises(SecretShippingError, match="DecryptionKey must stay in the party process"):
         data.call("lr_loss", key, "train")
     with pytest.raises(SecretShippingError):
@@ -97,10 +97,9 @@ def test_no_secret_reaches_a_ray_worker(engine, partitioned):
 
 
 def test_gradients_encrypted_by_ray_tasks_decrypt_to_the_plaintexts(engine):
-    from confide import _native
     from confide.compute.tasks import encrypt_raw_on
 
-    key = _native.generate_keypair(2048)
+    key = fixed_native_key()
     plaintexts = [int(v).to_bytes(16, "big") for v in np.random.default_rng(6).integers(0, 2**62, 3000)]
     vector = encrypt_raw_on(engine, key.encryption_key, plaintexts, min_chunk=500)
     assert [int.from_bytes(b, "big") for b in key.decrypt_raw(vector)] == [int.from_bytes(p, "big") for p in plaintexts]
@@ -123,10 +122,9 @@ def test_a_workers_data_error_reaches_the_party_as_itself(engine, tmp_path):
 
 
 def test_a_histogram_holder_restarted_without_gradients_gets_them_again(engine):
-    from confide import _native
     from confide.compute.histograms import HostHistograms
 
-    key = _native.generate_keypair(2048)
+    key = fixed_native_key()
     rng = np.random.default_rng(9)
     bins = rng.integers(0, 8, (3, 600)).astype(np.uint8)
     gh = key.encrypt_raw([int(v).to_bytes(16, "big") for v in rng.integers(0, 2**60, 600)], "fixed_base", 0)
@@ -181,7 +179,6 @@ def test_psi_blinding_on_ray_workers_aligns_the_same_rows(engine):
 
 
 def test_a_partitioned_host_on_ray_answers_as_inline_and_survives_a_killed_holder(engine, tmp_path):
-    from confide import _native
     from confide.compute.columns import PartitionedColumns
     from tests.fixtures.partitions import host_fl_data, write_columns
 
@@ -190,7 +187,7 @@ def test_a_partitioned_host_on_ray_answers_as_inline_and_survives_a_killed_holde
     root = write_columns(tmp_path / "cols", rng.permutation(5000)[:900], X, [300, 250, 350])
     task = PartitionTask(party="lab", dataset="cols", fl_data=FLData.create(**host_fl_data()).to_dict())
     rows = rng.permutation(900)[:700]
-    key = _native.generate_keypair(2048)
+    key = fixed_native_key()
     gh = key.encrypt_raw([int(v).to_bytes(16, "big") for v in rng.integers(0, 2**60, 700)], "fixed_base", 0)
     node_of_row = rng.integers(0, 3, 700).astype(np.int32)
     decisions = np.array([[0, 1, 3], [2, 0, 5]])

@@ -7,11 +7,11 @@ import pytest
 
 from confide.compute import SecretShippingError, check_shippable, open_compute
 from confide.compute.partitions import PartitionedData, PartitionRows, PartitionTask, list_partitions
-from confide.crypto import DecryptionKey
 from confide.data.catalog import Catalog
 from confide.data.fldata import FLData
 from confide.errors import InvalidParameterError
 from confide.ml.homo_lr import HomoLR, HomoLRModel
+from tests.fixtures.keys import fixed_key, fixed_native_key
 from tests.fixtures.partitions import fl_data, write_partitions
 
 
@@ -89,7 +89,7 @@ def test_homo_lr_on_partitions_needs_the_full_batch_and_evaluates_without_the_ro
 
 
 def test_secrets_never_cross_to_a_worker_whatever_the_engine(partitioned):
-    key = DecryptionKey.generate(2048)
+    key = fixed_key()
     with pytest.raises(SecretShippingError, match="DecryptionKey must stay in the party process"):
         check_shippable([np.zeros(3), {"nested": [key]}], "test")
     data = hold(open_compute("inline"), partitioned)
@@ -123,10 +123,9 @@ def test_engine_names_are_checked():
 
 
 def test_gradients_encrypted_on_workers_with_the_public_key_decrypt_as_the_guests_own():
-    from confide import _native
     from confide.compute.tasks import encrypt_raw_on
 
-    key = _native.generate_keypair(2048)
+    key = fixed_native_key()
     plaintexts = [int(v).to_bytes(16, "big") for v in np.random.default_rng(5).integers(0, 2**62, 5000)]
     engine = open_compute("inline")
     vector = encrypt_raw_on(engine, key.encryption_key, plaintexts, min_chunk=1000)
@@ -138,10 +137,9 @@ def test_gradients_encrypted_on_workers_with_the_public_key_decrypt_as_the_guest
 
 
 def test_host_histograms_built_by_row_ranges_are_the_same_ciphertexts():
-    from confide import _native
     from confide.compute.histograms import HostHistograms
 
-    key = _native.generate_keypair(2048)
+    key = fixed_native_key()
     rng = np.random.default_rng(0)
     rows, features, n_bins = 1500, 4, 8
     bins = rng.integers(0, n_bins, (features, rows)).astype(np.uint8)
@@ -180,7 +178,7 @@ def test_empty_files_are_skipped_and_a_directory_of_them_is_refused(tmp_path):
 def test_secrets_are_found_inside_dataclasses_and_sets_and_cycles_do_not_loop():
     from dataclasses import dataclass
 
-    key = DecryptionKey.generate(2048)
+    key = fixed_key()
 
     @dataclass
     class Carrier:

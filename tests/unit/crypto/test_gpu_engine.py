@@ -19,6 +19,7 @@ from confide import crypto
 from confide.crypto.gpu import backend as gpu_backend
 from confide.crypto.gpu import engine as gpu_engine
 from confide.crypto.gpu import select_engine
+from tests.fixtures.keys import fixed_key, fixed_native_key
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -137,7 +138,7 @@ def test_homomorphic_sum_of_packed_blocks_round_trips():
 
 def test_interoperates_with_the_cpu_engine():
     """Ciphertexts of the Rust engine decrypt on the kernels, and the kernels' on the Rust engine."""
-    native = crypto._native.generate_keypair(2048)
+    native = fixed_native_key()
     n_bytes = native.encryption_key.n_bytes()
     n = int.from_bytes(n_bytes, "big")
     p, q = (int.from_bytes(x, "big") for x in native.primes_bytes())
@@ -266,7 +267,7 @@ def reference_engine(monkeypatch):
 def test_packed_encryption_and_decryption_run_on_the_selected_engine(reference_engine):
     """encrypt_packed / decrypt_packed hand the codec's plaintexts to the engine and back."""
     gpu = reference_engine
-    key = crypto.DecryptionKey.generate(2048)
+    key = fixed_key()
     codec = crypto.BatchCryptCodec(bits=16, max_parties=3, alpha=1.0)
     rng = np.random.default_rng(3)
     parts = [rng.uniform(-0.5, 0.5, 700).astype(np.float32) for _ in range(3)]
@@ -294,7 +295,7 @@ def test_a_failed_gpu_batch_runs_on_the_cpu_and_is_reported(reference_engine, mo
         raise gpu_backend.GpuUnavailable("GPU out of memory even for 256 items")
 
     monkeypatch.setattr(kernels.PaillierKernels, "encrypt_limbs", out_of_memory)
-    key = crypto.DecryptionKey.generate(2048)
+    key = fixed_key()
     codec = crypto.BatchCryptCodec(bits=16, max_parties=2, alpha=1.0)
     values = np.linspace(-0.4, 0.4, 900).astype(np.float32)
     vector = crypto.encrypt_packed(values, codec, key)
@@ -304,7 +305,7 @@ def test_a_failed_gpu_batch_runs_on_the_cpu_and_is_reported(reference_engine, mo
 
 
 def test_an_engine_returning_bad_ciphertexts_is_refused():
-    key = crypto.DecryptionKey.generate(2048)
+    key = fixed_key()
     native = key._native
     values = np.zeros(300, dtype=np.float32)
     with pytest.raises(
@@ -319,7 +320,7 @@ def test_an_engine_returning_bad_ciphertexts_is_refused():
 def test_report_names_the_cpu_when_every_batch_was_small(reference_engine):
     gpu = reference_engine
     gpu.GPU_MIN_PLAINTEXTS = 10_000
-    key = crypto.DecryptionKey.generate(2048)
+    key = fixed_key()
     crypto.encrypt_packed(np.zeros(50, np.float32), crypto.BatchCryptCodec(bits=16, max_parties=2, alpha=1.0), key)
     report = gpu.engine_report()
     assert report["crypto_engine"].startswith("cpu:") and "under 10000 plaintexts" in report["crypto_engine_reason"]
@@ -329,7 +330,7 @@ def test_report_names_the_cpu_when_every_batch_was_small(reference_engine):
 def test_raw_and_i64_paths_match_the_native_engine(reference_engine):
     """The vertical algorithms' calls (encrypt_raw, encrypt_i64, decrypt_raw) on the engine."""
     gpu = reference_engine
-    native = crypto._native.generate_keypair(2048)
+    native = fixed_native_key()
     public = native.encryption_key
     n = int.from_bytes(public.n_bytes(), "big")
     rng = random.Random(31)
@@ -361,7 +362,7 @@ def test_raw_and_packed_paths_on_the_gpu(monkeypatch):
     gpu.reset_engine()
     monkeypatch.setenv("CONFIDE_ENGINE", "gpu")
     try:
-        native = crypto._native.generate_keypair(2048)
+        native = fixed_native_key()
         public = native.encryption_key
         n = int.from_bytes(public.n_bytes(), "big")
         rng = random.Random(41)

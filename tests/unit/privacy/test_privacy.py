@@ -11,7 +11,7 @@ import pytest
 from dp_accounting import rdp
 from scipy import stats
 
-from confide.crypto import BatchCryptCodec, DecryptionKey, decrypt_packed, encrypt_packed, sum_encrypted
+from confide.crypto import BatchCryptCodec, decrypt_packed, encrypt_packed, sum_encrypted
 from confide.errors import InvalidParameterError
 from confide.ml.homo_lr import HomoLR
 from confide.privacy import distributed_plan, sgd_plan
@@ -21,6 +21,7 @@ from confide.privacy.noise import clip_l2, discrete_gaussian, generator, randomi
 from confide.privacy.party import PartyPrivacy
 from confide.protect.masking import FixedPoint
 from confide.spec import parse_job
+from tests.fixtures.keys import fixed_key
 
 PARTIES = ["a-1", "a-2", "a-3"]
 
@@ -116,7 +117,7 @@ def test_fixed_point_carries_the_noisy_grid_exactly():
 def test_batchcrypt_carries_the_noisy_grid_exactly():
     spec = job(protection={"mode": "paillier", "bits": 24})
     plan = distributed_plan(spec.privacy, spec.rounds)
-    key = DecryptionKey.generate(2048)
+    key = fixed_key()
     rng = np.random.default_rng(2)
     vectors, alphas = [], set()
     for _ in PARTIES:

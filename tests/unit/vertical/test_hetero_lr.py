@@ -16,9 +16,10 @@ from confide import _native
 from confide.errors import InvalidParameterError, ProtocolError
 from confide.vertical import hetero_lr as hlr
 from confide.vertical.channel import LocalChannel
+from tests.fixtures.keys import fixed_native_key
 from tests.fixtures.messages import fields
 
-KEY = _native.generate_keypair(2048)
+KEY = fixed_native_key()
 N_KEY = int.from_bytes(KEY.encryption_key.n_bytes(), "big")
 
 

@@ -12,8 +12,9 @@ from confide.errors import InvalidParameterError
 from confide.vertical import secureboost as sb
 from confide.vertical.binning import Binner
 from confide.vertical.channel import LocalChannel, run_parties
+from tests.fixtures.keys import fixed_native_key
 
-KEY = _native.generate_keypair(2048)
+KEY = fixed_native_key()
 
 
 @pytest.fixture(scope="module")

@@ -6,15 +6,15 @@ import numpy as np
 import pytest
 from sklearn.datasets import load_breast_cancer, load_digits
 
-from confide import _native
 from confide.errors import InvalidParameterError
 from confide.spec import JobSpec
 from confide.vertical import secureboost as sb
 from confide.vertical import wire
 from confide.vertical.binning import Binner
 from confide.vertical.channel import LocalChannel, run_parties
+from tests.fixtures.keys import fixed_native_key
 
-KEY = _native.generate_keypair(2048)
+KEY = fixed_native_key()
 
 
 @pytest.fixture(scope="module")

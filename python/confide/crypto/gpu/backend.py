@@ -216,7 +216,7 @@ class GpuBackend:  # pragma: no cover - exercised on the GPU machine (scripts/gp
         try:
             initialized = cu.cuInit(0)
         except Exception as exc:  # cuda-pathfinder: no driver library on this machine
-            raise GpuUnavailable(f"no NVIDIA driver: {exc}") from exc
+            raise GpuUnavailable("no NVIDIA driver on this machine") from exc
         self._check(initialized, "cuInit (no driver or no device)")
         self.device = self._check(cu.cuDeviceGet(device), f"cuDeviceGet({device})")
         self.context = self._check(cu.cuDevicePrimaryCtxRetain(self.device), "cuDevicePrimaryCtxRetain")
