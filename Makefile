@@ -13,11 +13,12 @@ PROTO     := python/confide/v1/runtime_pb2.py
 CONSOLE   := python/confide/web/static/vendor/.built
 RUST_SRC  := $(shell find crates -name '*.rs' -o -name Cargo.toml 2>/dev/null) Cargo.toml .cargo/config.toml
 
-.PHONY: help setup demo test test-rust test-fuzz-rust test-python bench lint fmt clean fuzz wheel
+.PHONY: help setup demo test test-fast test-rust test-fuzz-rust test-python bench lint fmt clean fuzz wheel
 
 help:
 	@echo "make demo   three hospitals train Homo LR, then a CNN, in paillier mode (separate processes, gRPC + mTLS)"
 	@echo "make test   run the whole test suite (Rust + Python)"
+	@echo "make test-fast  the unit tier without slow tests, on both cores (the edit loop)"
 	@echo "make bench  run benchmarks (writes benchmarks/results/*.json)"
 	@echo "make lint   clippy, rustfmt --check, ruff"
 	@echo "make fuzz   fuzz every decoder of network and disk bytes, FUZZ_SECONDS (600) per target"
@@ -115,6 +116,11 @@ test-python: setup $(WHEEL_STAMP)
 	./scripts/ensure-chromium.sh
 	./scripts/ensure-toxiproxy.sh
 	$(PYTHON) -m pytest tests
+
+# The edit loop: the unit tier without the tests marked slow, on both cores (pytest-xdist).
+# `make test` still runs everything, one test at a time.
+test-fast: setup
+	$(PYTHON) -m pytest -m "not integration and not slow" -n 2 tests/unit
 
 bench: setup build/wheel-venv/.installed
 	@$(PYTHON) -m pip install -q "sf-heu==0.5.2b0" 2>/dev/null \

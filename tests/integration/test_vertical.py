@@ -42,6 +42,8 @@ def test_secureboost_job_aligns_trains_and_writes_each_party_its_own_part(tmp_pa
     assert 480 < report["psi"]["intersection"] < 541
     assert report["metrics"]["auc"] > 0.97
     assert len(report["rounds"]) == 3 and all(r["splits"] > 0 for r in report["rounds"])
+    for party in report["parties"].values():  # each party names the engine that ran its Paillier work
+        assert party["paillier_engine"]["crypto_engine"].startswith(("cpu:", "gpu:"))
     guest = json.loads((tmp_path / "parties" / "hospital.report.json").read_text())
     host = json.loads((tmp_path / "parties" / "lab.report.json").read_text())
     assert guest["role"] == "guest" and host["role"] == "host" and host["splits_owned"] > 0

@@ -554,6 +554,9 @@ def _print_vertical_summary(report: dict) -> None:
         )
         print(f"validation loss: first {losses[0]:.4f}, last {losses[-1]:.4f}, best {min(losses):.4f}; {kept}")
     print(f"bytes sent (all parties): {sent / 1e6:.2f} MB; job wall time {report['wall_seconds']:.1f} s")
+    engines = {p: r["paillier_engine"]["crypto_engine"] for p, r in parties.items() if r.get("paillier_engine")}
+    if engines:
+        print("Paillier engine: " + ", ".join(f"{p} {engine}" for p, engine in engines.items()))
     _print_compute(parties)
     print(f"report: {report['files']['json']}")
 

@@ -550,6 +550,7 @@ def _vertical_report(federation: LocalFederation, wall_seconds: float) -> dict:
                 "bytes": r.get("bytes"),
                 "seconds": r.get("seconds"),
                 **({"compute": r["compute"]} if r.get("compute") else {}),
+                **({"paillier_engine": r["paillier_engine"]} if r.get("paillier_engine") else {}),
             }
             for p, r in reports.items()
         },

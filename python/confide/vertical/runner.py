@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from confide import checkpoints as ckpt
+from confide.crypto import gpu
 from confide.data.fldata import JOIN_PROTOCOL
 from confide.data.vertical import VerticalPartyData, vertical_party_data
 from confide.errors import ConfideError, JobFailedError
@@ -303,6 +304,7 @@ def run_vertical_party(
         report["seconds"] = time.perf_counter() - started
         report["bytes"] = {"sent": channel.bytes_sent, "received": channel.bytes_received}
         report["reconnects"] = client.reconnects
+        report["paillier_engine"] = gpu.engine_report()  # which engine ran this party's Paillier work
         _write(report_path, report)
         client.close()
     return report
