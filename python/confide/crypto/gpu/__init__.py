@@ -175,8 +175,7 @@ def decrypt_hook(native_key, ciphertexts: int):
     width = 2 * kern.mod_n2.limbs  # plaintext bytes (n)
 
     def decrypt(data: bytes, count: int) -> bytes:
-        step = 2 * width
-        values = [int.from_bytes(data[i * step : (i + 1) * step], "big") for i in range(count)]
+        values = _split_ints(data, count, 2 * width)
         _STATE["gpu_batches"] += 1
         return b"".join(m.to_bytes(width, "big") for m in kern.decrypt_raw(values))
 
@@ -233,6 +232,17 @@ def _vector_from_limbs(kern, public, limbs):
     rows = limbs_to_be_rows(limbs, public.ciphertext_bytes)
     _STATE["gpu_batches"] += 1
     return _native.CiphertextVector.from_bytes(_raw_block(public, rows.tobytes(), rows.shape[0]), public)
+
+
+def _split_ints(data: bytes, count: int, width: int) -> list[int]:
+    """``count`` big-endian integers of ``width`` bytes each, from the end of ``data``."""
+    body = data[len(data) - count * width :]
+    return [int.from_bytes(body[i * width : (i + 1) * width], "big") for i in range(count)]
+
+
+def _ciphertext_ints(public, vector) -> list[int]:
+    """The ciphertexts of a native vector as integers (its block's body, after any header)."""
+    return _split_ints(vector.to_bytes(), len(vector), public.ciphertext_bytes)
 
 
 def _gpu_for(key, count: int, randomizer: str):
@@ -299,10 +309,7 @@ def decrypt_raw(key, vector, threads: int = 0) -> list[bytes]:
         public = key.encryption_key
         if vector.key_id != public.key_id:
             return key.decrypt_raw(vector, threads)  # the native call names the mismatch
-        data = vector.to_bytes()
-        width = public.ciphertext_bytes
-        body = data[len(data) - len(vector) * width :]
-        values = [int.from_bytes(body[i * width : (i + 1) * width], "big") for i in range(len(vector))]
+        values = _ciphertext_ints(public, vector)
         try:
             plain = kern.decrypt_raw(values)
             _STATE["gpu_batches"] += 1
@@ -323,10 +330,7 @@ def power(public, vector, exponent: int) -> list[int] | None:
         return None
     import gmpy2
 
-    data = vector.to_bytes()
-    width = public.ciphertext_bytes
-    body = data[len(data) - len(vector) * width :]
-    values = [int.from_bytes(body[i * width : (i + 1) * width], "big") for i in range(len(vector))]
+    values = _ciphertext_ints(public, vector)
     try:
         out = kern.pow_many(values, abs(int(exponent)))
     except GpuUnavailable as exc:
