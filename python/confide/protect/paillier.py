@@ -153,15 +153,20 @@ class PaillierProtection(GroupShared, Protection):
         if len(layers) > 1:
             context.stats.update(layer_alphas=[float(a) for a in alphas])
 
-    def encode(self, context: RoundContext, index: int, values: np.ndarray) -> bytes:
-        """Clip, quantize, pack and encrypt one slice (CRT encryption, all cores)."""
-        require(self._codec, "begin_round first")
+    def _encoding_key(self):
+        """The key slices are encrypted under: the shared key here (CRT encryption)."""
         require(self._key, "begin_round first")
+        return self._key
+
+    def encode(self, context: RoundContext, index: int, values: np.ndarray) -> bytes:
+        """Clip, quantize, pack and encrypt one slice (all cores, or the GPU engine)."""
+        require(self._codec, "begin_round first")
+        key = self._encoding_key()
         start = time.perf_counter()
         if self._scale is not None:
             first, stop = context.bounds(index)
             values = np.asarray(values, dtype=np.float64) / self._scale[first:stop]
-        data = _encrypt_packed(values, self._codec, self._key, threads=self.encode_threads).to_bytes()
+        data = _encrypt_packed(values, self._codec, key, threads=self.encode_threads).to_bytes()
         self.crypto_seconds += time.perf_counter() - start
         return data
 

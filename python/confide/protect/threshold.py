@@ -37,7 +37,6 @@ import numpy as np
 
 from confide._checks import require
 from confide.crypto import EncryptedVector, EncryptionKey, sum_encrypted
-from confide.crypto import encrypt_packed as _encrypt_packed
 from confide.crypto.threshold import (
     CheatingPartyError,
     PartialDecryption,
@@ -159,15 +158,13 @@ class ThresholdProtection(PaillierProtection):
         require(self._threshold_key, "setup first")
         return self._threshold_key
 
+    def _encoding_key(self):
+        """The public key of the jointly generated N (no party holds its secret)."""
+        return self.encryption_key
+
     def encode(self, context: RoundContext, index: int, values: np.ndarray) -> bytes:
-        """Clip, quantize, pack and encrypt one slice under the public key."""
-        require(self._codec, "begin_round first")
-        start = time.perf_counter()
-        if self._scale is not None:
-            first, stop = context.bounds(index)
-            values = np.asarray(values, dtype=np.float64) / self._scale[first:stop]
-        data = _encrypt_packed(values, self._codec, self.encryption_key, threads=self.encode_threads).to_bytes()
-        self.crypto_seconds += time.perf_counter() - start
+        """Encrypt one slice as the paillier mode does, under the public key, and keep it for the decryptors."""
+        data = super().encode(context, index, values)
         with self._sent_ready:
             self._sent[(context.round, context.attempt, index)] = data
             self._sent_ready.notify_all()
