@@ -204,6 +204,8 @@ class VerticalPartyReport(_Report):
     splits_owned: int | None = None
     #: Where a SecureBoost guest encrypted its gradients (engine, workers); None: in the party process.
     compute: dict[str, Any] | None = None
+    #: Which engine ran this party's Paillier work (confide.crypto.gpu.engine_report).
+    paillier_engine: dict[str, Any] | None = None
     error: str | None = None
     failure: Failure | None = None
     seconds: float | None = None
