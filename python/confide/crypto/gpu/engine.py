@@ -15,7 +15,6 @@ GpuUnavailable` tells the caller to use the CPU engine, which it names in its re
 from __future__ import annotations
 
 import os
-import secrets
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -222,10 +221,6 @@ class PaillierKernels:
         return self._table
 
     # ---------------------------------------------------------------------------------------
-    def random_exponents(self, count: int) -> list[int]:
-        """Fresh ``rand_bits``-bit exponents as integers."""
-        return [secrets.randbits(self.rand_bits) for _ in range(count)]
-
     def encrypt_raw(self, plaintexts: Sequence[int], exponents: Sequence[int] | None = None) -> list[int]:
         """(1 + m·n)·h_s^a mod n² for each plaintext 0 ≤ m < n (fresh a unless given)."""
         count = len(plaintexts)
