@@ -110,15 +110,21 @@ fuzz: setup
 	$(PYTHON) fuzz/run.py --seconds $(FUZZ_SECONDS) --jobs 2
 
 # The controller's store tests also run against a real PostgreSQL server that the suite
-# starts itself; its binaries are installed here when missing.
+# starts itself; its binaries are installed here when missing. Every test runs: first all but the
+# `serial` ones on both cores (pytest-xdist; tests sharing a module fixture stay on one worker, and
+# the hang guard is doubled since a neighbour shares the cores), then the `serial` ones alone.
 test-python: setup $(WHEEL_STAMP)
 	./scripts/ensure-postgres.sh
 	./scripts/ensure-chromium.sh
 	./scripts/ensure-toxiproxy.sh
-	$(PYTHON) -m pytest tests
+	@status=0; \
+	$(PYTHON) -m pytest -n 2 --dist loadgroup --timeout 600 -m "not serial" tests || status=$$?; \
+	echo "== the serial tests, alone (tests/conftest.py SERIAL_FILES) =="; \
+	$(PYTHON) -m pytest -m serial tests || status=$$?; \
+	exit $$status
 
 # The edit loop: the unit tier without the tests marked slow, on both cores (pytest-xdist).
-# `make test` still runs everything, one test at a time.
+# `make test` still runs everything.
 test-fast: setup
 	$(PYTHON) -m pytest -m "not integration and not slow" -n 2 tests/unit
 

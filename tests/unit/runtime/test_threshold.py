@@ -146,7 +146,7 @@ def test_a_party_sending_a_wrong_partial_decryption_is_named(session, monkeypatc
 
 
 def test_a_decryptor_missing_at_decryption_is_a_clear_error(federation):
-    session = ThresholdSession(federation, PARTIES[:3], threshold=2, share_timeout_s=1.0)
+    session = ThresholdSession(federation, PARTIES[:3], threshold=2, share_timeout_s=3.0)
     with pytest.raises(AssertionError) as caught:
         session.run(vectors_for(session.names, seed=3), skip_finish=("charlie",))
     error = caught.value.__cause__
