@@ -13,14 +13,14 @@ PROTO     := python/confide/v1/runtime_pb2.py
 CONSOLE   := python/confide/web/static/vendor/.built
 RUST_SRC  := $(shell find crates -name '*.rs' -o -name Cargo.toml 2>/dev/null) Cargo.toml .cargo/config.toml
 
-.PHONY: help setup demo test test-fast test-rust test-fuzz-rust test-python bench lint fmt clean fuzz wheel
+.PHONY: help setup demo test test-fast test-imports test-rust test-fuzz-rust test-python bench lint fmt clean fuzz wheel
 
 help:
 	@echo "make demo   three hospitals train Homo LR, then a CNN, in paillier mode (separate processes, gRPC + mTLS)"
 	@echo "make test   run the whole test suite (Rust + Python)"
 	@echo "make test-fast  the unit tier without slow tests, on both cores (the edit loop)"
 	@echo "make bench  run benchmarks (writes benchmarks/results/*.json)"
-	@echo "make lint   clippy, rustfmt --check, ruff"
+	@echo "make lint   clippy, rustfmt --check, ruff, the import contract"
 	@echo "make fuzz   fuzz every decoder of network and disk bytes, FUZZ_SECONDS (600) per target"
 	@echo "make wheel  a manylinux wheel for other x86-64 machines (portable GMP) in dist/"
 
@@ -75,7 +75,11 @@ demo: setup
 	@echo "   $(VENV)/bin/confide console open --workdir reports/demo-controller"
 	@echo "   it prints the URL and a sign-in; Ctrl-C stops it =="
 
-test: test-rust test-fuzz-rust test-python
+test: test-imports test-rust test-fuzz-rust test-python
+
+# The import contract: one direction between packages (pyproject.toml [tool.importlinter]).
+test-imports: setup
+	$(VENV)/bin/lint-imports
 
 # The Paillier suite runs twice: on the AVX-512 IFMA engine (where the CPU has it)
 # and forced onto the GMP engine, so both stay correct whatever CI's CPU is.
@@ -150,6 +154,7 @@ lint: setup
 	cargo fmt --all --check
 	$(VENV)/bin/ruff check python tests benchmarks examples
 	$(VENV)/bin/ruff format --check python tests benchmarks examples
+	$(VENV)/bin/lint-imports
 
 fmt: setup
 	cargo fmt --all

@@ -18,13 +18,13 @@ the results equal inline's.
 
 SecureBoost host histograms: one layer of a host's encrypted histograms (``--hist-rows`` rows,
 ``--hist-features`` features, 32 bins, four nodes) built in the party process with every core,
-against the same rows cut into ranges held by Ray actors (:mod:`confide.compute.histograms`) and
+against the same rows cut into ranges held by Ray actors (:mod:`confide.vertical.histograms`) and
 multiplied together; the ciphertexts must be equal bit for bit. Not at 10M rows: the guest's
 ciphertexts alone would be 5 GB and take minutes to make, so the default is 400,000 rows.
 
 A partitioned SecureBoost host (``--host-rows`` rows x ``--host-features`` in ``--host-files``
 Parquet files, 90 % of them aligned by PSI in a shuffled order): the exact binning across holders
-and one layer of encrypted histograms and counts (:mod:`confide.compute.columns`), on inline
+and one layer of encrypted histograms and counts (:mod:`confide.vertical.columns`), on inline
 holders and on the Ray cluster, against the same rows in one matrix in the party process
 (``MatrixRows``, every core); cut points, histograms and counts must be equal bit for bit. The
 layer's ciphertexts are 20,000 encryptions repeated over the rows: its cost does not depend on
@@ -116,7 +116,7 @@ def measure(engine, root: Path, steps: int, features: int) -> dict:
 def histogram_layer(engine, rows: int, features: int, repeats: int = 3) -> dict:
     """One layer of host histograms in-process (all cores) and on ``engine``'s holders; equal?"""
     from confide import _native
-    from confide.compute.histograms import HostHistograms
+    from confide.vertical.histograms import HostHistograms
 
     rng = np.random.default_rng(3)
     n_bins = 32
@@ -158,8 +158,8 @@ def partitioned_host(engine, directory: Path, rows: int, features: int, files: i
     """A SecureBoost host's columns in ``files`` Parquet files: binning and one layer on ``engine``'s
     holders against the same rows in one matrix (``MatrixRows``); equal?"""
     from confide import _native
-    from confide.compute.columns import PartitionedColumns
     from confide.compute.partitions import PartitionTask
+    from confide.vertical.columns import PartitionedColumns
     from confide.vertical.secureboost import MatrixRows
     from tests.fixtures.partitions import host_fl_data, write_columns
 

@@ -15,7 +15,7 @@ import _common
 
 with _common.instrumented(__name__):
     from confide.errors import InvalidParameterError
-    from confide.ml.artifact import ModelArtifact
+    from confide.artifact import ModelArtifact
     from confide.ml.homo_lr import HomoLR
 
 ALLOWED = (InvalidParameterError,)

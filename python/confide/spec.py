@@ -510,12 +510,18 @@ class JobSpec(_Strict):
             )
         nn_fields = [f for f in ("guest_bottom", "host_bottom", "top") if getattr(model, f) is not None]
         if model.algorithm == "hetero_nn":
-            from confide.vertical.runner import hetero_nn_params
+            # The protocol's own parsing (confide.ml.netspec), so what validates here runs there.
+            from confide.ml.netspec import MAX_BATCH_SIZE, parse_network
 
             try:
-                hetero_nn_params(self)
+                for name in ("guest_bottom", "host_bottom", "top"):
+                    parse_network(getattr(model, name), name)
             except InvalidParameterError as error:
                 raise ValueError(f"model: {error}") from None
+            if not 1 <= model.batch_size <= MAX_BATCH_SIZE:
+                raise ValueError(
+                    f"model: batch_size must be an integer in 1..{MAX_BATCH_SIZE} for hetero_nn, got {model.batch_size}"
+                )
         elif nn_fields:
             raise ValueError(f"model.{nn_fields[0]} is for model.algorithm hetero_nn, not {model.algorithm}")
         if model.algorithm != "secureboost" and (model.validation_fraction or model.early_stopping_rounds):

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from confide.artifact import ModelArtifact, predict
 from confide.data.catalog import Catalog
-from confide.ml.artifact import ModelArtifact, predict
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "hospital_csv"
 PARTIES = ("hospital-a", "hospital-b", "hospital-c")

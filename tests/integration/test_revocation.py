@@ -16,7 +16,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from confide.controller.client import ControllerClient
+from confide.agent.client import ControllerClient
 from confide.errors import CertificateRevokedError
 from confide.local import LocalFederation
 from confide.local.processes import Processes
@@ -28,7 +28,7 @@ from tests.fixtures.faults import with_faults
 from tests.fixtures.federation import run_local
 from tests.integration.conftest import make_spec
 
-#: One heartbeat interval of the agents (controller/agent.py), the bound the issue sets.
+#: One heartbeat interval of the agents (agent/follower.py), the bound the issue sets.
 HEARTBEAT_S = 1.0
 
 

@@ -1,7 +1,7 @@
 """The aggregator's agent worker: session configurations applied to the running aggregation core.
 
 With ``confide aggregator --controller URL`` the aggregator registers its address as a service
-and follows the controller like a party does (:class:`confide.controller.agent.Agent`). A run
+and follows the controller like a party does (:class:`confide.agent.Agent`). A run
 of a session configures the core for the run's job id (its round timeout and dropout grace);
 at every checkpoint interval the aggregator writes its own checkpoint,
 ``<state>/sessions/<token>/checkpoints/round-NNNNNN/aggregator.json``: the run, the round, its
@@ -19,9 +19,8 @@ import threading
 from pathlib import Path
 
 from confide import checkpoints as ckpt
+from confide.agent import RunState, runtime_job_id
 from confide.aggregator.service import AggregatorCore
-from confide.controller.agent import RunState
-from confide.party.agent import runtime_job_id
 from confide.v1 import runtime_pb2 as pb
 
 __all__ = ["AggregatorWorker"]

@@ -28,9 +28,9 @@ from confide import _native
 from confide.aggregator.mailbox import Mailboxes
 from confide.aggregator.rounds import RoundKey, RoundState, expected_length, is_tee, validate_header
 from confide.aggregator.store import ResultStore
+from confide.crypto.identity import Identity, name_from_der
 from confide.errors import ConfideError, PermissionDeniedError, ProtocolError, RoundClosedError
 from confide.transport import status, tls
-from confide.transport.certs import Identity, name_from_der
 from confide.transport.client import ADMIT_PREFIX, CONTROL_ROUND, REJOIN_PREFIX
 from confide.transport.revocation import RevocationGate, RevocationList
 from confide.v1 import runtime_pb2 as pb

@@ -197,7 +197,7 @@ def dispatch(args) -> int:
 
 
 def _client(args):
-    from confide.controller.client import ControllerClient
+    from confide.agent.client import ControllerClient
 
     missing = [
         flag
@@ -220,6 +220,7 @@ def _wait_signal() -> threading.Event:
 
 def _controller(args) -> int:
     from confide.controller.server import serve
+    from confide.web import create_console_app
 
     serve(
         certs_dir=args.certs,
@@ -229,6 +230,7 @@ def _controller(args) -> int:
         port_file=args.port_file,
         alive_s=args.alive,
         console_address=args.console,
+        console_app=create_console_app if args.console else None,
         console_port_file=args.console_port_file,
         console_cert=args.console_cert,
         console_key=args.console_key,
@@ -256,6 +258,7 @@ def _password(args) -> str:
 def _console_open(args) -> int:
     from confide.controller.server import serve
     from confide.controller.store import open_store
+    from confide.web import create_console_app
     from confide.web.accounts import Accounts
 
     workdir = Path(args.workdir)
@@ -286,6 +289,7 @@ def _console_open(args) -> int:
         database=f"sqlite:///{database.resolve()}",
         address="127.0.0.1:0",
         console_address=args.listen,
+        console_app=create_console_app,
     )
     return 0
 
@@ -329,8 +333,8 @@ def _console(args) -> int:
 
 
 def _agent(args) -> int:
-    from confide.controller.agent import Agent
-    from confide.controller.client import ControllerClient
+    from confide.agent import Agent
+    from confide.agent.client import ControllerClient
     from confide.data.catalog import Catalog
     from confide.party.agent import PartyWorker
 

@@ -315,7 +315,7 @@ def _print_revocation(done) -> None:
 
 def _aggregator(args) -> int:
     from confide.aggregator import AggregatorConfig, serve
-    from confide.transport.certs import Identity
+    from confide.crypto.identity import Identity
     from confide.transport.revocation import crl_path_for
 
     identity = Identity.load(args.certs, args.name)
@@ -340,9 +340,9 @@ def _aggregator(args) -> int:
         signal.signal(sig, lambda *_: stopped.set())
     agent = None
     if args.controller:
+        from confide.agent import Agent
+        from confide.agent.client import ControllerClient
         from confide.aggregator.agent import AggregatorWorker
-        from confide.controller.agent import Agent
-        from confide.controller.client import ControllerClient
 
         host = args.listen.rpartition(":")[0] or "127.0.0.1"
         advertise = args.advertise or f"{host}:{port}"

@@ -1,7 +1,7 @@
 """``confide model show | predict | export``: use a trained model at the party that holds it.
 
 The model is the ``<party>.model.zip`` artifact a party writes at the end of a job
-(:mod:`confide.ml.artifact`); these commands need no controller and no network.
+(:mod:`confide.artifact`); these commands need no controller and no network.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def add_commands(commands) -> None:
 
 def dispatch(args) -> int:
     """Run a ``confide model`` command."""
-    from confide.ml.artifact import ModelArtifact, export_onnx, predict
+    from confide.artifact import ModelArtifact, export_onnx, predict
 
     artifact = ModelArtifact.load(args.artifact)
     if args.model_command == "show":

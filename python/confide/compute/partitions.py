@@ -2,7 +2,7 @@
 
 A catalog ``parquet`` entry with ``partitioned: true`` names a directory of Parquet files; each
 file is one partition (sorted by relative path, so every run sees the same order). The party
-process reads only their footers (:func:`list_partitions`: path and row count). Each
+process reads only their footers (:func:`confide.data.partitions.list_partitions`: path and row count). Each
 :class:`PartitionRows` holder reads one file, runs the job's FL_Data steps on it
 (:meth:`confide.data.fldata.FLData.provision_partition`: row-local steps only, a per-row test
 split) and keeps the arrays for the rest of the job. The party process gets back sums, counts and
@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from confide.data.partitions import Partition, list_partitions, partition_columns
 from confide.errors import InvalidParameterError
 
 __all__ = [
@@ -32,15 +33,6 @@ __all__ = [
 
 
 @dataclass(frozen=True)
-class Partition:
-    """One Parquet file of a partitioned dataset."""
-
-    index: int
-    path: str
-    rows: int
-
-
-@dataclass(frozen=True)
 class PartitionTask:
     """What a holder needs to provision its partition (public: a pipeline and names, no keys)."""
 
@@ -48,41 +40,6 @@ class PartitionTask:
     dataset: str
     #: The job's FL_Data, as its mapping (``FLData.to_dict``).
     fl_data: dict[str, Any]
-
-
-def list_partitions(path: str | os.PathLike, where: str) -> list[Partition]:
-    """The Parquet files under ``path`` with their row counts (from the footers only)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    root = Path(path)
-    files = sorted(p for p in root.rglob("*.parquet") if p.is_file()) if root.is_dir() else [root]
-    if not files:
-        raise InvalidParameterError(f"{where}: no .parquet files under {root}")
-    out = []
-    for file in files:
-        try:
-            rows = pq.ParquetFile(file).metadata.num_rows
-        except (pa.ArrowException, OSError) as error:
-            raise InvalidParameterError(f"{where}: cannot read the footer of {file.name}: {error}") from None
-        if rows:  # writers such as Spark leave empty part files: nothing to hold
-            out.append(Partition(len(out), str(file), int(rows)))
-    if not out:
-        raise InvalidParameterError(f"{where}: every .parquet file under {root} is empty")
-    return out
-
-
-def partition_columns(partition: Partition) -> list[str]:
-    """The column names of one partition's file (from its footer only)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    try:
-        return list(pq.ParquetFile(partition.path).schema_arrow.names)
-    except (pa.ArrowException, OSError) as error:
-        raise InvalidParameterError(
-            f"partition {partition.index}: cannot read the footer of {partition.path}: {error}"
-        ) from None
 
 
 def read_partition(task: PartitionTask, partition: Partition):

@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from confide.controller.service import Caller, Controller, certificate_digest
+from confide.crypto.identity import peer_identity
 from confide.errors import (
     CertificateRevokedError,
     ConfideError,
@@ -44,7 +45,6 @@ from confide.errors import (
     ResourceLimitError,
 )
 from confide.reports import SessionStatus, SessionSummary
-from confide.transport.certs import peer_identity
 from confide.transport.revocation import RevocationList
 
 __all__ = ["HTTP_STATUS", "MAX_REQUEST_BYTES", "BodyLimit", "certificate_caller", "create_app", "http_status"]

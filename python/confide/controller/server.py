@@ -38,8 +38,10 @@ import signal
 import socket
 import ssl
 import time
+from collections.abc import Callable
 from multiprocessing.connection import wait
 from pathlib import Path
+from typing import Any
 
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -54,8 +56,8 @@ except ImportError:  # a base dependency; an installation without it still serve
 from confide.controller.api import create_app
 from confide.controller.service import Controller
 from confide.controller.store import database_url, open_store
+from confide.crypto.identity import CA_CERT_FILE, Identity
 from confide.errors import CertificateError, InvalidParameterError
-from confide.transport.certs import CA_CERT_FILE, Identity
 from confide.transport.revocation import RevocationList, crl_path_for
 
 __all__ = ["MAX_WORKERS", "ControllerServer", "check_workers", "serve"]
@@ -132,7 +134,9 @@ class ControllerServer:
 
     ``console_address``: serve the web console there (HTTPS with ``console_cert``/``console_key``,
     by default the controller's own certificate, which browsers trust once the federation CA is
-    imported); None: no console.
+    imported); None: no console. ``console_app`` builds the console's ASGI app from the
+    controller (``confide.web.create_console_app``): the caller composes the console, so the
+    controller never imports the web layer above it.
     """
 
     def __init__(
@@ -144,6 +148,7 @@ class ControllerServer:
         address: str = "127.0.0.1:0",
         alive_s: float = 30.0,
         console_address: str | None = None,
+        console_app: Callable[[Controller], Any] | None = None,
         console_cert: str | None = None,
         console_key: str | None = None,
         crl: str | os.PathLike | None = None,
@@ -178,12 +183,14 @@ class ControllerServer:
         self.console = None
         self.console_port = None
         if console_address is not None:
-            from confide.web import create_console_app
-
+            if console_app is None:
+                raise InvalidParameterError(
+                    "console_address needs console_app, the console's app factory (confide.web.create_console_app)"
+                )
             self.console_socket = _bound_socket(console_address)
             self.console_port = self.console_socket.getsockname()[1]
             console_config = uvicorn.Config(
-                create_console_app(self.controller),
+                console_app(self.controller),
                 ssl_certfile=console_cert or str(root / f"{name}.crt"),
                 ssl_keyfile=console_key or str(root / f"{name}.key"),
                 log_level="warning",
@@ -243,6 +250,7 @@ def serve(
     port_file: str | None = None,
     alive_s: float = 30.0,
     console_address: str | None = None,
+    console_app: Callable[[Controller], Any] | None = None,
     console_port_file: str | None = None,
     console_cert: str | None = None,
     console_key: str | None = None,
@@ -266,6 +274,7 @@ def serve(
                 "address": address,
                 "alive_s": alive_s,
                 "console_address": console_address,
+                "console_app": console_app,
                 "console_cert": console_cert,
                 "console_key": console_key,
                 "crl": crl,
@@ -280,6 +289,7 @@ def serve(
         address=address,
         alive_s=alive_s,
         console_address=console_address,
+        console_app=console_app,
         console_cert=console_cert,
         console_key=console_key,
     )

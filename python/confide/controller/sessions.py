@@ -9,7 +9,8 @@ or a pipeline is small, and a partial list edit would need an order-aware merge 
 
 Every configuration has a digest (SHA-256 of its canonical JSON); a recipient that applies a
 delta checks that it arrives at the digest the controller computed, so a lost or reordered push
-can never leave a party running a configuration nobody recorded.
+can never leave a party running a configuration nobody recorded. Deltas and digests are
+:mod:`confide.agent.config` (the agent applies what the controller computes; re-exported here).
 
 Routing (algorithms §6.2): slice ``i`` of an update goes to aggregator node
 ``nodes[i mod len(nodes)]``, worker ``(i div len(nodes)) mod workers``. The table depends only on
@@ -20,10 +21,9 @@ others already use, and nothing is reshuffled.
 from __future__ import annotations
 
 import copy
-import hashlib
-import json
 from typing import Any
 
+from confide.agent.config import apply_delta, config_digest, delta
 from confide.errors import InvalidParameterError
 from confide.spec import JobSpec
 
@@ -39,16 +39,6 @@ __all__ = [
 
 ROLE_PARTY = "party"
 ROLE_AGGREGATOR = "aggregator"
-
-
-def canonical(value: Any) -> bytes:
-    """Canonical JSON bytes (sorted keys, no spaces)."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
-
-
-def config_digest(config: dict) -> str:
-    """SHA-256 hex digest of a configuration's canonical JSON."""
-    return hashlib.sha256(canonical(config)).hexdigest()
 
 
 def routing_policy(nodes: list[dict], *, workers: int = 1) -> dict:
@@ -97,62 +87,6 @@ def build_configs(spec: JobSpec, *, session: str, routing: dict) -> dict[str, di
             "routing": routing,
         }
     return configs
-
-
-def delta(old: dict | None, new: dict | None) -> list[dict]:
-    """Leaf operations turning ``old`` into ``new`` (empty when equal).
-
-    ``old is None`` (a new recipient) gives one ``set`` of the whole configuration at path ``[]``;
-    ``new is None`` (a recipient removed) gives one ``remove`` at ``[]``.
-    """
-    if old is None and new is None:
-        return []
-    if old is None:
-        return [{"op": "set", "path": [], "value": copy.deepcopy(new)}]
-    if new is None:
-        return [{"op": "remove", "path": []}]
-    ops: list[dict] = []
-    _diff(old, new, [], ops)
-    return ops
-
-
-def _diff(old: Any, new: Any, path: list, ops: list[dict]) -> None:
-    if isinstance(old, dict) and isinstance(new, dict):
-        for key in sorted(old.keys() | new.keys()):
-            if key not in new:
-                ops.append({"op": "remove", "path": [*path, key]})
-            elif key not in old:
-                ops.append({"op": "set", "path": [*path, key], "value": copy.deepcopy(new[key])})
-            else:
-                _diff(old[key], new[key], [*path, key], ops)
-    elif canonical(old) != canonical(new):
-        ops.append({"op": "set", "path": list(path), "value": copy.deepcopy(new)})
-
-
-def apply_delta(config: dict | None, ops: list[dict]) -> dict | None:
-    """Apply :func:`delta` operations to a copy of ``config``; returns the new configuration."""
-    result = copy.deepcopy(config)
-    for number, op in enumerate(ops):
-        kind, path = op.get("op"), op.get("path")
-        if kind not in ("set", "remove") or not isinstance(path, list):
-            raise InvalidParameterError(f"delta operation {number} is malformed: {op!r}")
-        if not path:
-            result = copy.deepcopy(op.get("value")) if kind == "set" else None
-            continue
-        if not isinstance(result, dict):
-            raise InvalidParameterError(f"delta operation {number} edits a configuration that does not exist")
-        parent = result
-        for key in path[:-1]:
-            child = parent.get(key)
-            if not isinstance(child, dict):
-                child = {}
-                parent[key] = child
-            parent = child
-        if kind == "set":
-            parent[path[-1]] = copy.deepcopy(op["value"])
-        else:
-            parent.pop(path[-1], None)
-    return result
 
 
 def set_path(data: dict, dotted: str, value: Any) -> dict:

@@ -690,7 +690,7 @@ class Catalog:
         spec = self._specs[name]
         if not spec.get("partitioned"):
             return None
-        from confide.compute.partitions import list_partitions
+        from confide.data.partitions import list_partitions
 
         return list_partitions(spec["path"], f"datasets.{name}")
 

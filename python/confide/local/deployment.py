@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from confide.controller.client import ControllerClient
+from confide.agent.client import ControllerClient
 from confide.errors import ConfideError, TransportUnavailableError
 from confide.local.processes import Processes
 from confide.transport.certs import init_federation

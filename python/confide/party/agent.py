@@ -1,7 +1,7 @@
 """A party's agent: the controller's hands on the party's machine, holding the data catalog.
 
 ``confide agent`` registers the party and its datasets' metadata (from the catalog; never
-rows), then follows the controller (:class:`confide.controller.agent.Agent`). A run is a
+rows), then follows the controller (:class:`confide.agent.Agent`). A run is a
 ``confide party`` child process working in ``<workdir>/sessions/<token>/run-N/`` and writing
 checkpoints to ``<workdir>/sessions/<token>/checkpoints/``. Children die with the agent
 (``PR_SET_PDEATHSIG``), so a killed agent never leaves a run behind that the controller does
@@ -21,7 +21,7 @@ import sys
 import threading
 from pathlib import Path
 
-from confide.controller.agent import RunState
+from confide.agent import RunState, runtime_job_id
 from confide.reports import PartyReport, PartyResult, VerticalPartyReport, round_metrics
 
 __all__ = ["PartyWorker"]
@@ -37,11 +37,6 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child between 
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     except (OSError, AttributeError):
         pass
-
-
-def runtime_job_id(job_id: str, run: int) -> str:
-    """The job id a session's run uses at the aggregator: every run gets fresh rounds and keys."""
-    return f"{job_id}.r{run}"
 
 
 class PartyWorker:

@@ -55,9 +55,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from confide.crypto.identity import verify_signature
 from confide.errors import ConfideError, JobFailedError, MessageTimeoutError, ProtocolError
 from confide.protect.keys import decode_fields, encode_fields
-from confide.transport.certs import verify_signature
 from confide.transport.client import ADMIT_PREFIX, CONTROL_ROUND, REJOIN_PREFIX
 
 __all__ = ["Admission", "Membership", "request_rejoin"]

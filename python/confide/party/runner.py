@@ -39,7 +39,9 @@ from pathlib import Path
 import numpy as np
 
 from confide import checkpoints as ckpt
+from confide.artifact import write_artifact
 from confide.compute.base import peak_rss_mb
+from confide.crypto.identity import Identity
 from confide.data import breast_cancer_federation, digits_federation, synthetic_lr, synthetic_tensors
 from confide.errors import (
     ConfideError,
@@ -54,14 +56,12 @@ from confide.errors import (
     RunStoppedError,
     TransportUnavailableError,
 )
+from confide.hooks import load_hooks
 from confide.ml import FitConfig, WeightLayout, build_model
-from confide.ml.artifact import write_artifact
-from confide.party.hooks import load_hooks
 from confide.party.rejoin import Membership, request_rejoin
 from confide.protect import RoundContext, make_protection
 from confide.reports import Failure, ModelSummary, PartyReport, RoundReport
 from confide.spec import JobSpec
-from confide.transport.certs import Identity
 from confide.transport.client import AGGREGATOR, CONTROL_ROUND, AggregatorClient
 from confide.transport.slicing import Paced, pipelined, slice_length_for
 from confide.v1 import runtime_pb2 as pb
@@ -74,7 +74,7 @@ MAX_WEIGHTS_IN_REPORT = 10_000
 #: (Homo LR: full-batch gradients per partition, summed); any other model of the seam trains on
 #: partitions through :class:`~confide.compute.parallel.DataParallel`.
 PARTITIONED_MODELS = ("homo_lr",)
-#: Observers of this process (CONFIDE_PARTY_HOOKS; confide.party.hooks).
+#: Observers of this process (CONFIDE_PARTY_HOOKS; confide.hooks).
 HOOKS = load_hooks()
 
 

@@ -68,7 +68,7 @@ def grid_bits(
         return max(update, 1.0 + TAIL_SIGMAS * count_noise if count_noise else 0.0)
 
     if mode in MASKING:
-        from confide.protect.masking import FixedPoint
+        from confide.crypto.fixedpoint import FixedPoint
 
         if mask_bound is None:
             raise InvalidParameterError(

@@ -17,8 +17,8 @@ from typing import ClassVar, Protocol
 
 import numpy as np
 
+from confide.crypto.identity import Identity
 from confide.errors import ProtocolError
-from confide.transport.certs import Identity
 from confide.v1 import runtime_pb2 as pb
 
 __all__ = ["Exchange", "Protection", "ProtectionParams", "RoundContext", "SETUP_ROUND"]

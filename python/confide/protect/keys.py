@@ -29,8 +29,8 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF, HKDFExpand
 
+from confide.crypto.identity import Identity, verify_signature
 from confide.errors import CertificateError, ProtocolError
-from confide.transport.certs import Identity, verify_signature
 
 __all__ = ["GroupCipher", "PeerKeys", "decode_fields", "encode_fields", "prg_words", "round_key"]
 

@@ -28,50 +28,20 @@ whatever ``m``.
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from confide._checks import require
-from confide.errors import EncodingError, ProtocolError
+from confide.crypto.fixedpoint import FixedPoint
+from confide.errors import ProtocolError
 from confide.protect.base import SETUP_ROUND, Protection, RoundContext
 from confide.protect.keys import GroupCipher, PeerKeys, decode_fields, encode_fields, prg_words, round_key
 from confide.protect.recovery import RoundRecovery, default_threshold, neighbour_graph
 from confide.v1 import runtime_pb2 as pb
 
 __all__ = ["FixedPoint", "GroupMask", "GroupShared", "SecAgg", "distribute_group_secrets"]
-
-
-class FixedPoint:
-    """Signed fixed point in Z_{2^32} for sums of ``parties`` values bounded by ``bound``."""
-
-    def __init__(self, bound: float, parties: int) -> None:
-        if not math.isfinite(bound) or bound < 0:
-            raise EncodingError(f"bound must be finite and >= 0, got {bound}")
-        bound = max(bound, 2.0**-20)
-        # Each encoding is round(x * 2^f), up to B * 2^f + 1/2 in magnitude; m of them must stay below 2^31.
-        room = (2**31 - 1) / parties - 0.5
-        self.fraction_bits = min(40, math.floor(math.log2(room / bound))) if room > 0 else -1
-        if self.fraction_bits >= 0 and parties * (bound * 2.0**self.fraction_bits + 0.5) > 2**31 - 1:
-            self.fraction_bits -= 1
-        if self.fraction_bits < 0:
-            raise EncodingError(
-                f"values up to {bound:g} from {parties} parties do not fit a 32-bit ring "
-                "(bound * parties must be < 2^31)"
-            )
-        self.scale = float(2**self.fraction_bits)
-        self.bound = bound
-
-    def encode(self, values: np.ndarray) -> np.ndarray:
-        """uint32 words of ``values`` (|values| <= bound)."""
-        scaled = np.rint(np.clip(values, -self.bound, self.bound) * self.scale)
-        return scaled.astype(np.int64).astype(np.uint32)
-
-    def decode(self, words: np.ndarray) -> np.ndarray:
-        """Float64 values of a sum of encodings."""
-        return words.view(np.int32).astype(np.float64) / self.scale
 
 
 class _Masking(Protection):

@@ -17,9 +17,10 @@ A certificate carries its holder's name as subject CN and its role as OU, plus
 the URI ``confide://<role>/<name>`` as a SubjectAlternativeName. Service
 certificates also name the hosts they serve (DNS names and IP addresses) so gRPC
 clients can check them; parties and admins get their own name as DNS name.
-:func:`peer_identity` and :func:`verify_signature` check a certificate against
-the federation CA; :func:`name_from_auth_context` reads the peer's name from a
-gRPC call that the TLS layer has already authenticated.
+The runtime checks every role makes (:func:`peer_identity`, :func:`verify_signature`,
+:func:`name_from_auth_context`, :class:`Identity`) live in :mod:`confide.crypto.identity` and are
+re-exported here; this module is the CA's administration: issuing, signing requests, rotating,
+revoking.
 
 Revocation: the CA directory keeps a ledger of every certificate it issued
 (``issued.json``: serial, name, role, validity, whether the key stayed with the CA or
@@ -51,6 +52,28 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from confide.crypto.identity import (
+    CA_CERT_FILE,
+    CURVE,
+    ROLE_ADMIN,
+    ROLE_DEVELOPER,
+    ROLE_PARTY,
+    ROLE_SERVICE,
+    ROLES,
+    Identity,
+    check_name,
+    check_role,
+    identity_uri,
+    load_cert,
+    load_key,
+    name_from_auth_context,
+    name_from_der,
+    peer_identity,
+    pem_bytes,
+    read_file,
+    subject_attribute,
+    verify_signature,
+)
 from confide.errors import CertificateError, InvalidParameterError, MissingFileError
 
 __all__ = [
@@ -79,14 +102,7 @@ __all__ = [
     "verify_signature",
 ]
 
-ROLE_PARTY = "party"
-ROLE_SERVICE = "service"
-ROLE_ADMIN = "admin"
-#: A model developer: submits and tunes jobs through the controller; holds no data.
-ROLE_DEVELOPER = "developer"
-ROLES = (ROLE_PARTY, ROLE_SERVICE, ROLE_ADMIN, ROLE_DEVELOPER)
 
-CA_CERT_FILE = "ca.crt"
 CA_KEY_FILE = "ca.key"
 #: The federation's certificate revocation list (PEM), in the CA directory and in every service's.
 CRL_FILE = "revoked.crl.pem"
@@ -96,35 +112,14 @@ ISSUED_LEDGER = "issued.json"
 CRL_DAYS = 30
 
 DEFAULT_HOSTS = ("localhost", "127.0.0.1")
-MAX_NAME_LEN = 64
 MAX_DAYS = 36500
-URI_SCHEME = "confide"
 
-_NAME_RE = re.compile(r"[a-z0-9-]{1,64}")
-_RESERVED_NAMES = frozenset({"ca"})  # would collide with ca.crt / ca.key
 _DNS_LABEL_RE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
 _BACKDATE = timedelta(minutes=5)
-_CURVE = ec.SECP256R1
 
 
 # ----------------------------------------------------------------------------------------------------------------------
 # Argument checks
-
-
-def _check_name(name: object, field: str = "name") -> str:
-    if not isinstance(name, str):
-        raise InvalidParameterError(f"{field} must be a str, got {type(name).__name__}")
-    if not _NAME_RE.fullmatch(name):
-        raise InvalidParameterError(f"{field} must be 1..{MAX_NAME_LEN} characters of [a-z0-9-], got {name!r}")
-    if name in _RESERVED_NAMES:
-        raise InvalidParameterError(f"{field} {name!r} is reserved for the federation CA")
-    return name
-
-
-def _check_role(role: object) -> str:
-    if role not in ROLES:
-        raise InvalidParameterError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
-    return str(role)
 
 
 def _check_days(days: object) -> int:
@@ -136,7 +131,7 @@ def _check_days(days: object) -> int:
 def _check_names(names: object, field: str) -> list[str]:
     if isinstance(names, (str, bytes)) or not isinstance(names, Sequence):
         raise InvalidParameterError(f"{field} must be a list of names, got {type(names).__name__}")
-    return [_check_name(n, f"{field} entry") for n in names]
+    return [check_name(n, f"{field} entry") for n in names]
 
 
 def _check_hosts(hosts: object) -> list[x509.GeneralName]:
@@ -161,21 +156,6 @@ def _check_hosts(hosts: object) -> list[x509.GeneralName]:
     return out
 
 
-def _data_bytes(value: object, field: str) -> bytes:
-    if not isinstance(value, (bytes, bytearray, memoryview)):
-        raise InvalidParameterError(f"{field} must be bytes, got {type(value).__name__}")
-    return bytes(value)
-
-
-def _as_bytes(value: object, field: str) -> bytes:
-    """PEM input: bytes, or a str of ASCII text."""
-    if isinstance(value, str):
-        return value.encode("ascii", "replace")
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return bytes(value)
-    raise InvalidParameterError(f"{field} must be bytes, got {type(value).__name__}")
-
-
 # ----------------------------------------------------------------------------------------------------------------------
 # Files
 
@@ -195,17 +175,6 @@ def _write_file(path: Path, data: bytes, mode: int) -> None:
         raise
 
 
-def _read_file(path: Path, what: str) -> bytes:
-    try:
-        return path.read_bytes()
-    except FileNotFoundError:
-        hint = ""
-        if path.suffix in (".crt", ".key") and path.parent.is_dir():
-            known = sorted(p.stem for p in path.parent.glob("*.crt") if p.stem != "ca")
-            hint = f" (identities in {path.parent}: {', '.join(known) or 'none'}; check --as / --name / --certs)"
-        raise MissingFileError(f"{what} file not found: {path}{hint}") from None
-
-
 def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
     return key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
@@ -220,12 +189,8 @@ def _cert_pem(cert: x509.Certificate) -> bytes:
 # Certificate building
 
 
-def _uri(role: str, name: str) -> str:
-    return f"{URI_SCHEME}://{role}/{name}"
-
-
 def _make_ca(days: int) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
-    key = ec.generate_private_key(_CURVE())
+    key = ec.generate_private_key(CURVE())
     subject = x509.Name(
         [
             x509.NameAttribute(NameOID.ORGANIZATION_NAME, "Confide"),
@@ -278,15 +243,15 @@ def _make_leaf(
     public_key: ec.EllipticCurvePublicKey | None = None,
 ) -> tuple[ec.EllipticCurvePrivateKey | None, x509.Certificate]:
     """A certificate for ``name``: for a new key pair (returned), or for a site's own ``public_key``."""
-    key = ec.generate_private_key(_CURVE()) if public_key is None else None
+    key = ec.generate_private_key(CURVE()) if public_key is None else None
     public = key.public_key() if key is not None else public_key
     now = datetime.now(timezone.utc)
     not_after = min(now + timedelta(days=days), ca_cert.not_valid_after_utc)  # a leaf never outlives its CA
     if role == ROLE_SERVICE:
-        sans: list[x509.GeneralName] = [*hosts, x509.UniformResourceIdentifier(_uri(role, name))]
+        sans: list[x509.GeneralName] = [*hosts, x509.UniformResourceIdentifier(identity_uri(role, name))]
         usages = [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
     else:
-        sans = [x509.DNSName(name), x509.UniformResourceIdentifier(_uri(role, name))]
+        sans = [x509.DNSName(name), x509.UniformResourceIdentifier(identity_uri(role, name))]
         # Parties may serve each other later (party-to-party), so they can act as TLS servers too.
         usages = (
             [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
@@ -470,8 +435,8 @@ def issue_identity(
     CertificateError
         ``ca.key`` does not belong to ``ca.crt``, or the CA has expired.
     """
-    name = _check_name(name)
-    role = _check_role(role)
+    name = check_name(name)
+    role = check_role(role)
     host_names = _check_hosts(hosts)
     if role == ROLE_SERVICE and not host_names:
         raise InvalidParameterError("hosts must name at least one DNS name or IP address for a service certificate")
@@ -482,8 +447,8 @@ def issue_identity(
         if path.exists():
             raise InvalidParameterError(f"{path} already exists; identity names must be unique in a federation")
 
-    ca_cert = _load_cert(_read_file(root / CA_CERT_FILE, "CA certificate"), "ca.crt")
-    ca_key = _load_key(_read_file(root / CA_KEY_FILE, "CA key"), "ca.key")
+    ca_cert = load_cert(read_file(root / CA_CERT_FILE, "CA certificate"), "ca.crt")
+    ca_key = load_key(read_file(root / CA_KEY_FILE, "CA key"), "ca.key")
     if ca_key.public_key().public_numbers() != ca_cert.public_key().public_numbers():
         raise CertificateError(f"{root / CA_KEY_FILE} does not belong to {root / CA_CERT_FILE}")
     if ca_cert.not_valid_after_utc <= datetime.now(timezone.utc):
@@ -512,8 +477,8 @@ def make_request(
     Writes ``<name>.key`` (mode 0600; it never leaves the site) and ``<name>.csr`` (public: send it
     to the federation operator) into ``directory``. Returns the CSR's path.
     """
-    name = _check_name(name)
-    role = _check_role(role)
+    name = check_name(name)
+    role = check_role(role)
     host_names = _check_hosts(hosts)
     if role == ROLE_SERVICE and not host_names:
         raise InvalidParameterError("hosts must name at least one DNS name or IP address for a service")
@@ -524,7 +489,7 @@ def make_request(
             f"{key_path} already exists; this site has a key for {name!r} (keep it, or remove it)"
         )
     root.mkdir(mode=0o700, parents=True, exist_ok=True)
-    key = ec.generate_private_key(_CURVE())
+    key = ec.generate_private_key(CURVE())
     sans = host_names if role == ROLE_SERVICE else [x509.DNSName(name)]
     csr = (
         x509.CertificateSigningRequestBuilder()
@@ -556,9 +521,9 @@ def sign_request(
     superseded, and ``revoked.crl.pem`` rewritten). The signed certificate is also kept as
     ``issued/<name>.crt`` and recorded in ``issued.json``.
     """
-    role = _check_role(role)
+    role = check_role(role)
     days = _check_days(days)
-    data = _as_bytes(csr_pem, "csr")
+    data = pem_bytes(csr_pem, "csr")
     if len(data) > MAX_CSR_BYTES:
         raise CertificateError(f"the CSR is {len(data)} bytes; at most {MAX_CSR_BYTES}")
     try:
@@ -568,13 +533,13 @@ def sign_request(
     if not csr.is_signature_valid:
         raise CertificateError("the CSR's signature does not verify with its own key: it was forged or altered")
     public = csr.public_key()
-    if not isinstance(public, ec.EllipticCurvePublicKey) or public.curve.name != _CURVE.name:
-        raise CertificateError(f"the CSR's key must be ECDSA on {_CURVE.name}")
+    if not isinstance(public, ec.EllipticCurvePublicKey) or public.curve.name != CURVE.name:
+        raise CertificateError(f"the CSR's key must be ECDSA on {CURVE.name}")
     names = csr.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
     roles = csr.subject.get_attributes_for_oid(NameOID.ORGANIZATIONAL_UNIT_NAME)
     if len(names) != 1:
         raise CertificateError("the CSR must name exactly one identity (subject CN)")
-    name = _check_name(str(names[0].value), "CSR name")
+    name = check_name(str(names[0].value), "CSR name")
     asked = str(roles[0].value) if roles else None
     if asked != role:
         raise CertificateError(f"the CSR asks for role {asked!r}, the operator signs it as {role!r}")
@@ -594,8 +559,8 @@ def sign_request(
             f"the federation already has an identity {name!r}; a second one would impersonate it "
             "(if the site lost its key, sign again with --replace)"
         )
-    ca_cert = _load_cert(_read_file(root / CA_CERT_FILE, "CA certificate"), "ca.crt")
-    ca_key = _load_key(_read_file(root / CA_KEY_FILE, "CA key"), "ca.key")
+    ca_cert = load_cert(read_file(root / CA_CERT_FILE, "CA certificate"), "ca.crt")
+    ca_key = load_key(read_file(root / CA_KEY_FILE, "CA key"), "ca.key")
     if ca_key.public_key().public_numbers() != ca_cert.public_key().public_numbers():
         raise CertificateError(f"{root / CA_KEY_FILE} does not belong to {root / CA_CERT_FILE}")
     with _ledger(root) as ledger:
@@ -651,8 +616,8 @@ class _Ledger:
         self.entries.append(
             {
                 "serial": _hex(cert.serial_number),
-                "name": _single_attr(cert, NameOID.COMMON_NAME, "common name (CN)"),
-                "role": _single_attr(cert, NameOID.ORGANIZATIONAL_UNIT_NAME, "organizational unit (OU)"),
+                "name": subject_attribute(cert, NameOID.COMMON_NAME, "common name (CN)"),
+                "role": subject_attribute(cert, NameOID.ORGANIZATIONAL_UNIT_NAME, "organizational unit (OU)"),
                 "hosts": _hosts_of(cert),
                 "issued_at": _iso(datetime.now(timezone.utc)),
                 "not_after": _iso(cert.not_valid_after_utc),
@@ -708,7 +673,7 @@ def _backfill(root: Path) -> dict:
     """A ledger for a CA directory made before ledgers existed: the certificates it still holds."""
     data: dict = {"version": 1, "crl_number": 0, "certificates": []}
     try:
-        ca = _load_cert(_read_file(root / CA_CERT_FILE, "CA certificate"), "ca.crt")
+        ca = load_cert(read_file(root / CA_CERT_FILE, "CA certificate"), "ca.crt")
     except (MissingFileError, CertificateError):
         return data
     ledger = _Ledger(root, data)
@@ -762,15 +727,15 @@ def _ledger(root: Path, *, fresh: bool = False) -> Iterator[_Ledger]:
 
 
 def _ca_pair(root: Path) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
-    ca_cert = _load_cert(_read_file(root / CA_CERT_FILE, "CA certificate"), "ca.crt")
-    ca_key = _load_key(_read_file(root / CA_KEY_FILE, "CA key"), "ca.key")
+    ca_cert = load_cert(read_file(root / CA_CERT_FILE, "CA certificate"), "ca.crt")
+    ca_key = load_key(read_file(root / CA_KEY_FILE, "CA key"), "ca.key")
     if ca_key.public_key().public_numbers() != ca_cert.public_key().public_numbers():
         raise CertificateError(f"{root / CA_KEY_FILE} does not belong to {root / CA_CERT_FILE}")
     return ca_key, ca_cert
 
 
 def _known_name(ledger: _Ledger, name: object, field: str) -> str:
-    name = _check_name(name, field)
+    name = check_name(name, field)
     if not ledger.of(name):
         known = sorted({e["name"] for e in ledger.entries})
         raise InvalidParameterError(
@@ -878,9 +843,9 @@ def rotate_identity(
                 "'confide certs request' and the operator signs it with 'confide certs sign --replace' "
                 "(which revokes the old certificate)"
             )
-        old = _load_cert(_read_file(cert_path, "certificate"), f"{name}.crt")
-        role = _single_attr(old, NameOID.ORGANIZATIONAL_UNIT_NAME, "organizational unit (OU)")
-        _check_role(role)
+        old = load_cert(read_file(cert_path, "certificate"), f"{name}.crt")
+        role = subject_attribute(old, NameOID.ORGANIZATIONAL_UNIT_NAME, "organizational unit (OU)")
+        check_role(role)
         hosts = _check_hosts(_hosts_of(old) if role == ROLE_SERVICE else [])
         key, cert = _make_leaf(ca_key, ca_cert, name, role, hosts, days)
         # The new pair first: between the two steps both certificates work, never neither.
@@ -902,313 +867,3 @@ def write_crl(ca_directory: str | os.PathLike[str], *, days: int = CRL_DAYS) -> 
     with _ledger(root) as ledger:
         ledger.write_crl(ca_key, ca_cert, days)
     return root / CRL_FILE
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# Public API: checking
-
-
-def _load_cert(pem: object, field: str) -> x509.Certificate:
-    data = _as_bytes(pem, field)
-    try:
-        return x509.load_pem_x509_certificate(data)
-    except (ValueError, x509.InvalidVersion):
-        raise CertificateError(f"{field} is not a PEM X.509 certificate") from None
-
-
-def _load_key(pem: object, field: str) -> ec.EllipticCurvePrivateKey:
-    data = _as_bytes(pem, field)
-    try:
-        key = serialization.load_pem_private_key(data, password=None)
-    except (ValueError, TypeError):
-        raise CertificateError(f"{field} is not an unencrypted PEM private key") from None
-    if not isinstance(key, ec.EllipticCurvePrivateKey) or not isinstance(key.curve, _CURVE):
-        raise CertificateError(f"{field} is not an ECDSA P-256 private key")
-    return key
-
-
-def _single_attr(cert: x509.Certificate, oid: x509.ObjectIdentifier, what: str) -> str:
-    values = cert.subject.get_attributes_for_oid(oid)
-    if len(values) != 1 or not isinstance(values[0].value, str):
-        raise CertificateError(f"certificate subject must have exactly one {what}, found {len(values)}")
-    return values[0].value
-
-
-def _is_ca(cert: x509.Certificate) -> bool:
-    try:
-        return bool(cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca)
-    except x509.ExtensionNotFound:
-        return False
-
-
-def _check_validity(cert: x509.Certificate, what: str, now: datetime) -> None:
-    if now < cert.not_valid_before_utc:
-        raise CertificateError(f"{what} is not valid before {cert.not_valid_before_utc.isoformat()}")
-    if now > cert.not_valid_after_utc:
-        raise CertificateError(f"{what} expired at {cert.not_valid_after_utc.isoformat()}")
-
-
-def _verified_peer(cert_pem: object, ca_pem: object) -> tuple[x509.Certificate, str, str]:
-    try:
-        return _check_peer(cert_pem, ca_pem)
-    except CertificateError:
-        raise
-    except ValueError as error:  # cryptography parses fields when first read: a malformed one raises then
-        raise CertificateError(f"certificate does not parse: {error}") from None
-
-
-def _check_peer(cert_pem: object, ca_pem: object) -> tuple[x509.Certificate, str, str]:
-    cert = _load_cert(cert_pem, "cert_pem")
-    ca = _load_cert(ca_pem, "ca_pem")
-    if not _is_ca(ca):
-        raise CertificateError("ca_pem is not a CA certificate (BasicConstraints ca=True missing)")
-    if cert.issuer != ca.subject:
-        raise CertificateError(
-            f"certificate was issued by {cert.issuer.rfc4514_string()!r}, not by the federation CA "
-            f"{ca.subject.rfc4514_string()!r}"
-        )
-    try:
-        cert.verify_directly_issued_by(ca)
-    except (ValueError, TypeError, InvalidSignature):
-        raise CertificateError("certificate signature does not verify with the federation CA key") from None
-    now = datetime.now(timezone.utc)
-    _check_validity(ca, "the federation CA", now)
-    _check_validity(cert, "certificate", now)
-    try:
-        constraints = cert.extensions.get_extension_for_class(x509.BasicConstraints).value
-    except x509.ExtensionNotFound:
-        raise CertificateError("certificate has no BasicConstraints extension; expected ca=False") from None
-    if constraints.ca:
-        raise CertificateError("certificate is a CA certificate, not a federation identity")
-    name = _single_attr(cert, NameOID.COMMON_NAME, "common name (CN)")
-    role = _single_attr(cert, NameOID.ORGANIZATIONAL_UNIT_NAME, "organizational unit (OU)")
-    if not _NAME_RE.fullmatch(name) or name in _RESERVED_NAMES:
-        raise CertificateError(f"certificate CN {name!r} is not a valid identity name")
-    if role not in ROLES:
-        raise CertificateError(f"certificate OU {role!r} is not a role ({', '.join(ROLES)})")
-    try:
-        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-        uris = [u for u in san.get_values_for_type(x509.UniformResourceIdentifier) if u.startswith(f"{URI_SCHEME}://")]
-    except x509.ExtensionNotFound:
-        uris = []
-    if uris and _uri(role, name) not in uris:
-        raise CertificateError(f"certificate URI {uris[0]!r} disagrees with its subject {_uri(role, name)!r}")
-    return cert, name, role
-
-
-def peer_identity(cert_pem: bytes, ca_pem: bytes) -> tuple[str, str]:
-    """Check a certificate against the federation CA and return who it names.
-
-    Parameters
-    ----------
-    cert_pem : bytes
-        The peer's certificate (PEM).
-    ca_pem : bytes
-        The federation CA certificate (PEM).
-
-    Returns
-    -------
-    tuple of (str, str)
-        The ``(name, role)`` from the certificate's CN and OU.
-
-    Raises
-    ------
-    CertificateError
-        The certificate is not signed by this CA (issuer or signature), is outside
-        its validity period, is itself a CA, or its subject is not a federation
-        identity; the message says which.
-    """
-    _, name, role = _verified_peer(cert_pem, ca_pem)
-    return name, role
-
-
-def verify_signature(
-    cert_pem: bytes,
-    ca_pem: bytes,
-    data: bytes,
-    signature: bytes,
-    *,
-    expected_name: str | None = None,
-) -> str:
-    """Check that ``signature`` over ``data`` was made by the holder of ``cert_pem``.
-
-    Parameters
-    ----------
-    cert_pem : bytes
-        The signer's certificate (PEM), checked with :func:`peer_identity`.
-    ca_pem : bytes
-        The federation CA certificate (PEM).
-    data : bytes
-        The signed bytes.
-    signature : bytes
-        A DER ECDSA-SHA256 signature, as made by :meth:`Identity.sign`.
-    expected_name : str, optional
-        The name the message claims; it must equal the certificate's CN.
-
-    Returns
-    -------
-    str
-        The signer's name.
-
-    Raises
-    ------
-    CertificateError
-        The certificate is not trusted, names someone other than ``expected_name``,
-        or the signature does not verify.
-    InvalidParameterError
-        ``data`` or ``signature`` is not bytes.
-    """
-    data = _data_bytes(data, "data")
-    signature = _data_bytes(signature, "signature")
-    cert, name, _ = _verified_peer(cert_pem, ca_pem)
-    if expected_name is not None and expected_name != name:
-        raise CertificateError(f"certificate names {name!r}, message claims {expected_name!r}")
-    public_key = cert.public_key()
-    if not isinstance(public_key, ec.EllipticCurvePublicKey):
-        raise CertificateError(f"certificate of {name!r} does not hold an ECDSA key")
-    try:
-        public_key.verify(signature, data, ec.ECDSA(hashes.SHA256()))
-    except InvalidSignature:
-        raise CertificateError(f"signature does not verify with the certificate of {name!r}") from None
-    return name
-
-
-def name_from_auth_context(auth_context: dict | None) -> str | None:
-    """Return the peer's certificate CN from a gRPC ``auth_context()``, or None.
-
-    The TLS layer has already checked the certificate against the server's root
-    certificates (``require_client_auth=True``); this only reads the name.
-
-    Parameters
-    ----------
-    auth_context : dict or None
-        ``grpc.ServicerContext.auth_context()``: property names mapped to lists
-        of bytes, such as ``x509_common_name`` and ``x509_pem_cert``.
-
-    Returns
-    -------
-    str or None
-        The CN, or None when the peer presented no certificate.
-    """
-    if not auth_context:
-        return None
-    for value in auth_context.get("x509_common_name") or ():
-        text = value.decode("utf-8", "replace") if isinstance(value, (bytes, bytearray)) else str(value)
-        if text:
-            return text
-    for value in auth_context.get("x509_pem_cert") or ():
-        try:
-            cert = x509.load_pem_x509_certificate(value.encode() if isinstance(value, str) else bytes(value))
-        except (ValueError, TypeError):
-            continue
-        name = _common_name(cert)
-        if name:
-            return name
-    return None
-
-
-def name_from_der(der: bytes | None) -> str | None:
-    """The CN of a peer certificate (DER) that the TLS layer already verified, or None."""
-    if not der:
-        return None
-    try:
-        return _common_name(x509.load_der_x509_certificate(bytes(der)))
-    except ValueError:
-        return None
-
-
-def _common_name(cert: x509.Certificate) -> str | None:
-    names = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
-    return names[0].value if names and isinstance(names[0].value, str) and names[0].value else None
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# Identity
-
-
-@dataclass(frozen=True, repr=False)
-class Identity:
-    """One participant's certificate, private key and the federation CA, all PEM.
-
-    Parameters
-    ----------
-    name : str
-        The identity's name, e.g. ``"hospital-a"`` or ``"aggregator"``.
-    role : str
-        ``"party"``, ``"service"``, ``"admin"`` or ``"developer"``.
-    cert_pem : bytes
-        The identity's certificate.
-    key_pem : bytes
-        Its PKCS#8 private key, unencrypted; never shown by ``repr``.
-    ca_pem : bytes
-        The federation CA certificate.
-    """
-
-    name: str
-    role: str
-    cert_pem: bytes
-    key_pem: bytes
-    ca_pem: bytes
-
-    def __post_init__(self) -> None:
-        _check_name(self.name)
-        _check_role(self.role)
-        for field in ("cert_pem", "key_pem", "ca_pem"):
-            if not isinstance(getattr(self, field), bytes):
-                raise InvalidParameterError(f"{field} must be bytes, got {type(getattr(self, field)).__name__}")
-
-    def __repr__(self) -> str:
-        return f"Identity(name={self.name!r}, role={self.role!r}, key_pem=<hidden>)"
-
-    def sign(self, data: bytes) -> bytes:
-        """Sign ``data`` with this identity's key.
-
-        Parameters
-        ----------
-        data : bytes
-            The bytes to sign.
-
-        Returns
-        -------
-        bytes
-            A DER-encoded ECDSA-SHA256 signature; check it with :func:`verify_signature`.
-        """
-        payload = _data_bytes(data, "data")
-        return _load_key(self.key_pem, "key_pem").sign(payload, ec.ECDSA(hashes.SHA256()))
-
-    @classmethod
-    def load(cls, directory: str | os.PathLike[str], name: str) -> Identity:
-        """Read ``<name>.crt``, ``<name>.key`` and ``ca.crt`` from ``directory``.
-
-        Parameters
-        ----------
-        directory : str or os.PathLike
-            The federation directory.
-        name : str
-            The identity to load.
-
-        Returns
-        -------
-        Identity
-            The identity; its role comes from the certificate.
-
-        Raises
-        ------
-        FileNotFoundError
-            A file is missing; the message names it.
-        CertificateError
-            The certificate is not issued by ``ca.crt``, is expired, names someone
-            else, or the key does not belong to it.
-        """
-        name = _check_name(name)
-        root = Path(directory)
-        cert_pem = _read_file(root / f"{name}.crt", "certificate")
-        key_pem = _read_file(root / f"{name}.key", "private key")
-        ca_pem = _read_file(root / CA_CERT_FILE, "CA certificate")
-        cert, cn, role = _verified_peer(cert_pem, ca_pem)
-        if cn != name:
-            raise CertificateError(f"{root / f'{name}.crt'} names {cn!r}, expected {name!r}")
-        key = _load_key(key_pem, f"{name}.key")
-        if key.public_key().public_numbers() != cert.public_key().public_numbers():
-            raise CertificateError(f"{root / f'{name}.key'} does not belong to {root / f'{name}.crt'}")
-        return cls(name=name, role=role, cert_pem=cert_pem, key_pem=key_pem, ca_pem=ca_pem)

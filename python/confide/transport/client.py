@@ -45,9 +45,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
+from confide.crypto.identity import Identity
 from confide.errors import ConfideError, MessageTimeoutError, RoundAbortedError, TransportUnavailableError
 from confide.transport import tls
-from confide.transport.certs import Identity
 from confide.transport.pool import Interrupted, MessagePool
 from confide.transport.routing import node_for, serving_node
 from confide.transport.status import from_rpc_error

@@ -14,8 +14,8 @@ from concurrent import futures
 
 import grpc
 
+from confide.crypto.identity import Identity, name_from_auth_context
 from confide.errors import PermissionDeniedError
-from confide.transport.certs import Identity, name_from_auth_context
 
 __all__ = ["MAX_MESSAGE_BYTES", "caller_name", "channel", "require_caller", "server"]
 

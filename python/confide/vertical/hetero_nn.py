@@ -87,6 +87,7 @@ import numpy as np
 from confide import _native
 from confide.crypto import gpu
 from confide.errors import ConfideError, DataProblemError, InvalidParameterError, ProtocolError
+from confide.ml.netspec import MAX_BATCH_SIZE
 from confide.vertical.channel import Channel
 from confide.vertical.netlayers import (
     ACTIVATIONS,
@@ -162,7 +163,7 @@ class HeteroNNParams:
         elif self.num_class is not None:
             raise InvalidParameterError(f"num_class is for objective multi:softprob, not {self.objective}")
         _int("epochs", self.epochs, 1, 100_000)
-        _int("batch_size", self.batch_size, 1, 8192)
+        _int("batch_size", self.batch_size, 1, MAX_BATCH_SIZE)
         _int("interactive_units", self.interactive_units, 1, 64)
         _int("seed", self.seed, 0, 2**63 - 1)
         _int("threads", self.threads, 0, 1024)

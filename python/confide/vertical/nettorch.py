@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 
 from confide.errors import InvalidParameterError
+from confide.ml.netspec import NetSpec
 from confide.ml.torch_adapter import import_torch as _torch
-from confide.vertical.netlayers import NetSpec
 
 __all__ = ["KerasNetwork", "TorchNetwork", "build", "from_dict"]
 
@@ -228,7 +228,7 @@ def build(spec: NetSpec, input_dim: int, *, seed: int, outputs: int | None, who:
 
 def from_dict(data: dict) -> TorchNetwork:
     """A framework network from :meth:`TorchNetwork.to_dict`'s mapping (imports the party's code)."""
-    from confide.vertical.netlayers import parse_network
+    from confide.ml.netspec import parse_network
 
     spec = parse_network(data["spec"], "saved network")
     outputs = int(data.get("outputs") or 0) or None

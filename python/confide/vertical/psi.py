@@ -207,7 +207,7 @@ def intersect(
 
     ``engine`` (a :class:`~confide.compute.LocalCompute`): where the group arithmetic runs, the
     ids and points cut into chunks, about two per worker. ``ids`` may also be a partitioned
-    dataset's :class:`~confide.compute.columns.PartitionedColumns` on that engine: its holders
+    dataset's :class:`~confide.vertical.columns.PartitionedColumns` on that engine: its holders
     hash and blind their own ids, and no id enters this process. The workers get this party's own ids,
     the peer's blinded points (what the wire carries anyway) and this intersection's scalar
     (see :class:`_WorkerBlinder`); the matching stays here. The result is the same either way.
@@ -240,7 +240,7 @@ def intersect(
     sent, received = channel.bytes_sent, channel.bytes_received
     report: dict[str, Any] = {"role": role, "party": party, "session": session, "engine": PsiKey.engine()}
     report["blinding"] = "party process" if engine is None else f"compute workers ({engine.name})"
-    remote = hasattr(ids, "psi_points")  # ids held by partitions (confide.compute.columns)
+    remote = hasattr(ids, "psi_points")  # ids held by partitions (confide.vertical.columns)
     if remote and engine is None:
         raise InvalidParameterError("ids: ids held by partitions need the engine that holds them (engine)")
     workers = _WorkerBlinder(engine) if engine is not None else None

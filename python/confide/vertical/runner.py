@@ -28,12 +28,12 @@ import numpy as np
 
 from confide import checkpoints as ckpt
 from confide.crypto import gpu
+from confide.crypto.identity import Identity
 from confide.data.fldata import JOIN_PROTOCOL
 from confide.data.vertical import VerticalPartyData, vertical_party_data
 from confide.errors import ConfideError, JobFailedError
-from confide.party.hooks import load_hooks
+from confide.hooks import load_hooks
 from confide.spec import JobSpec
-from confide.transport.certs import Identity
 from confide.transport.client import AggregatorClient
 from confide.vertical import psi, wire
 from confide.vertical.channel import RelayChannel
@@ -44,7 +44,7 @@ __all__ = ["evaluate", "hetero_nn_params", "run_vertical_party", "secureboost_pa
 #: Fault injection (tests only): the party process exits abruptly when its protocol reaches this
 #: relay round (1 = the first tree or epoch), as a crash mid-training would.
 class _ObservedChannel(RelayChannel):
-    """The relay channel, telling the party's hooks before each wait (confide.party.hooks)."""
+    """The relay channel, telling the party's hooks before each wait (confide.hooks)."""
 
     def __init__(self, client, *, hooks, **kwargs) -> None:
         super().__init__(client, **kwargs)
@@ -327,8 +327,8 @@ def _partitions(spec: JobSpec, party_id: str, role: str, catalog):
 
 def _partitioned_columns(spec: JobSpec, party_id: str, partitions, engine, report: dict) -> VerticalPartyData:
     """Holders of the host's files on ``engine``: ids, features and bins stay with them."""
-    from confide.compute.columns import PartitionedColumns
     from confide.compute.partitions import PartitionTask, partition_columns
+    from confide.vertical.columns import PartitionedColumns
 
     fl_data = spec.fl_data_object()
     # here, so its message (the step) reaches the developer as is; steps on other parties' columns do not count

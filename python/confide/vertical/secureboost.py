@@ -1065,10 +1065,10 @@ def train_guest(
 class MatrixRows:
     """A host's aligned rows as one in-memory matrix: what :func:`serve_host` asks of its rows.
 
-    The same operations are answered by :class:`confide.compute.columns.ColumnView` for a
+    The same operations are answered by :class:`confide.vertical.columns.ColumnView` for a
     partitioned dataset whose rows never enter the party process. ``engine``: a
     :class:`confide.compute.LocalCompute` whose workers build the encrypted histograms by row
-    ranges (:mod:`confide.compute.histograms`; the same ciphertexts as building them here).
+    ranges (:mod:`confide.vertical.histograms`; the same ciphertexts as building them here).
     """
 
     def __init__(self, X: np.ndarray, engine=None) -> None:
@@ -1086,7 +1086,7 @@ class MatrixRows:
         self.binner = Binner.fit(self.X, n_bins, party=party)
         self.bins = self.binner.transform(self.X, party=party)
         if self.engine is not None and self.rows:
-            from confide.compute.histograms import HostHistograms
+            from confide.vertical.histograms import HostHistograms
 
             self.remote = HostHistograms(self.engine, self.bins)
         return self.binner
@@ -1139,7 +1139,7 @@ def serve_host(
     """Answer the guest's training or prediction requests until it says "done".
 
     ``X`` is this host's aligned raw rows: a matrix, or a partitioned dataset's view
-    (:class:`confide.compute.columns.ColumnView`) whose holders answer for their rows. Returns
+    (:class:`confide.vertical.columns.ColumnView`) whose holders answer for their rows. Returns
     the lookup table (grown during training). ``model``: a lookup table to start from
     (prediction, or training resumed from a checkpoint). ``on_tree(tree, snapshot, last)``: after
     each tree the guest finished, with a callable returning the lookup table so far, and whether

@@ -1,4 +1,4 @@
-"""A vertical host's partitioned columns (confide.compute.columns): PSI, exact binning and
+"""A vertical host's partitioned columns (confide.vertical.columns): PSI, exact binning and
 SecureBoost on holders give what the same rows in one matrix give."""
 
 from __future__ import annotations
@@ -8,13 +8,13 @@ import pytest
 from sklearn.datasets import load_breast_cancer
 
 from confide.compute import open_compute
-from confide.compute.columns import ColumnRows, PartitionedColumns
 from confide.compute.partitions import PartitionTask, list_partitions
 from confide.data.fldata import FLData
 from confide.errors import InvalidParameterError
 from confide.vertical import secureboost as sb
 from confide.vertical.binning import Binner
 from confide.vertical.channel import LocalChannel, run_parties
+from confide.vertical.columns import ColumnRows, PartitionedColumns
 from confide.vertical.psi import intersect
 from tests.fixtures.keys import fixed_native_key
 from tests.fixtures.partitions import host_fl_data, write_columns

@@ -122,7 +122,7 @@ def test_a_workers_data_error_reaches_the_party_as_itself(engine, tmp_path):
 
 
 def test_a_histogram_holder_restarted_without_gradients_gets_them_again(engine):
-    from confide.compute.histograms import HostHistograms
+    from confide.vertical.histograms import HostHistograms
 
     key = fixed_native_key()
     rng = np.random.default_rng(9)
@@ -179,7 +179,7 @@ def test_psi_blinding_on_ray_workers_aligns_the_same_rows(engine):
 
 
 def test_a_partitioned_host_on_ray_answers_as_inline_and_survives_a_killed_holder(engine, tmp_path):
-    from confide.compute.columns import PartitionedColumns
+    from confide.vertical.columns import PartitionedColumns
     from tests.fixtures.partitions import host_fl_data, write_columns
 
     rng = np.random.default_rng(8)

@@ -137,7 +137,7 @@ def test_gradients_encrypted_on_workers_with_the_public_key_decrypt_as_the_guest
 
 
 def test_host_histograms_built_by_row_ranges_are_the_same_ciphertexts():
-    from confide.compute.histograms import HostHistograms
+    from confide.vertical.histograms import HostHistograms
 
     key = fixed_native_key()
     rng = np.random.default_rng(0)

@@ -10,8 +10,8 @@ import time
 import httpx
 import pytest
 
+from confide.agent.client import ControllerClient
 from confide.controller import api
-from confide.controller.client import ControllerClient
 from confide.controller.server import ControllerServer
 from confide.errors import (
     ConflictError,

@@ -23,6 +23,7 @@ from confide.controller.store import WebSession, utcnow
 from confide.errors import ConflictError, InvalidParameterError, PermissionDeniedError, RateLimitedError
 from confide.transport.certs import init_federation
 from confide.web import accounts as accounts_module
+from confide.web import create_console_app
 from confide.web.accounts import Accounts
 
 from .conftest import Federation, dataset, job
@@ -40,6 +41,7 @@ def console(tmp_path_factory):
         name="controller",
         database=f"sqlite:///{root / 'controller.db'}",
         console_address="127.0.0.1:0",
+        console_app=create_console_app,
     )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -412,7 +414,7 @@ def test_sign_in_rate_limit_and_disable(store):
 
 
 def test_a_party_shares_only_the_tail_of_its_log_and_only_when_it_changes(tmp_path):
-    from confide.controller.agent import Agent
+    from confide.agent import Agent
     from confide.party.agent import log_tail
 
     log = tmp_path / "party.log"
@@ -457,7 +459,7 @@ class _FlakyController:
 
 
 def test_an_agent_sends_metrics_in_bounded_batches_and_again_for_a_new_run(tmp_path):
-    from confide.controller.agent import METRICS_PER_REPORT, Agent
+    from confide.agent import METRICS_PER_REPORT, Agent
 
     class Worker:
         run = 1
@@ -487,7 +489,7 @@ def test_an_agent_sends_metrics_in_bounded_batches_and_again_for_a_new_run(tmp_p
 def test_an_agent_sends_a_checkpoint_again_when_the_sync_carrying_it_failed(tmp_path):
     # The soak found it: a controller killed while a heartbeat carried the last round's
     # checkpoint left the agent believing it delivered, and the session never completed.
-    from confide.controller.agent import Agent
+    from confide.agent import Agent
 
     class Worker:
         def state(self, session):
@@ -675,5 +677,6 @@ def test_a_console_certificate_that_cannot_be_used_stops_the_controller_from_sta
             name="controller",
             database=f"sqlite:///{tmp_path / 'c.db'}",
             console_address="127.0.0.1:0",
+            console_app=create_console_app,
             console_cert=str(tmp_path / "bad.crt"),
         )

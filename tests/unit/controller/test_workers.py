@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from confide.controller.client import ControllerClient
+from confide.agent.client import ControllerClient
 from confide.controller.server import check_workers, serve
 from confide.errors import InvalidParameterError
 from confide.transport.certs import init_federation

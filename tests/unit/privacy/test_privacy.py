@@ -12,6 +12,7 @@ from dp_accounting import rdp
 from scipy import stats
 
 from confide.crypto import BatchCryptCodec, decrypt_packed, encrypt_packed, sum_encrypted
+from confide.crypto.fixedpoint import FixedPoint
 from confide.errors import InvalidParameterError
 from confide.ml.homo_lr import HomoLR
 from confide.privacy import distributed_plan, sgd_plan
@@ -19,7 +20,6 @@ from confide.privacy.accounting import PrivacyLedger
 from confide.privacy.distributed import DistributedNoise
 from confide.privacy.noise import clip_l2, discrete_gaussian, generator, randomized_round
 from confide.privacy.party import PartyPrivacy
-from confide.protect.masking import FixedPoint
 from confide.spec import parse_job
 from tests.fixtures.keys import fixed_key
 

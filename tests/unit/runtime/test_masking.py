@@ -10,9 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from confide.crypto.fixedpoint import FixedPoint
 from confide.errors import EncodingError
 from confide.protect.base import ProtectionParams, RoundContext
-from confide.protect.masking import FixedPoint, GroupMask, SecAgg
+from confide.protect.masking import GroupMask, SecAgg
 from confide.v1 import runtime_pb2 as pb
 
 from .harness import MemoryHub, run_parallel

@@ -16,10 +16,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from confide.crypto import shamir
+from confide.crypto.fixedpoint import FixedPoint
 from confide.errors import ProtocolError, RoundAbortedError
 from confide.protect.base import ProtectionParams, RoundContext
 from confide.protect.keys import decode_fields
-from confide.protect.masking import FixedPoint, SecAgg
+from confide.protect.masking import SecAgg
 from confide.protect.recovery import default_degree, default_threshold, neighbour_graph
 from confide.transport.certs import Identity, init_federation
 from confide.v1 import runtime_pb2 as pb

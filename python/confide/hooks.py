@@ -4,7 +4,9 @@ A deployment can point ``CONFIDE_PARTY_HOOKS`` at an object with any of the meth
 :class:`PartyHooks` (``package.module:attribute`` or ``path/file.py:attribute``, as
 ``model.entry``) to watch a party from inside its process: monitoring, tracing, or, in the test
 suite, fault injection (``tests/fixtures/faults.py`` makes a party die mid-round or pause after
-each round). Production modules hold no fault-injection code of their own.
+each round). Production modules hold no fault-injection code of their own. The module sits at the
+package root: the horizontal round loop (confide.party) and the vertical protocols (confide.vertical)
+both call it, and neither may import the other.
 """
 
 from __future__ import annotations

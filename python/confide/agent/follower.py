@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from confide import checkpoints as ckpt
-from confide.controller.client import ControllerClient
-from confide.controller.sessions import apply_delta, config_digest
+from confide.agent.client import ControllerClient
+from confide.agent.config import apply_delta, config_digest
 from confide.errors import (
     CertificateError,
     CertificateRevokedError,
@@ -38,9 +38,15 @@ from confide.errors import (
     TransportUnavailableError,
 )
 
-__all__ = ["METRICS_PER_REPORT", "Agent", "RunState", "Worker"]
+__all__ = ["METRICS_PER_REPORT", "Agent", "RunState", "Worker", "runtime_job_id"]
 
 log = logging.getLogger("confide.agent")
+
+
+def runtime_job_id(job_id: str, run: int) -> str:
+    """The job id a session's run uses at the aggregator: every run gets fresh rounds and keys."""
+    return f"{job_id}.r{run}"
+
 
 #: Rounds of metrics one heartbeat carries at most (the controller takes up to MAX_METRIC_ROWS).
 METRICS_PER_REPORT = 1_000

@@ -17,7 +17,7 @@ does, on its own rows, every step of the job that touches them:
    (test).
 4. **Histograms, split directions, predictions**: each holder answers for its rows (its
    encrypted histograms are multiplied in the party process, as in
-   :mod:`confide.compute.histograms`).
+   :mod:`confide.vertical.histograms`).
 
 What the party process holds for N aligned rows: the blinded points of PSI (32 bytes a row, what
 it sends anyway) and, per view, two int32/int64 arrays mapping an aligned row to its holder.

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 
 from confide import __version__, errors
-from confide.transport.certs import CA_CERT_FILE
+from confide.crypto.identity import CA_CERT_FILE
 
 __all__ = ["ControllerClient"]
 

@@ -1,0 +1,49 @@
+"""Signed fixed point in the ring Z_{2^32}: how the masking modes carry real values.
+
+A sum of ``parties`` values, each at most ``bound`` in magnitude, must not wrap around the 32-bit
+ring. :class:`FixedPoint` picks the most fraction bits f with ``parties * (bound * 2^f + 1/2) <
+2^31``, so the decoded sum is exact up to one rounding per party. The masking protocols
+(:mod:`confide.protect.masking`) encode with it, and differential privacy's planning
+(:mod:`confide.privacy.distributed`) asks it how much room the noise has; it sits in ``crypto``
+so both use the one rule without one of them importing the other.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from confide.errors import EncodingError
+
+__all__ = ["FixedPoint"]
+
+
+class FixedPoint:
+    """Signed fixed point in Z_{2^32} for sums of ``parties`` values bounded by ``bound``."""
+
+    def __init__(self, bound: float, parties: int) -> None:
+        if not math.isfinite(bound) or bound < 0:
+            raise EncodingError(f"bound must be finite and >= 0, got {bound}")
+        bound = max(bound, 2.0**-20)
+        # Each encoding is round(x * 2^f), up to B * 2^f + 1/2 in magnitude; m of them must stay below 2^31.
+        room = (2**31 - 1) / parties - 0.5
+        self.fraction_bits = min(40, math.floor(math.log2(room / bound))) if room > 0 else -1
+        if self.fraction_bits >= 0 and parties * (bound * 2.0**self.fraction_bits + 0.5) > 2**31 - 1:
+            self.fraction_bits -= 1
+        if self.fraction_bits < 0:
+            raise EncodingError(
+                f"values up to {bound:g} from {parties} parties do not fit a 32-bit ring "
+                "(bound * parties must be < 2^31)"
+            )
+        self.scale = float(2**self.fraction_bits)
+        self.bound = bound
+
+    def encode(self, values: np.ndarray) -> np.ndarray:
+        """uint32 words of ``values`` (|values| <= bound)."""
+        scaled = np.rint(np.clip(values, -self.bound, self.bound) * self.scale)
+        return scaled.astype(np.int64).astype(np.uint32)
+
+    def decode(self, words: np.ndarray) -> np.ndarray:
+        """Float64 values of a sum of encodings."""
+        return words.view(np.int32).astype(np.float64) / self.scale
