@@ -27,6 +27,7 @@ SERIAL_FILES = {
     "e2e/test_console.py": "a browser watching paced rounds",
     "unit/runtime/test_pool.py": "bounds how long a pool waits",
     "unit/runtime/test_rejoin.py": "bounds how long a rejoin waits",
+    "unit/runtime/test_slicing.py": "threads given fixed sleeps to reach a state; pipelined against serial time",
     "unit/crypto/test_native_boundary.py": "counts GIL ticks while native code runs",
     "unit/transport/test_revocation.py": "a refusal within 1 s of revocation",
 }

@@ -109,6 +109,18 @@ class LocalCompute(ABC):
         """How many items :meth:`map` runs at once (what a caller splits its work into)."""
         return 1
 
+    def ranges(self, count: int, *, min_chunk: int = 1, parts: int | None = None) -> list[tuple[int, int]]:
+        """``count`` items cut into contiguous ``(start, stop)`` ranges for :meth:`map` or :meth:`hold`.
+
+        About two ranges per worker (``parts`` overrides) but never more than
+        ``ceil(count / min_chunk)``, so small work is not scattered; as even as integer edges
+        allow, in order, none empty.
+        The one rule every split of a party's work follows (PSI blinding, encryption, histograms).
+        """
+        cuts = max(1, min(parts or 2 * self.workers, -(-count // max(1, min_chunk))))
+        edges = [count * i // cuts for i in range(cuts + 1)]
+        return [(a, b) for a, b in zip(edges[:-1], edges[1:], strict=True) if b > a]
+
     def describe(self) -> dict[str, Any]:
         """What ran, for the party's report."""
         return {"engine": self.name}

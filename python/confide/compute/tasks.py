@@ -43,10 +43,9 @@ def encrypt_raw_on(engine, encryption_key, plaintexts: list[bytes], *, min_chunk
     count = len(plaintexts)
     if count == 0:
         return gpu.encrypt_raw(encryption_key, [], "fixed_base", 1)
-    chunks = max(1, min(2 * engine.workers, -(-count // min_chunk)))
-    size = -(-count // chunks)
     public = encryption_key.to_bytes()
-    parts = engine.map(encrypt_public, [(public, plaintexts[i : i + size]) for i in range(0, count, size)])
+    chunks = engine.ranges(count, min_chunk=min_chunk)
+    parts = engine.map(encrypt_public, [(public, plaintexts[a:b]) for a, b in chunks])
     vectors = [_native.CiphertextVector.from_bytes(part, encryption_key) for part in parts]
     if len(vectors) == 1:
         return vectors[0]

@@ -26,6 +26,7 @@ import numpy as np
 
 from confide import _native
 from confide.crypto import gpu
+from confide.crypto.ints import int_to_bytes
 from confide.errors import EncodingError, InvalidParameterError
 
 __all__ = [
@@ -53,7 +54,7 @@ Randomizer = Literal["fixed_base", "classical"]
 def _int_bytes(value: int, field: str) -> bytes:
     if not isinstance(value, int) or value < 0:
         raise InvalidParameterError(f"{field} must be a non-negative int, got {value!r}")
-    return value.to_bytes(max(1, (value.bit_length() + 7) // 8), "big")
+    return int_to_bytes(value)
 
 
 class EncryptionKey:

@@ -58,6 +58,7 @@ import numpy as np
 
 from confide import _native
 from confide.crypto import EncryptedVector, EncryptionKey, gpu
+from confide.crypto.ints import int_to_bytes
 from confide.errors import EncodingError, InvalidParameterError, ProtocolError
 
 __all__ = [
@@ -222,7 +223,7 @@ def _pack_signed(values: Iterable[int]) -> bytes:
     out = []
     for value in values:
         value = int(value)
-        raw = abs(value).to_bytes(max(1, (abs(value).bit_length() + 7) // 8), "big")
+        raw = int_to_bytes(abs(value))
         out.append(struct.pack("<BI", value < 0, len(raw)) + raw)
     return struct.pack("<I", len(out)) + b"".join(out)
 
@@ -250,7 +251,7 @@ def _coin(label: bytes, *parts: int | bytes, bits: int) -> int:
     """Public-coin integer of ``bits`` bits from SHAKE-256 over the label and parts."""
     h = hashlib.shake_256(_DOMAIN + label)
     for part in parts:
-        data = part if isinstance(part, bytes) else int(part).to_bytes(max(1, (int(part).bit_length() + 7) // 8), "big")
+        data = part if isinstance(part, bytes) else int_to_bytes(int(part))
         h.update(struct.pack("<I", len(data)) + data)
     return int.from_bytes(h.digest((bits + 7) // 8), "big") >> (-bits % 8)
 

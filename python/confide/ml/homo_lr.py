@@ -82,6 +82,39 @@ def _sigmoid(z: np.ndarray) -> np.ndarray:
     return out
 
 
+def _check_proximal(proximal: tuple[float, Any] | None, shape: tuple[int, ...]) -> tuple[float, np.ndarray] | None:
+    """FedProx's ``(mu, anchor)`` with the anchor as float64 of the weights' shape; None when mu is 0."""
+    if proximal is None:
+        return None
+    mu, anchor = float(proximal[0]), np.asarray(proximal[1], dtype=np.float64)
+    if anchor.shape != shape:
+        raise InvalidParameterError(f"proximal anchor must have shape {shape}, got {anchor.shape}")
+    return (mu, anchor) if mu > 0 else None
+
+
+def _descend(
+    w: np.ndarray,
+    shrink: float,
+    step: float,
+    coef_gradient: np.ndarray,
+    intercept_delta: float,
+    lr: float,
+    proximal: tuple[float, np.ndarray] | None,
+) -> None:
+    """One descent step on ``w`` (coefficients, then the intercept) in place.
+
+    The L2 shrink, ``step`` times the coefficients' gradient, the intercept's change, then
+    FedProx's pull towards the anchor: the one step minibatch SGD, DP-SGD and full-batch
+    descent over partitions all take (each computes its own step size and intercept change).
+    """
+    if shrink != 1.0:
+        w[:-1] *= shrink
+    w[:-1] -= step * coef_gradient
+    w[-1] -= intercept_delta
+    if proximal is not None:
+        w -= (lr * proximal[0]) * (w - proximal[1])
+
+
 class HomoLR:
     """Binary logistic regression trained by mini-batch SGD, ready for FedAvg.
 
@@ -309,23 +342,23 @@ class HomoLR:
         buf = None if _is_sparse(X) else np.empty((bs, X.shape[1]), dtype=X.dtype)
         shrink = 1.0 - lr * l2
         w = w.copy()  # committed only if training stays finite
-        if proximal is not None:
-            mu, anchor = float(proximal[0]), np.asarray(proximal[1], dtype=np.float64)
-            if anchor.shape != w.shape:
-                raise InvalidParameterError(f"proximal anchor must have shape {w.shape}, got {anchor.shape}")
-            proximal = (mu, anchor) if mu > 0 else None
+        proximal = _check_proximal(proximal, w.shape)
         with np.errstate(over="ignore", invalid="ignore"):  # divergence is checked once, below
             if dp_sgd is not None:
                 self._dp_sgd(X, y, w, epochs, lr, shrink, bs, proximal, dp_sgd)
             else:
                 self._sgd(X, y, w, epochs, lr, shrink, bs, buf, proximal)
+        self._commit(w)
+        return self.loss(X, y)
+
+    def _commit(self, w: np.ndarray) -> None:
+        """Keep the trained weights ``w``, unless training diverged (the model is then left unchanged)."""
         if not np.isfinite(w).all():
             raise InvalidParameterError(
                 f"training diverged (non-finite weights, model left unchanged); lower learning_rate "
                 f"(got {self.learning_rate})"
             )
         self._w = w
-        return self.loss(X, y)
 
     def _sgd(
         self,
@@ -355,12 +388,7 @@ class HomoLR:
                 r = _sigmoid(z)
                 r -= y[idx]
                 g = xb.T @ r
-                if shrink != 1.0:
-                    coef *= shrink
-                coef -= (lr / m) * g
-                w[-1] -= lr * float(np.mean(r, dtype=np.float64))
-                if proximal is not None:
-                    w -= (lr * proximal[0]) * (w - proximal[1])
+                _descend(w, shrink, lr / m, g, lr * float(np.mean(r, dtype=np.float64)), lr, proximal)
 
     def _dp_sgd(
         self,
@@ -397,11 +425,8 @@ class HomoLR:
                 total[:-1] = np.asarray(xb.T @ r.astype(dt)).ravel()
                 total[-1] = r.sum()
             total += rng.normal(0.0, z * clip, w.size)
-            if shrink != 1.0:
-                coef *= shrink
-            w -= (lr / expected) * total
-            if proximal is not None:
-                w -= (lr * proximal[0]) * (w - proximal[1])
+            step = lr / expected
+            _descend(w, shrink, step, total[:-1], step * total[-1], lr, proximal)
 
     def train_partitioned(self, data: Any, *, proximal: tuple[float, np.ndarray] | None = None) -> float:
         """Full-batch gradient descent over partitioned rows; returns the loss after training.
@@ -419,23 +444,15 @@ class HomoLR:
         lr = _check_float("learning_rate", self.learning_rate, low=0.0, strict=True)
         shrink = 1.0 - lr * _check_float("l2", self.l2, low=0.0, strict=False)
         w = self._weights().copy()
+        proximal = _check_proximal(proximal, w.shape)
         for _ in range(self.local_epochs):
             sums = data.call("lr_gradient", w)
             n = sum(count for _g, _loss, count in sums)
             if n == 0:
                 raise InvalidParameterError("the partitions hold no training rows")
             gradient = np.sum([g for g, _loss, _count in sums], axis=0)
-            w[:-1] *= shrink
-            w[:-1] -= (lr / n) * gradient[:-1]
-            w[-1] -= lr * gradient[-1] / n
-            if proximal is not None and proximal[0] > 0:
-                w -= (lr * proximal[0]) * (w - np.asarray(proximal[1], dtype=np.float64))
-        if not np.isfinite(w).all():
-            raise InvalidParameterError(
-                f"training diverged (non-finite weights, model left unchanged); lower learning_rate "
-                f"(got {self.learning_rate})"
-            )
-        self._w = w
+            _descend(w, shrink, lr / n, gradient[:-1], lr * gradient[-1] / n, lr, proximal)
+        self._commit(w)
         return self.partitioned_loss(data)
 
     def partitioned_loss(self, data: Any) -> float:

@@ -780,9 +780,11 @@ def _train_and_aggregate(
     attempt = first_attempt
     while True:
         total = sum(float(counts[p][0]) for p in participants)
-        vector = training.privacy.privatize(delta, participants, protection) if training.privacy else None
-        if vector is None:
-            vector = strategy.contribution(delta, float(counts[party_id][0]) / total)
+        private = training.privacy.privatize(delta, participants) if training.privacy else None
+        if private is None:
+            vector, clipping = strategy.contribution(delta, float(counts[party_id][0]) / total), None
+        else:
+            vector, clipping = private
         context = RoundContext(
             round=round_number,
             attempt=attempt,
@@ -791,6 +793,7 @@ def _train_and_aggregate(
             vector_length=vector.size,
             slice_length=slice_length,
             layers=layout.layers(),
+            clipping=clipping,
         )
         try:
             aggregate, attempt_timings = _run_attempt(protection, exchange, client, context, vector, spec)

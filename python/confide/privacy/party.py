@@ -89,14 +89,14 @@ class PartyPrivacy:
             return None
         return (self.plan.noise_multiplier, self.privacy.clip_norm, self.plan.sample_rate)
 
-    def privatize(self, delta: np.ndarray, participants: list[str], protection) -> np.ndarray | None:
-        """The vector to protect (distributed), setting the paillier modes' public alpha; None under dp_sgd."""
+    def privatize(self, delta: np.ndarray, participants: list[str]) -> tuple[np.ndarray, float | None] | None:
+        """The vector to protect and the round's public clipping threshold (distributed); None under dp_sgd.
+
+        The threshold goes into the round's :class:`~confide.protect.base.RoundContext` (``clipping``).
+        """
         if self.noise is None:
             return None
-        vector, alpha = self.noise.privatize(delta, participants)
-        if hasattr(protection, "fixed_alpha"):
-            protection.fixed_alpha = alpha
-        return vector
+        return self.noise.privatize(delta, participants)
 
     def finish(self, aggregate: np.ndarray, participants: list[str]) -> np.ndarray:
         """The mean noisy change (distributed); the aggregate unchanged under dp_sgd."""

@@ -110,6 +110,11 @@ class RoundContext:
     #: The participants the aggregator excluded as dropouts (``secagg`` with recovery); read once
     #: the first combined slice is in. None: the transport does no exclusion.
     excluded: Callable[[], list[str]] | None = None
+    #: A public clipping threshold for this round, set by differential privacy: its noisy values
+    #: lie on an integer grid the codec must carry exactly, and data-dependent dACIQ ranges would
+    #: leak each party's extremes. Modes that clip (``paillier``, ``threshold``) use it instead of
+    #: exchanging ranges; the others ignore it. None: the mode picks its own.
+    clipping: float | None = None
 
     @property
     def position(self) -> int:

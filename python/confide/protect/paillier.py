@@ -109,15 +109,11 @@ class PaillierProtection(GroupShared, Protection):
         """The public key, for the aggregator's ciphertext products."""
         return self.encryption_key.to_bytes()
 
-    #: A public clipping threshold for the next round (differential privacy: the values are on an
-    #: integer grid the codec must carry exactly, and the dACIQ ranges would leak each party's extremes).
-    fixed_alpha: float | None = None
-
     def begin_round(self, context: RoundContext, vector: np.ndarray) -> None:
         """Pick each layer's dACIQ threshold from every participant's max and min of it."""
-        if self.fixed_alpha is not None:
+        if context.clipping is not None:  # differential privacy's public threshold (RoundContext.clipping)
             self._scale = None
-            self.last_alpha = float(self.fixed_alpha)
+            self.last_alpha = float(context.clipping)
             self._codec = BatchCryptCodec(
                 bits=self.params.bits, max_parties=len(context.participants), alpha=self.last_alpha
             )

@@ -37,6 +37,7 @@ import numpy as np
 
 from confide._checks import require
 from confide.crypto import EncryptedVector, EncryptionKey, sum_encrypted
+from confide.crypto.ints import int_to_bytes
 from confide.crypto.threshold import (
     CheatingPartyError,
     PartialDecryption,
@@ -140,7 +141,7 @@ class ThresholdProtection(PaillierProtection):
             keys = deal_threshold_keys(len(participants), threshold, bits=self.params.key_bits)
             public = keys[0].public.to_bytes()
             for key, peer in zip(keys[1:], participants[1:], strict=True):
-                message = encode_fields(public=public, share=_int_bytes(key.share))
+                message = encode_fields(public=public, share=int_to_bytes(key.share))
                 self.exchange.send(SETUP_ROUND, tag, self.keys.seal_to(peer, tag, message), [peer])
             return keys[0]
         sealed = self.exchange.recv(SETUP_ROUND, tag, leader, timeout=self.params.setup_timeout_s)
@@ -322,10 +323,6 @@ def _dealt_key(message: bytes, index: int) -> ThresholdKey:
         if not isinstance(fields[name], bytes):
             raise ProtocolError(f"dealt threshold key: field {name!r} must be bytes, got {type(fields[name]).__name__}")
     return ThresholdKey(ThresholdPublicKey.from_bytes(fields["public"]), index, int.from_bytes(fields["share"], "big"))
-
-
-def _int_bytes(value: int) -> bytes:
-    return value.to_bytes(max(1, (value.bit_length() + 7) // 8), "big")
 
 
 def _pack_blobs(blobs: dict[int, bytes]) -> bytes:

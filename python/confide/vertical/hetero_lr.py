@@ -120,6 +120,7 @@ import numpy as np
 
 from confide import _native
 from confide.crypto import gpu
+from confide.crypto.ints import centered
 from confide.errors import ConfideError, EncodingError, InvalidParameterError, ProtocolError
 from confide.vertical.channel import Channel
 from confide.vertical.paillier_util import Meter as _Meter
@@ -581,11 +582,6 @@ def _big_fixed(value: float, bits: int) -> int:
     return round(math.ldexp(value, bits)) if value < 2.0**900 else int(value) << bits
 
 
-def _signed(value: int, n: int) -> int:
-    value %= n
-    return value - n if value > n // 2 else value
-
-
 def _masks(count: int, bits: int) -> list[int]:
     """Uniform in [2^(bits-1), 2^bits): x + R stays positive for any |x| < 2^(bits-1)."""
     return [secrets.randbits(bits - 1) | (1 << (bits - 1)) for _ in range(count)]
@@ -593,7 +589,7 @@ def _masks(count: int, bits: int) -> list[int]:
 
 def _unmask(values: list[int], masks: list[int], n: int, where: str) -> list[int]:
     """Signed ``v - R mod n``; a result beyond 2^(k/2) means a peer broke the protocol."""
-    clear = [_signed(v - r, n) for v, r in zip(values, masks, strict=True)]
+    clear = [centered(v - r, n) for v, r in zip(values, masks, strict=True)]
     limit = 1 << (n.bit_length() // 2)
     if any(abs(c) >= limit for c in clear):
         raise ProtocolError(f"{where}: an unmasked value is out of range (a peer did not follow the protocol)")

@@ -86,6 +86,7 @@ import numpy as np
 
 from confide import _native
 from confide.crypto import gpu
+from confide.crypto.ints import centered
 from confide.errors import ConfideError, DataProblemError, InvalidParameterError, ProtocolError
 from confide.ml.netspec import MAX_BATCH_SIZE
 from confide.vertical.channel import Channel
@@ -286,12 +287,7 @@ def _unpack_unsigned(value: int, width: int, slots: int, where: str) -> list[int
 
 def _decrypt(secret: _native.DecryptionKey, vector: _native.CiphertextVector, n: int, threads: int) -> list[int]:
     """Centered plaintexts (-n/2, n/2]."""
-    half = n // 2
-    out = []
-    for b in gpu.decrypt_raw(secret, vector, threads):
-        v = int.from_bytes(b, "big")
-        out.append(v - n if v > half else v)
-    return out
+    return [centered(int.from_bytes(b, "big"), n) for b in gpu.decrypt_raw(secret, vector, threads)]
 
 
 def _random_below(count: int, bits: int) -> list[int]:

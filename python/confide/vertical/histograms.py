@@ -65,10 +65,7 @@ class HostHistograms:
     """A host's rows cut into ranges held on ``engine``; encrypted histograms combined exactly."""
 
     def __init__(self, engine, bins: np.ndarray, ranges: int | None = None) -> None:
-        rows = bins.shape[1]
-        count = max(1, min(ranges or 2 * engine.workers, rows))
-        edges = np.linspace(0, rows, count + 1).astype(int)
-        self.ranges = [(int(a), int(b)) for a, b in zip(edges[:-1], edges[1:], strict=True)]
+        self.ranges = engine.ranges(bins.shape[1], parts=ranges) or [(0, 0)]
         self.holders = engine.hold(HistogramRows, [(bins[:, a:b], a) for a, b in self.ranges])
         self._gradients: list[tuple[bytes, bytes]] = []
 

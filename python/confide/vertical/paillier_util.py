@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 from confide import _native
+from confide.crypto.ints import int_to_bytes
 
 __all__ = ["Meter", "elements", "raw_plaintexts"]
 
@@ -26,11 +27,7 @@ class Meter:
 
 def raw_plaintexts(values: list[int], n: int) -> list[bytes]:
     """Big-endian bytes of each value mod n (the input of ``encrypt_raw``)."""
-    out = []
-    for value in values:
-        value %= n
-        out.append(value.to_bytes(max(1, (value.bit_length() + 7) // 8), "big"))
-    return out
+    return [int_to_bytes(value % n) for value in values]
 
 
 def elements(vector: _native.CiphertextVector) -> list[bytes]:

@@ -309,10 +309,8 @@ class _WorkerBlinder:
         self.engine = engine
         self.scalar = (secrets.randbelow(_ORDER - 1) + 1).to_bytes(32, "little")
 
-    def _chunks(self, count: int) -> list[tuple[int, int]]:
-        parts = max(1, min(2 * self.engine.workers, -(-count // 4096)))
-        edges = np.linspace(0, count, parts + 1).astype(int)
-        return [(int(a), int(b)) for a, b in zip(edges[:-1], edges[1:], strict=True) if b > a]
+    def _ranges(self, count: int) -> list[tuple[int, int]]:
+        return self.engine.ranges(count, min_chunk=4096)
 
     def hash_and_blind(self, dst: bytes, encoded: list[bytes]) -> bytes:
         from confide.compute.tasks import psi_hash_and_blind
@@ -322,13 +320,13 @@ class _WorkerBlinder:
                 raise ProtocolError("PSI: the partitions blinded their ids under another session or id type")
             return encoded.points
 
-        items = [(self.scalar, dst, *flat_ids(encoded[a:b])) for a, b in self._chunks(len(encoded))]
+        items = [(self.scalar, dst, *flat_ids(encoded[a:b])) for a, b in self._ranges(len(encoded))]
         return b"".join(self.engine.map(psi_hash_and_blind, items))
 
     def blind(self, points: bytes) -> bytes:
         from confide.compute.tasks import psi_blind
 
-        chunks = self._chunks(len(points) // POINT_BYTES)
+        chunks = self._ranges(len(points) // POINT_BYTES)
         items = [(self.scalar, points[a * POINT_BYTES : b * POINT_BYTES]) for a, b in chunks]
         return b"".join(self.engine.map(psi_blind, items))
 

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from confide.compute import SecretShippingError, check_shippable, open_compute
+from confide.compute.inline import InlineCompute
 from confide.compute.partitions import PartitionedData, PartitionRows, PartitionTask, list_partitions
 from confide.data.catalog import Catalog
 from confide.data.fldata import FLData
@@ -202,3 +203,21 @@ def test_files_with_other_columns_are_named_when_the_catalog_publishes(tmp_path)
     )
     with pytest.raises(InvalidParameterError, match=r"partition 2 \(part-002.parquet\): every file must hold the same"):
         catalog.metadata()
+
+
+def test_ranges_cut_work_into_about_two_per_worker_without_gaps_or_tiny_pieces():
+    class Four(InlineCompute):
+        @property
+        def workers(self) -> int:
+            return 4
+
+    engine = Four()
+    for count in (0, 1, 7, 4096, 10_000, 100_003):
+        for min_chunk in (1, 2048, 4096):
+            cut = engine.ranges(count, min_chunk=min_chunk)
+            assert [i for a, b in cut for i in range(a, b)] == list(range(count))
+            assert len(cut) <= 8 and all(b > a for a, b in cut)
+            assert len(cut) <= -(-count // min_chunk)
+            assert all(b - a >= count // len(cut) for a, b in cut)  # as even as integer edges allow
+    assert engine.ranges(100, parts=3) == [(0, 33), (33, 66), (66, 100)]
+    assert engine.ranges(10_000, min_chunk=4096) == [(0, 3333), (3333, 6666), (6666, 10_000)]
