@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import math
 import numbers
 from typing import Any, TypeVar
 
 from confide.errors import InvalidParameterError, ProtocolError
 
-__all__ = ["check_int", "require"]
+__all__ = ["check_int", "check_real", "require"]
 
 T = TypeVar("T")
 
@@ -32,4 +33,20 @@ def check_int(name: str, value: Any, low: int, high: int | None = None) -> int:
     if value < low or (high is not None and value > high):
         limit = f">= {low}" if high is None else f"in [{low}, {high}]"
         raise InvalidParameterError(f"{name} must be {limit}, got {value}")
+    return value
+
+
+def check_real(name: str, value: Any, *, low: float | None = None, strict: bool = False) -> float:
+    """``value`` as a finite float; with ``low``, also ``> low`` (``strict``) or ``>= low``. Bools are refused."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise InvalidParameterError(
+            f"{name} must be a {'real' if low is not None else 'finite real'} number, got {value!r}"
+        )
+    value = float(value)
+    if low is None:
+        if not math.isfinite(value):
+            raise InvalidParameterError(f"{name} must be a finite real number, got {value!r}")
+        return value
+    if not math.isfinite(value) or (value <= low if strict else value < low):
+        raise InvalidParameterError(f"{name} must be {'>' if strict else '>='} {low:g} and finite, got {value!r}")
     return value

@@ -54,7 +54,6 @@ r"""Federated data sets for tests, examples and benchmarks (no downloads).
 from __future__ import annotations
 
 import math
-import numbers
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -62,6 +61,7 @@ from typing import Any
 import numpy as np
 
 from confide._checks import check_int as _check_int
+from confide._checks import check_real as _check_real
 from confide.errors import ConfideError, InvalidParameterError
 
 __all__ = [
@@ -80,12 +80,6 @@ _MAX_DENSE_ENTRIES = 1_000_000_000
 
 
 # ---------------------------------------------------------------------- validation
-
-
-def _check_real(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(float(value)):
-        raise InvalidParameterError(f"{name} must be a finite real number, got {value!r}")
-    return float(value)
 
 
 # ---------------------------------------------------------------------- breast cancer

@@ -18,8 +18,6 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-import math
-import numbers
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -27,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from confide._checks import check_int
+from confide._checks import check_int, check_real
 from confide.data.catalog import Table, check_dataset_name
 from confide.errors import DataProblemError, InvalidParameterError
 
@@ -92,12 +90,6 @@ def _keys(where: str, value: Any, required: Sequence[str], optional: Sequence[st
         if key not in value:
             raise InvalidParameterError(f"{where}.{key} is required")
     return value
-
-
-def _finite(where: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(float(value)):
-        raise InvalidParameterError(f"{where} must be a finite real number, got {value!r}")
-    return float(value)
 
 
 def _column(where: str, value: Any) -> str:
@@ -175,10 +167,10 @@ class Participant:
 
 def _participant_fields(where: str, dataset: Any, fraction: Any, test_fraction: Any, seed: Any) -> dict[str, Any]:
     dataset = check_dataset_name(f"{where}.dataset", dataset)
-    fraction = _finite(f"{where}.fraction", fraction)
+    fraction = check_real(f"{where}.fraction", fraction)
     if not 0.0 < fraction <= 1.0:
         raise InvalidParameterError(f"{where}.fraction must be in (0, 1], got {fraction}")
-    test_fraction = _finite(f"{where}.test_fraction", test_fraction)
+    test_fraction = check_real(f"{where}.test_fraction", test_fraction)
     if not 0.0 <= test_fraction <= _MAX_TEST_FRACTION:
         raise InvalidParameterError(f"{where}.test_fraction must be in [0, {_MAX_TEST_FRACTION}], got {test_fraction}")
     seed = check_int(f"{where}.seed", seed, 0, 2**63 - 1)
@@ -225,7 +217,7 @@ def _step_params(where: str, op: str, params: Any) -> dict[str, Any]:
                 raise InvalidParameterError(f"{where}.value must be at most 4096 characters")
             out["value"] = value
         else:
-            out["value"] = _finite(f"{where}.value", value)
+            out["value"] = check_real(f"{where}.value", value)
         return out
     if op == "select" or op == "drop" or op == "log1p":
         p = _keys(where, params, ("columns",))
@@ -241,7 +233,7 @@ def _step_params(where: str, op: str, params: Any) -> dict[str, Any]:
         if strategy == "constant":
             if "value" not in p:
                 raise InvalidParameterError(f"{where}.value is required for strategy 'constant'")
-            out["value"] = _finite(f"{where}.value", p["value"])
+            out["value"] = check_real(f"{where}.value", p["value"])
         elif "value" in p:
             raise InvalidParameterError(f"{where}.value is only allowed with strategy 'constant'")
         return out
@@ -265,7 +257,7 @@ def _step_params(where: str, op: str, params: Any) -> dict[str, Any]:
                 bw = f"{where}.bounds[{col!r}]"
                 if isinstance(pair, str) or not isinstance(pair, Sequence) or len(pair) != 2:
                     raise InvalidParameterError(f"{bw} must be [low, high], got {pair!r}")
-                low, high = _finite(f"{bw}[0]", pair[0]), _finite(f"{bw}[1]", pair[1])
+                low, high = check_real(f"{bw}[0]", pair[0]), check_real(f"{bw}[1]", pair[1])
                 if not low < high:
                     raise InvalidParameterError(f"{bw} must have low < high, got [{low}, {high}]")
                 checked[col] = [low, high]
@@ -277,8 +269,8 @@ def _step_params(where: str, op: str, params: Any) -> dict[str, Any]:
     if op == "clip":
         p = _keys(where, params, ("columns",), ("low", "high"))
         out = {"columns": _columns(f"{where}.columns", p["columns"])}
-        low = None if p.get("low") is None else _finite(f"{where}.low", p["low"])
-        high = None if p.get("high") is None else _finite(f"{where}.high", p["high"])
+        low = None if p.get("low") is None else check_real(f"{where}.low", p["low"])
+        high = None if p.get("high") is None else check_real(f"{where}.high", p["high"])
         if low is None and high is None:
             raise InvalidParameterError(f"{where}: at least one of low and high is required")
         if low is not None and high is not None and low > high:

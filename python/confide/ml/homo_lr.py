@@ -40,7 +40,6 @@ while the master weights are always float64.
 from __future__ import annotations
 
 import math
-import numbers
 import os
 import sys
 from typing import Any
@@ -48,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from confide._checks import check_int as _check_int
+from confide._checks import check_real as _check_float
 from confide.checkpoints import UNREADABLE_FILE_ERRORS
 from confide.errors import InvalidParameterError
 from confide.ml.base import FitResult, classification_metrics
@@ -62,15 +62,6 @@ def _is_sparse(X: Any) -> bool:
     """Tell whether X is a scipy.sparse matrix or array (this module never imports scipy)."""
     sparse = sys.modules.get("scipy.sparse")
     return sparse is not None and bool(sparse.issparse(X))
-
-
-def _check_float(name: str, value: Any, *, low: float, strict: bool) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise InvalidParameterError(f"{name} must be a real number, got {value!r}")
-    value = float(value)
-    if not math.isfinite(value) or (value <= low if strict else value < low):
-        raise InvalidParameterError(f"{name} must be {'>' if strict else '>='} {low:g} and finite, got {value!r}")
-    return value
 
 
 def _sigmoid(z: np.ndarray) -> np.ndarray:

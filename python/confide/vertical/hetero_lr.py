@@ -109,7 +109,6 @@ Caveats
 from __future__ import annotations
 
 import math
-import numbers
 import secrets
 import time
 from collections.abc import Sequence
@@ -119,6 +118,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from confide import _native
+from confide._checks import check_int as _check_int
+from confide._checks import check_real as _check_real
 from confide.crypto import gpu
 from confide.crypto.ints import centered
 from confide.errors import ConfideError, EncodingError, InvalidParameterError, ProtocolError
@@ -154,24 +155,6 @@ _SHARED = ("epochs", "batch_size", "seed", "fixed_point_bits")
 
 
 # ------------------------------------------------------------------------------ parameters
-
-
-def _check_real(name: str, value: Any, *, low: float, strict: bool) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise InvalidParameterError(f"{name} must be a real number, got {value!r}")
-    value = float(value)
-    if not math.isfinite(value) or (value <= low if strict else value < low):
-        raise InvalidParameterError(f"{name} must be {'>' if strict else '>='} {low:g} and finite, got {value!r}")
-    return value
-
-
-def _check_int(name: str, value: Any, low: int, high: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise InvalidParameterError(f"{name} must be an integer, got {value!r}")
-    value = int(value)
-    if not low <= value <= high:
-        raise InvalidParameterError(f"{name} must be in [{low}, {high}], got {value}")
-    return value
 
 
 @dataclass(frozen=True)

@@ -37,8 +37,9 @@ from confide.spec import JobSpec
 from confide.transport.client import AggregatorClient
 from confide.vertical import psi, wire
 from confide.vertical.channel import RelayChannel
+from confide.vertical.params import hetero_lr_params, hetero_nn_params, secureboost_params
 
-__all__ = ["evaluate", "hetero_nn_params", "run_vertical_party", "secureboost_params"]
+__all__ = ["evaluate", "run_vertical_party"]
 
 
 #: Fault injection (tests only): the party process exits abruptly when its protocol reaches this
@@ -53,74 +54,6 @@ class _ObservedChannel(RelayChannel):
     def _recv_raw(self, sender: str, key: str, timeout: float) -> bytes:
         self.hooks.message_waited(self.round)
         return super()._recv_raw(sender, key, timeout)
-
-
-def secureboost_params(spec: JobSpec):
-    """SecureBoost hyper-parameters of a job."""
-    from confide.vertical.secureboost import SecureBoostParams
-
-    m = spec.model
-    return SecureBoostParams(
-        objective=m.objective,
-        n_trees=spec.rounds,
-        max_depth=m.max_depth,
-        learning_rate=m.learning_rate,
-        reg_lambda=m.reg_lambda,
-        min_child_weight=m.min_child_weight,
-        gamma=m.gamma,
-        n_bins=m.n_bins,
-        key_bits=spec.protection.key_bits,
-        num_class=m.num_class,
-        validation_fraction=m.validation_fraction,
-        early_stopping_rounds=m.early_stopping_rounds,
-        seed=spec.seed,
-    )
-
-
-def hetero_lr_params(spec: JobSpec):
-    """Hetero LR hyper-parameters of a job."""
-    from confide.vertical.hetero_lr import HeteroLRParams
-
-    m = spec.model
-    return HeteroLRParams(
-        learning_rate=m.learning_rate,
-        epochs=spec.rounds,
-        batch_size=m.batch_size,
-        l2=m.l2,
-        optimizer=m.optimizer,
-        key_bits=spec.protection.key_bits,
-        seed=spec.seed,
-    )
-
-
-def _net(value, default):
-    """A hetero_nn sub-network as the job gives it: a layer list (as a tuple) or a mapping."""
-    if value is None:
-        return default
-    return dict(value) if isinstance(value, dict) else tuple(value)
-
-
-def hetero_nn_params(spec: JobSpec):
-    """Hetero NN hyper-parameters of a job (``rounds`` counts epochs)."""
-    from confide.vertical.hetero_nn import HeteroNNParams
-
-    m = spec.model
-    default = HeteroNNParams.__dataclass_fields__
-    return HeteroNNParams(
-        objective=m.objective,
-        num_class=m.num_class,
-        epochs=spec.rounds,
-        batch_size=m.batch_size,
-        learning_rate=m.learning_rate,
-        interactive_learning_rate=m.interactive_learning_rate,
-        guest_bottom=_net(m.guest_bottom, default["guest_bottom"].default),
-        host_bottom=_net(m.host_bottom, default["host_bottom"].default),
-        top=_net(m.top, ()),
-        interactive_units=m.interactive_units,
-        interactive_activation=m.interactive_activation,
-        key_bits=spec.protection.key_bits,
-        seed=spec.seed,
-    )
 
 
 def evaluate(objective: str, y: np.ndarray, predictions: np.ndarray) -> dict:

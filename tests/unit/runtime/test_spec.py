@@ -190,7 +190,7 @@ def _vertical(model: dict) -> dict:
 def test_hetero_nn_job_files_parse_and_bad_layers_name_the_field():
     spec = load_job(EXAMPLE.parent / "breast_cancer_hetero_nn.yaml")
     assert spec.vertical and spec.model.algorithm == "hetero_nn" and spec.model.interactive_units == 8
-    from confide.vertical.runner import hetero_nn_params
+    from confide.vertical.params import hetero_nn_params
 
     params = hetero_nn_params(spec)
     assert params.epochs == spec.rounds and params.top_net.layers == ((4, "relu"),)

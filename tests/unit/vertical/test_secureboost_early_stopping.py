@@ -147,7 +147,7 @@ def test_bad_validation_settings_are_named():
     spec = JobSpec.model_validate(
         {**base, "model": {"algorithm": "secureboost", "validation_fraction": 0.2, "early_stopping_rounds": 2}}
     )
-    from confide.vertical.runner import secureboost_params
+    from confide.vertical.params import secureboost_params
 
     params = secureboost_params(spec)
     assert (params.validation_fraction, params.early_stopping_rounds, params.seed) == (0.2, 2, spec.seed)
