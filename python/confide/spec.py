@@ -33,6 +33,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from confide.errors import InvalidParameterError
+from confide.ml import MODELS
+from confide.ml.strategies import STRATEGIES
+from confide.protect import MODES
 
 __all__ = [
     "DataSpec",
@@ -55,6 +58,13 @@ class _Strict(BaseModel):
 
 
 Backend = Literal["jax", "torch", "tensorflow"]
+#: Algorithms whose parties hold columns of the same records (confide.vertical); the horizontal
+#: ones are the plug-ins of confide.ml.MODELS.
+VERTICAL_ALGORITHMS = ("hetero_lr", "secureboost", "hetero_nn")
+# The names a job may use, declared once: by the registries (models, modes, strategies) and above.
+Algorithm = Literal[(*MODELS, *VERTICAL_ALGORITHMS)]  # type: ignore[valid-type]
+Mode = Literal[tuple(MODES)]  # type: ignore[valid-type]
+StrategyName = Literal[tuple(STRATEGIES)]  # type: ignore[valid-type]
 
 
 class ModelSpec(_Strict):
@@ -67,7 +77,7 @@ class ModelSpec(_Strict):
     ``hetero_lr``, ``secureboost`` and ``hetero_nn``; for those, ``rounds`` counts epochs or trees.
     """
 
-    algorithm: Literal["homo_lr", "keras", "custom", "hetero_lr", "secureboost", "hetero_nn"] = "homo_lr"
+    algorithm: Algorithm = "homo_lr"
     learning_rate: float = Field(0.1, gt=0, le=100)
     local_epochs: int = Field(1, ge=1, le=1000)
     #: Rows per mini-batch; 0 (``homo_lr`` only): full batch, one step per local epoch over every
@@ -144,7 +154,7 @@ def default_threshold(parties: int) -> int:
 class ProtectionSpec(_Strict):
     """Protection mode and its parameters (docs/runtime.md has the threat model of each)."""
 
-    mode: Literal["plain", "secagg", "paillier", "groupmask", "tee", "threshold"] = "paillier"
+    mode: Mode = "paillier"
     key_bits: Literal[2048, 3072, 4096] = 2048
     bits: int = Field(16, ge=2, le=32)
     clipping: Literal["daciq", "max"] = "daciq"
@@ -230,7 +240,7 @@ class PrivacySpec(_Strict):
 class StrategySpec(_Strict):
     """How the sum of the parties' changes becomes the next global model (:mod:`confide.ml.strategies`)."""
 
-    name: Literal["fedavg", "fedprox", "fedadam"] = "fedavg"
+    name: StrategyName = "fedavg"
     #: fedprox: weight of the proximal term.
     mu: float = Field(0.01, gt=0, le=1000)
     #: fedadam: server-side step size and moments.
@@ -574,9 +584,6 @@ class JobSpec(_Strict):
         """Party -> dataset name under FL_Data (empty for the embedded data)."""
         fl_data = self.fl_data_object()
         return fl_data.datasets() if fl_data is not None else {}
-
-
-VERTICAL_ALGORITHMS = ("hetero_lr", "secureboost", "hetero_nn")
 
 
 def _fl_data_of(value: dict):

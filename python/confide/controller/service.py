@@ -56,7 +56,7 @@ from confide.errors import (
     PermissionDeniedError,
 )
 from confide.reports import METRIC_KEYS, Failure
-from confide.spec import JobSpec, parse_job
+from confide.spec import VERTICAL_ALGORITHMS, JobSpec, parse_job
 
 __all__ = ["Caller", "Controller", "certificate_digest"]
 
@@ -1730,7 +1730,7 @@ def _light_changes(participant: Participant, session: JobSession, report: dict) 
 
 
 #: Algorithms whose parties hold columns; their aggregator relays and checkpoints nothing.
-VERTICAL = ("hetero_lr", "secureboost", "hetero_nn")
+VERTICAL = VERTICAL_ALGORITHMS
 
 
 def _shown_status(participant: Participant, session: JobSession, relay_only: bool) -> str:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from confide.agent import RunState, runtime_job_id
 from confide.reports import PartyReport, PartyResult, VerticalPartyReport, round_metrics
+from confide.spec import VERTICAL_ALGORITHMS
 
 __all__ = ["PartyWorker"]
 
@@ -261,6 +262,6 @@ def _last_round(report: dict) -> int:
 
 def _result(report: dict) -> dict:
     """The :class:`PartyResult` of a completed report (what the controller stores and serves)."""
-    if report.get("algorithm") in ("hetero_lr", "secureboost", "hetero_nn"):
+    if report.get("algorithm") in VERTICAL_ALGORITHMS:
         return PartyResult.of_vertical(VerticalPartyReport.model_validate(report)).model_dump(mode="json")
     return PartyResult.of(PartyReport.model_validate(report)).model_dump(mode="json")
