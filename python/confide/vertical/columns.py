@@ -32,6 +32,7 @@ import numpy as np
 
 from confide.compute.partitions import Partition, PartitionTask, read_partition
 from confide.errors import InvalidParameterError, ProtocolError
+from confide.vertical.histograms import combine_histograms, node_histograms, received_gradients
 
 __all__ = ["ColumnRows", "ColumnView", "PartitionedColumns"]
 
@@ -151,16 +152,9 @@ class ColumnRows:
 
     def set_gradients(self, name: str, public_key: bytes, gh: bytes) -> int:
         """Keep the tree's encrypted gradients of the view's rows (``gh``: theirs, in view order)."""
-        from confide import _native
-
         view = self._view(name, "bins")
-        if view.get("key_bytes") != public_key:
-            view["key"], view["key_bytes"] = _native.EncryptionKey.from_bytes(public_key), public_key
-        vector = _native.CiphertextVector.from_bytes(gh, view["key"])
-        if len(vector) != len(view["rows"]):
-            raise ProtocolError(f"partition {self.index}: {len(vector)} ciphertexts for {len(view['rows'])} rows")
-        view["gh"] = vector
-        return len(vector)
+        view["gh"] = received_gradients(view, public_key, gh, len(view["rows"]), f"partition {self.index}")
+        return len(view["gh"])
 
     def layer(
         self, name: str, node_of_row: np.ndarray, nodes: list[int], n_bins: int
@@ -169,9 +163,8 @@ class ColumnRows:
         from confide.vertical.secureboost import counts_histogram
 
         view = self._view(name, "bins", "gh")
-        bins, gh = view["bins"], view["gh"]
-        members = [np.flatnonzero(node_of_row == node).astype(np.uint32) for node in nodes]
-        hists = [gh.histogram(bins, rows, n_bins, 1).to_bytes() for rows in members]
+        bins = view["bins"]
+        hists, members = node_histograms(view["gh"], bins, node_of_row, nodes, n_bins)
         counts = np.stack([counts_histogram(bins, rows, n_bins) for rows in members]).astype(np.int64)
         return hists, counts
 
@@ -380,15 +373,10 @@ class ColumnView:
 
     def layer(self, node_of_row: np.ndarray, nodes: list[int], n_bins: int, key, threads: int = 0):
         """The nodes' encrypted histograms (products over holders) and their row counts."""
-        from confide import _native
-
         node_of_row = np.asarray(node_of_row, dtype=np.int32)
         args = [(self.name, node_of_row[m], list(nodes), n_bins) for m in self.members]
         parts = self._call_each("layer", args)
-        hists = [
-            _native.CiphertextVector.sum([_native.CiphertextVector.from_bytes(p[0][i], key) for p in parts], threads)
-            for i in range(len(nodes))
-        ]
+        hists = combine_histograms([p[0] for p in parts], key, len(nodes), threads)
         return hists, np.sum([p[1] for p in parts], axis=0)
 
     def lefts(self, node_of_row: np.ndarray, decisions: np.ndarray) -> list[np.ndarray]:

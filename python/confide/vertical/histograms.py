@@ -17,7 +17,42 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["HistogramRows", "HostHistograms"]
+__all__ = ["HistogramRows", "HostHistograms", "combine_histograms", "node_histograms", "received_gradients"]
+
+
+def received_gradients(cache: dict, public_key: bytes, gh: bytes, rows: int, where: str):
+    """The guest's ciphertexts ``gh`` of a holder's ``rows`` rows, under its public key.
+
+    ``cache`` keeps the parsed key (``key``, ``key_bytes``) between trees: it changes only with
+    the job. Shared by the row-range holders here and the partition holders
+    (:mod:`confide.vertical.columns`).
+    """
+    from confide import _native
+    from confide.errors import ProtocolError
+
+    if cache.get("key_bytes") != public_key:
+        cache["key"], cache["key_bytes"] = _native.EncryptionKey.from_bytes(public_key), public_key
+    vector = _native.CiphertextVector.from_bytes(gh, cache["key"])
+    if len(vector) != rows:
+        raise ProtocolError(f"{where}: {len(vector)} ciphertexts for {rows} rows")
+    return vector
+
+
+def node_histograms(gh, bins: np.ndarray, node_of_row: np.ndarray, nodes: list[int], n_bins: int):
+    """``(histograms, members)``: each node's encrypted histogram over a holder's rows, and its rows there."""
+    local = np.asarray(node_of_row)
+    members = [np.flatnonzero(local == node).astype(np.uint32) for node in nodes]
+    return [gh.histogram(bins, rows, n_bins, 1).to_bytes() for rows in members], members
+
+
+def combine_histograms(parts: list[list[bytes]], key, count: int, threads: int = 0) -> list:
+    """One CiphertextVector per node: the product of every holder's histogram of it (exact)."""
+    from confide import _native
+
+    return [
+        _native.CiphertextVector.sum([_native.CiphertextVector.from_bytes(part[i], key) for part in parts], threads)
+        for i in range(count)
+    ]
 
 
 class HistogramRows:
@@ -26,8 +61,7 @@ class HistogramRows:
     def __init__(self, bins: np.ndarray, start: int) -> None:
         self.bins = np.ascontiguousarray(bins, dtype=np.uint8)
         self.start, self.stop = int(start), int(start) + self.bins.shape[1]
-        self.key: Any = None
-        self.key_bytes = b""
+        self.keys: dict = {}
         self.gh: Any = None
 
     def pid(self) -> int:
@@ -36,17 +70,10 @@ class HistogramRows:
 
     def set_gradients(self, public_key: bytes, gh: bytes) -> int:
         """Keep the tree's encrypted gradients of this range's rows (``gh``: their ciphertexts)."""
-        from confide import _native
-
-        if public_key != self.key_bytes:
-            self.key, self.key_bytes = _native.EncryptionKey.from_bytes(public_key), public_key
-        gh = _native.CiphertextVector.from_bytes(gh, self.key)
-        if len(gh) != self.stop - self.start:
-            from confide.errors import ProtocolError
-
-            raise ProtocolError(f"rows {self.start}..{self.stop}: got {len(gh)} ciphertexts")
-        self.gh = gh
-        return len(gh)
+        self.gh = received_gradients(
+            self.keys, public_key, gh, self.stop - self.start, f"rows {self.start}..{self.stop}"
+        )
+        return len(self.gh)
 
     def histograms(self, node_of_row: np.ndarray, nodes: list[int], n_bins: int) -> list[bytes]:
         """Encrypted histogram of each node over this range's rows (``node_of_row``: theirs)."""
@@ -54,11 +81,7 @@ class HistogramRows:
             from confide.errors import ProtocolError
 
             raise ProtocolError(f"rows {self.start}..{self.stop} hold no encrypted gradients (restarted)")
-        local = np.asarray(node_of_row)
-        return [
-            self.gh.histogram(self.bins, np.flatnonzero(local == node).astype(np.uint32), n_bins, 1).to_bytes()
-            for node in nodes
-        ]
+        return node_histograms(self.gh, self.bins, node_of_row, nodes, n_bins)[0]
 
 
 class HostHistograms:
@@ -81,7 +104,6 @@ class HostHistograms:
         A holder whose worker died was built again without the tree's gradients: they are sent
         once more and the layer asked again.
         """
-        from confide import _native
         from confide.errors import ProtocolError
 
         node_of_row = np.asarray(node_of_row, dtype=np.int32)
@@ -91,10 +113,7 @@ class HostHistograms:
         except ProtocolError:
             self.holders.call_each("set_gradients", self._gradients)
             parts = self.holders.call_each("histograms", args)
-        return [
-            _native.CiphertextVector.sum([_native.CiphertextVector.from_bytes(p[i], key) for p in parts])
-            for i in range(len(nodes))
-        ]
+        return combine_histograms(parts, key, len(nodes))
 
     def close(self) -> None:
         """Release the holders."""
