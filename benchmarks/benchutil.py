@@ -170,3 +170,47 @@ def crypto_floor(costs: dict, parties: int, values: int, cores: int | None = Non
     ciphertexts = -(-values // costs["values_per_ciphertext"])
     cores = cores or os.cpu_count() or 1
     return ciphertexts, (parties * costs["encrypt"] + costs["decrypt"]) * ciphertexts / cores
+
+
+def print_costs(costs: dict) -> None:
+    """Print :func:`per_ciphertext_costs` as the benches do."""
+    print(
+        f"one core, 2048-bit key: {costs['values_per_ciphertext']} values per ciphertext, encrypt "
+        f"{costs['encrypt'] * 1e3:.3f} ms and decrypt {costs['decrypt'] * 1e3:.3f} ms per ciphertext"
+    )
+
+
+def crypto_bound(
+    name: str,
+    plain_seconds: float,
+    costs: dict,
+    parties: int,
+    values: int,
+    params: dict,
+    cores: int | None = None,
+) -> tuple[dict, dict]:
+    """The ``<name>`` record of the crypto bound on a paillier round, and its figures.
+
+    The record's value is the bound as a ratio to plain: plain + :func:`crypto_floor`, over plain.
+    ``cores`` (recorded when given): the shared cores the floor divides by. Returns the record and
+    ``{"floor", "ciphertexts", "crypto_seconds"}`` for the bench's note.
+    """
+    ciphertexts, crypto_seconds = crypto_floor(costs, parties, values, cores)
+    floor = plain_seconds + crypto_seconds
+    bound = record(
+        name,
+        floor,
+        "ratio",
+        "plain",
+        plain_seconds,
+        {
+            **params,
+            "ciphertexts_per_party": ciphertexts,
+            "encrypt_ms": round(costs["encrypt"] * 1e3, 4),
+            "decrypt_ms": round(costs["decrypt"] * 1e3, 4),
+            **({"cores": cores} if cores is not None else {}),
+            "crypto_floor_seconds": round(crypto_seconds, 4),
+        },
+    )
+    bound["value"] = bound["ratio"]
+    return bound, {"floor": floor, "ciphertexts": ciphertexts, "crypto_seconds": crypto_seconds}

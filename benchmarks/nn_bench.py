@@ -51,10 +51,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchutil import (  # noqa: E402
-    crypto_floor,
+    crypto_bound,
     machine,
     per_ciphertext_costs,
     phe_per_value,
+    print_costs,
     record,
     results_table,
     write,
@@ -237,24 +238,9 @@ def iteration_records(model: str, measured: dict, per_value: dict, costs: dict, 
             params,
         )
         out.append(versus)
-        ciphertexts, crypto_seconds = crypto_floor(costs, m, n)
-        floor = plain["seconds"] + crypto_seconds
-        bound = record(
-            f"nn.{model}.paillier.bound_vs_plain",
-            floor,
-            "ratio",
-            "plain",
-            plain["seconds"],
-            {
-                **params,
-                "ciphertexts_per_party": ciphertexts,
-                "encrypt_ms": round(costs["encrypt"] * 1e3, 4),
-                "decrypt_ms": round(costs["decrypt"] * 1e3, 4),
-                "crypto_floor_seconds": round(crypto_seconds, 4),
-            },
-        )
-        bound["value"] = bound["ratio"]
+        bound, figures = crypto_bound(f"nn.{model}.paillier.bound_vs_plain", plain["seconds"], costs, m, n, params)
         out.append(bound)
+        floor, ciphertexts = figures["floor"], figures["ciphertexts"]
         notes.append(
             f"{model}: the crypto alone ({m} x {ciphertexts:,} encryptions + {ciphertexts:,} decryptions on the "
             f"shared cores) bounds paillier at {floor:.3f} s = {floor / plain['seconds']:.2f}x plain; measured "
@@ -293,10 +279,7 @@ def main() -> None:
         "baseline is scaled linearly from these"
     )
     costs = per_ciphertext_costs(len(PARTIES))
-    print(
-        f"one core, 2048-bit key: {costs['values_per_ciphertext']} values per ciphertext, encrypt "
-        f"{costs['encrypt'] * 1e3:.3f} ms and decrypt {costs['decrypt'] * 1e3:.3f} ms per ciphertext"
-    )
+    print_costs(costs)
     with tempfile.TemporaryDirectory(prefix="confide-nn-bench-") as directory:
         workdir = Path(directory)
         for model in args.models.split(","):

@@ -50,10 +50,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchutil import (  # noqa: E402
-    crypto_floor,
+    crypto_bound,
     machine,
     per_ciphertext_costs,
     phe_per_value,
+    print_costs,
     record,
     results_table,
     write,
@@ -225,10 +226,7 @@ def main() -> None:
             f"decrypt {per_value['decrypt'] * 1e3:.2f} ms; the per-value baseline is scaled linearly from these"
         )
         costs = per_ciphertext_costs(len(PARTIES))
-        print(
-            f"one core, 2048-bit key: {costs['values_per_ciphertext']} values per ciphertext, encrypt "
-            f"{costs['encrypt'] * 1e3:.3f} ms and decrypt {costs['decrypt'] * 1e3:.3f} ms per ciphertext"
-        )
+        print_costs(costs)
         for shape in args.shapes.split(","):
             runs: dict[str, list[dict]] = {mode: [] for mode in args.modes.split(",")}
             for repeat in range(args.repeats):
@@ -300,26 +298,11 @@ def shape_records(shape: str, measured: dict, per_value: dict, costs: dict, args
         )
         out[-1]["ratio"] = out[-1]["value"]
         cores = os.cpu_count() or 1
-        ciphertexts, crypto_seconds = crypto_floor(costs, m, n, cores)
-        floor = plain["seconds"] + crypto_seconds
-        out.append(
-            record(
-                f"runtime.paillier.{shape}.bound_vs_plain",
-                floor,
-                "ratio",
-                "plain",
-                plain["seconds"],
-                {
-                    **params,
-                    "ciphertexts_per_party": ciphertexts,
-                    "encrypt_ms": round(costs["encrypt"] * 1e3, 4),
-                    "decrypt_ms": round(costs["decrypt"] * 1e3, 4),
-                    "cores": cores,
-                    "crypto_floor_seconds": round(crypto_seconds, 4),
-                },
-            )
+        bound, figures = crypto_bound(
+            f"runtime.paillier.{shape}.bound_vs_plain", plain["seconds"], costs, m, n, params, cores
         )
-        out[-1]["value"] = out[-1]["ratio"]
+        out.append(bound)
+        floor, ciphertexts = figures["floor"], figures["ciphertexts"]
         notes.append(
             f"shape {shape}: paillier {paillier['seconds']:.3f} s = "
             f"{paillier['seconds'] / plain['seconds']:.2f}x plain "
