@@ -6,51 +6,19 @@ use crate::keys::{DecryptionKey, EncryptionKey};
 use crate::mont::pad;
 use crate::ops::{check_ciphertext, Ciphertext, Randomizer};
 use rayon::prelude::*;
-use rayon::{ThreadPool, ThreadPoolBuilder};
 use rug::integer::Order;
 use rug::Integer;
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
 
 /// Largest thread count accepted by [`with_threads`].
-pub const MAX_THREADS: usize = 256;
+pub const MAX_THREADS: usize = confide_pool::MAX_THREADS;
 
-/// Runs `work` on a rayon pool of `threads` threads (0 = one per core). Pools are
-/// created once per size and reused, so calling this per operation is cheap.
+/// Runs `work` on the workspace's shared rayon pool of `threads` threads (0 = one per core;
+/// `confide-pool`: one registry for every crate, reused per size).
 ///
 /// # Errors
 /// `InvalidParameter` if `threads` > `MAX_THREADS` or the pool cannot start.
 pub fn with_threads<R: Send>(threads: usize, work: impl FnOnce() -> R + Send) -> Result<R> {
-    if threads > MAX_THREADS {
-        return Err(invalid("threads", format!("must be at most {MAX_THREADS}, got {threads}")));
-    }
-    let threads = if threads == 0 { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { threads };
-    // Keyed by process id too: after fork() the child has none of the parent's
-    // worker threads, so reusing a parent pool would block forever. A one-thread
-    // request gets a pool per calling thread: callers that each ask for one core
-    // (slices encoded side by side) must not queue behind each other on a shared one.
-    type Pools = HashMap<(u32, usize, Option<std::thread::ThreadId>), Arc<ThreadPool>>;
-    static POOLS: OnceLock<Mutex<Pools>> = OnceLock::new();
-    let caller = (threads == 1).then(|| std::thread::current().id());
-    let key = (std::process::id(), threads, caller);
-    let pool = {
-        let mut pools = POOLS.get_or_init(Default::default).lock().map_err(|_| invalid("threads", "thread pool registry poisoned"))?;
-        match pools.get(&key) {
-            Some(pool) => Arc::clone(pool),
-            None => {
-                let pool = Arc::new(
-                    ThreadPoolBuilder::new()
-                        .num_threads(threads)
-                        .thread_name(|i| format!("confide-he-{i}"))
-                        .build()
-                        .map_err(|e| invalid("threads", e.to_string()))?,
-                );
-                pools.insert(key, Arc::clone(&pool));
-                pool
-            }
-        }
-    };
-    Ok(pool.install(work))
+    confide_pool::with_threads(threads, work).map_err(|e| invalid("threads", e.to_string()))
 }
 
 /// Work unit of the vector forms: the 8 lanes of the IFMA engine.

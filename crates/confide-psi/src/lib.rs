@@ -23,10 +23,7 @@ use curve25519_dalek::ristretto::{CompressedRistretto, RistrettoPoint};
 use curve25519_dalek::scalar::Scalar;
 use curve25519_dalek::traits::Identity;
 use rayon::prelude::*;
-use rayon::{ThreadPool, ThreadPoolBuilder};
 use sha2::{Digest, Sha256, Sha512};
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
 use zeroize::Zeroize;
 
 #[cfg(target_arch = "x86_64")]
@@ -41,7 +38,7 @@ pub const TAG_DOMAIN: &[u8] = b"confide-psi-tag";
 /// Longest domain-separation tag accepted by [`hash_to_group`].
 pub const MAX_DST_BYTES: usize = 1024;
 /// Largest thread count accepted by [`with_threads`].
-pub const MAX_THREADS: usize = 256;
+pub const MAX_THREADS: usize = confide_pool::MAX_THREADS;
 /// Elements per batch of the parallel loops (and per batched compression).
 const CHUNK: usize = 512;
 
@@ -91,40 +88,14 @@ fn invalid(field: &'static str, reason: impl Into<String>) -> Error {
     Error::InvalidParameter { field, reason: reason.into() }
 }
 
-/// Runs `work` on a rayon pool of `threads` threads (0 = one per core). Pools are
-/// created once per size (and per process, so a forked child builds its own) and reused.
+/// Runs `work` on the workspace's shared rayon pool of `threads` threads (0 = one per core;
+/// `confide-pool`: the same registry the Paillier vector forms use, so blinding and encrypting
+/// at once share cores instead of stacking two pools on them).
 ///
 /// # Errors
 /// `InvalidParameter` if `threads` > [`MAX_THREADS`] or the pool cannot start.
 pub fn with_threads<R: Send>(threads: usize, work: impl FnOnce() -> R + Send) -> Result<R> {
-    if threads > MAX_THREADS {
-        return Err(invalid("threads", format!("must be at most {MAX_THREADS}, got {threads}")));
-    }
-    let threads = if threads == 0 { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { threads };
-    // A one-thread request gets a pool per calling thread, so parties running side by side
-    // in one process (tests, benchmarks) do not queue behind each other.
-    type Pools = HashMap<(u32, usize, Option<std::thread::ThreadId>), Arc<ThreadPool>>;
-    static POOLS: OnceLock<Mutex<Pools>> = OnceLock::new();
-    let caller = (threads == 1).then(|| std::thread::current().id());
-    let key = (std::process::id(), threads, caller);
-    let pool = {
-        let mut pools = POOLS.get_or_init(Default::default).lock().map_err(|_| invalid("threads", "thread pool registry poisoned"))?;
-        match pools.get(&key) {
-            Some(pool) => Arc::clone(pool),
-            None => {
-                let pool = Arc::new(
-                    ThreadPoolBuilder::new()
-                        .num_threads(threads)
-                        .thread_name(|i| format!("confide-psi-{i}"))
-                        .build()
-                        .map_err(|e| invalid("threads", e.to_string()))?,
-                );
-                pools.insert(key, Arc::clone(&pool));
-                pool
-            }
-        }
-    };
-    Ok(pool.install(work))
+    confide_pool::with_threads(threads, work).map_err(|e| invalid("threads", e.to_string()))
 }
 
 /// A list of byte-string ids: one flat buffer and `n + 1` offsets (id i is
