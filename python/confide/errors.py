@@ -24,6 +24,7 @@ __all__ = [
     "MessageTimeoutError",
     "NotFoundError",
     "PermissionDeniedError",
+    "ServerStartError",
     "ProtocolError",
     "RateLimitedError",
     "ResourceLimitError",
@@ -100,6 +101,10 @@ class TransportError(ConfideError):
 
 class TransportUnavailableError(TransportError):
     """The peer cannot be reached now (down, restarting, network); retrying may succeed."""
+
+
+class ServerStartError(TransportError, OSError):
+    """A server of this process could not start (its address is taken, TLS setup failed); an OSError too."""
 
 
 class PermissionDeniedError(TransportError):

@@ -2,7 +2,7 @@
 //! of `confide-agg`. Batches travel as bytes (indices and lengths as little-endian
 //! uint32 arrays, payloads concatenated); every push and benchmark releases the GIL.
 
-use crate::errors::{invalid, python_error};
+use crate::errors::{invalid, to_py};
 use crate::PyEncryptionKey;
 use confide_agg::{DataPlane, Enclave, Kind, RoundSpec, SimulatedEnclave, TeeRound};
 use numpy::{PyReadonlyArray1, PyReadwriteArray1};
@@ -24,18 +24,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     Ok(())
 }
 
-/// Maps a data-plane error to the `confide.errors` class (input errors are ValueErrors).
-pub(crate) fn agg_error(error: confide_agg::Error) -> PyErr {
-    use confide_agg::Error as E;
-    let name = match &error {
-        E::InvalidParameter { .. } | E::Slice { .. } | E::UnknownRound { .. } | E::Batch(_) => "InvalidParameterError",
-        E::Malformed { .. } | E::Paillier { .. } => "WireFormatError",
-        E::Crypto(_) => "CryptoError",
-        _ => "ConfideError",
-    };
-    python_error(name, error.to_string())
-}
-
 fn u32s(field: &'static str, bytes: &[u8]) -> PyResult<Vec<u32>> {
     let (words, rest) = bytes.as_chunks::<4>();
     if !rest.is_empty() {
@@ -55,7 +43,7 @@ impl PySimulatedEnclave {
     #[new]
     #[pyo3(signature = (workers = 0))]
     fn new(workers: usize) -> PyResult<Self> {
-        Ok(PySimulatedEnclave { inner: Arc::new(SimulatedEnclave::new(workers).map_err(agg_error)?) })
+        Ok(PySimulatedEnclave { inner: Arc::new(SimulatedEnclave::new(workers).map_err(to_py)?) })
     }
     #[getter]
     fn workers(&self) -> usize {
@@ -74,7 +62,7 @@ impl PySimulatedEnclave {
         Ok(d)
     }
     fn provision(&self, session: &str, wrapped_key: &[u8]) -> PyResult<()> {
-        self.inner.provision(session, wrapped_key).map_err(agg_error)
+        self.inner.provision(session, wrapped_key).map_err(to_py)
     }
 }
 
@@ -90,7 +78,7 @@ impl PyDataPlane {
     #[pyo3(signature = (workers = 0, max_staged_bytes = 256 << 20, spill_dir = None, enclave = None))]
     fn new(workers: usize, max_staged_bytes: usize, spill_dir: Option<String>, enclave: Option<&PySimulatedEnclave>) -> PyResult<Self> {
         let enclave = enclave.map(|e| e.inner.clone() as Arc<dyn Enclave>);
-        let plane = DataPlane::new(workers, max_staged_bytes, spill_dir.map(Into::into), enclave).map_err(agg_error)?;
+        let plane = DataPlane::new(workers, max_staged_bytes, spill_dir.map(Into::into), enclave).map_err(to_py)?;
         Ok(PyDataPlane { inner: Arc::new(plane) })
     }
 
@@ -112,7 +100,7 @@ impl PyDataPlane {
         tee_attempt: u32,
         share: Option<(u32, u32, Vec<u32>)>,
     ) -> PyResult<()> {
-        let kind = Kind::parse(kind).map_err(agg_error)?;
+        let kind = Kind::parse(kind).map_err(to_py)?;
         let spec = RoundSpec {
             round_id,
             session_hash: confide_agg::session_hash(session),
@@ -126,24 +114,24 @@ impl PyDataPlane {
             tee: kind.is_tee().then(|| TeeRound { session: session.to_string(), round: tee_round, attempt: tee_attempt }),
         };
         let share = share.as_ref().map(|(s, n, owned)| (*s, *n, owned.as_slice()));
-        self.inner.open_round_share(spec, share).map_err(agg_error)
+        self.inner.open_round_share(spec, share).map_err(to_py)
     }
 
     /// Slices folded in per participant position.
     fn contributions(&self, round_id: u64) -> PyResult<Vec<u32>> {
-        self.inner.contributions(round_id).map_err(agg_error)
+        self.inner.contributions(round_id).map_err(to_py)
     }
 
     /// Checks and folds the slices of a serialized `PushMessage` (a batch or one slice) in
     /// place: the payload is not copied. Returns (accepted, duplicates, late, completed).
     fn push_message<'py>(&self, py: Python<'py>, round_id: u64, participant: u32, message: PyBackedBytes) -> PyResult<PushReply<'py>> {
-        let view = match confide_agg::parse_push(&message).map_err(agg_error)? {
+        let view = match confide_agg::parse_push(&message).map_err(to_py)? {
             confide_agg::PushBody::Slices(view) => view,
             _ => return Err(invalid("message", "carries no slices".to_string())),
         };
         let shared: confide_agg::node::SharedBytes = Arc::new(message);
         let inner = self.inner.clone();
-        let result = py.detach(move || inner.push_batch(round_id, participant, shared, &view)).map_err(agg_error)?;
+        let result = py.detach(move || inner.push_batch(round_id, participant, shared, &view)).map_err(to_py)?;
         Ok(push_reply(py, result))
     }
 
@@ -178,7 +166,7 @@ impl PyDataPlane {
         let batch: Arc<[u8]> = Arc::from(payload);
         let shared: confide_agg::node::SharedBytes = Arc::new(batch);
         let inner = self.inner.clone();
-        let result = py.detach(move || inner.push_batch(round_id, participant, shared, &view)).map_err(agg_error)?;
+        let result = py.detach(move || inner.push_batch(round_id, participant, shared, &view)).map_err(to_py)?;
         Ok(push_reply(py, result))
     }
 
@@ -188,23 +176,23 @@ impl PyDataPlane {
 
     fn close_round(&self, py: Python<'_>, round_id: u64) -> PyResult<()> {
         let inner = self.inner.clone();
-        py.detach(move || inner.close_round(round_id)).map_err(agg_error)
+        py.detach(move || inner.close_round(round_id)).map_err(to_py)
     }
 
     fn checkpoint_round<'py>(&self, py: Python<'py>, round_id: u64) -> PyResult<Bound<'py, PyBytes>> {
         let inner = self.inner.clone();
-        let blob = py.detach(move || inner.checkpoint_round(round_id)).map_err(agg_error)?;
+        let blob = py.detach(move || inner.checkpoint_round(round_id)).map_err(to_py)?;
         Ok(PyBytes::new(py, &blob))
     }
 
     fn restore_round(&self, py: Python<'_>, round_id: u64, blob: &[u8]) -> PyResult<()> {
         let inner = self.inner.clone();
-        py.detach(move || inner.restore_round(round_id, blob)).map_err(agg_error)
+        py.detach(move || inner.restore_round(round_id, blob)).map_err(to_py)
     }
 
     fn missing(&self, py: Python<'_>, round_id: u64) -> PyResult<Vec<(u32, Vec<u32>)>> {
         let inner = self.inner.clone();
-        py.detach(move || inner.missing(round_id)).map_err(agg_error)
+        py.detach(move || inner.missing(round_id)).map_err(to_py)
     }
 
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
@@ -228,7 +216,7 @@ impl PyDataPlane {
 
     fn reset_peak(&self, py: Python<'_>) -> PyResult<()> {
         let inner = self.inner.clone();
-        py.detach(move || inner.reset_peak()).map_err(agg_error)
+        py.detach(move || inner.reset_peak()).map_err(to_py)
     }
 }
 
@@ -237,7 +225,7 @@ impl PyDataPlane {
 fn agg_accumulate_f32(mut acc: PyReadwriteArray1<'_, f32>, x: PyReadonlyArray1<'_, f32>, w: f32) -> PyResult<()> {
     let x = x.as_slice().map_err(|_| invalid("x", "array must be contiguous"))?;
     let acc = acc.as_slice_mut().map_err(|_| invalid("acc", "array must be contiguous and writable"))?;
-    confide_agg::accumulate_f32(acc, x, w).map_err(agg_error)
+    confide_agg::accumulate_f32(acc, x, w).map_err(to_py)
 }
 
 /// Seconds for `iterations` folds of the `slices` (k × slice_len values) into one buffer.
@@ -251,7 +239,7 @@ fn agg_bench_primitive(
 ) -> PyResult<f64> {
     let slices = slices.as_slice().map_err(|_| invalid("slices", "array must be contiguous"))?;
     let weights = weights.as_slice().map_err(|_| invalid("weights", "array must be contiguous"))?;
-    py.detach(|| confide_agg::bench_primitive(slices, slice_len, weights, iterations)).map_err(agg_error)
+    py.detach(|| confide_agg::bench_primitive(slices, slice_len, weights, iterations)).map_err(to_py)
 }
 
 /// (accepted, duplicates, late, [(index, bytes)] of completed slices).
@@ -274,7 +262,7 @@ fn agg_parse_batch<'py>(
     py: Python<'py>,
     message: &[u8],
 ) -> PyResult<Option<(Bound<'py, PyBytes>, Bound<'py, PyBytes>, Bound<'py, PyBytes>, usize)>> {
-    let Some(view) = confide_agg::parse_batch(message).map_err(agg_error)? else { return Ok(None) };
+    let Some(view) = confide_agg::parse_batch(message).map_err(to_py)? else { return Ok(None) };
     Ok(Some((
         PyBytes::new(py, &le_words(&view.indices)),
         PyBytes::new(py, &le_words(&view.n_valid)),

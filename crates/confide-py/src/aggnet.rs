@@ -138,10 +138,7 @@ impl PyDataServer {
         let config = ServerConfig { address, cert_pem, key_pem, ca_pem, threads, max_message_bytes, stream_window_bytes };
         let control: Arc<dyn Control> = Arc::new(PyControl { object: control, observing });
         let plane = plane.inner.clone();
-        let server = py.detach(move || DataServer::start(config, plane, control)).map_err(|e| match e {
-            confide_aggnet::NetError::InvalidParameter { .. } => crate::errors::python_error("InvalidParameterError", e.to_string()),
-            confide_aggnet::NetError::Start(_) => pyo3::exceptions::PyOSError::new_err(e.to_string()),
-        })?;
+        let server = py.detach(move || DataServer::start(config, plane, control)).map_err(crate::errors::to_py)?;
         let port = server.port();
         Ok(PyDataServer { inner: Mutex::new(Some(server)), port })
     }

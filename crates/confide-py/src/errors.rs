@@ -1,6 +1,8 @@
-//! The one mapping from Rust errors to Python exceptions. The exception classes
-//! live in `confide/errors.py` (so they can also subclass `ValueError`); they are
-//! looked up once and cached.
+//! The one mapping from Rust errors to Python exceptions: every crate's error type
+//! converts into [`NativeError`], and [`class_name`] is the single table from its
+//! kinds to the `confide.errors` classes. The exception classes live in
+//! `confide/errors.py` (so they can also subclass `ValueError` or `OSError`); they
+//! are looked up once and cached.
 
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
@@ -12,6 +14,15 @@ pub enum NativeError {
     Paillier(confide_paillier::Error),
     Codec(confide_codec::Error),
     Psi(confide_psi::Error),
+    /// The aggregation data plane.
+    Agg(confide_agg::Error),
+    /// The data port (its server could not start, or a setting is out of range).
+    Net(confide_aggnet::NetError),
+    /// An argument the binding itself checks (shape, length, range).
+    InvalidArgument {
+        field: &'static str,
+        reason: String,
+    },
     /// A decrypted value is valid but outside int64.
     NotInt64 {
         index: usize,
@@ -32,6 +43,18 @@ impl From<confide_codec::Error> for NativeError {
 impl From<confide_psi::Error> for NativeError {
     fn from(error: confide_psi::Error) -> Self {
         NativeError::Psi(error)
+    }
+}
+
+impl From<confide_agg::Error> for NativeError {
+    fn from(error: confide_agg::Error) -> Self {
+        NativeError::Agg(error)
+    }
+}
+
+impl From<confide_aggnet::NetError> for NativeError {
+    fn from(error: confide_aggnet::NetError) -> Self {
+        NativeError::Net(error)
     }
 }
 
@@ -62,6 +85,20 @@ fn class_name(error: &NativeError) -> &'static str {
             confide_psi::Error::DuplicateTag { .. } => "ProtocolError",
             _ => "CryptoError",
         },
+        NativeError::Agg(e) => {
+            use confide_agg::Error as A;
+            match e {
+                A::InvalidParameter { .. } | A::Slice { .. } | A::UnknownRound { .. } | A::Batch(_) => "InvalidParameterError",
+                A::Malformed { .. } | A::Paillier { .. } => "WireFormatError",
+                A::Crypto(_) => "CryptoError",
+                _ => "ConfideError",
+            }
+        }
+        NativeError::Net(e) => match e {
+            confide_aggnet::NetError::InvalidParameter { .. } => "InvalidParameterError",
+            confide_aggnet::NetError::Start(_) => "ServerStartError",
+        },
+        NativeError::InvalidArgument { .. } => "InvalidParameterError",
         NativeError::NotInt64 { .. } => "EncodingError",
     }
 }
@@ -72,6 +109,9 @@ impl From<NativeError> for PyErr {
             NativeError::Paillier(e) => e.to_string(),
             NativeError::Codec(e) => e.to_string(),
             NativeError::Psi(e) => e.to_string(),
+            NativeError::Agg(e) => e.to_string(),
+            NativeError::Net(e) => e.to_string(),
+            NativeError::InvalidArgument { field, reason } => format!("invalid parameter {field}: {reason}"),
             NativeError::NotInt64 { index } => {
                 format!("decrypted value at index {index} does not fit in int64: use decrypt_integers for big plaintexts")
             }
@@ -79,6 +119,11 @@ impl From<NativeError> for PyErr {
         let name = class_name(&error);
         python_error(name, message)
     }
+}
+
+/// Any crate's error as the Python exception [`class_name`] picks (`.map_err(to_py)`).
+pub(crate) fn to_py(error: impl Into<NativeError>) -> PyErr {
+    error.into().into()
 }
 
 /// The `confide.errors` class `name` with `message` (RuntimeError if it cannot be imported).
@@ -98,5 +143,5 @@ pub(crate) fn python_error(name: &'static str, message: String) -> PyErr {
 
 /// Shorthand for a Python-side parameter error built in the binding itself.
 pub fn invalid(field: &'static str, reason: impl Into<String>) -> PyErr {
-    NativeError::Paillier(confide_paillier::Error::InvalidParameter { field, reason: reason.into() }).into()
+    NativeError::InvalidArgument { field, reason: reason.into() }.into()
 }
