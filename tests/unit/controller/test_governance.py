@@ -7,7 +7,6 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from confide.controller import service as service_module
 from confide.errors import DataAccessDeniedError, InvalidParameterError, NotFoundError, PermissionDeniedError
 
 from .conftest import ADMIN, DEV, OTHER_DEV, PARTIES, SCHEMA, dataset, job, party
@@ -107,7 +106,7 @@ def test_an_expired_grant_stops_the_session_at_the_next_sync(controller, fed, ru
     controller.grant(party("hospital-a"), dataset="records", developer="dev", expires_at=soon)
     assert controller.grants(party("hospital-a"))[0]["expires_at"] is not None
     later = datetime.now(timezone.utc) + timedelta(minutes=5)
-    monkeypatch.setattr(service_module, "utcnow", lambda: later)
+    monkeypatch.setattr(controller, "_now", lambda: later)
     controller._last_sweep = 0.0
     instruction = agents["hospital-a"].sync(token, run=1, status="running")
     assert instruction["command"] == "stop" and "expired" in instruction["reason"]

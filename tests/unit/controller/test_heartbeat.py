@@ -12,7 +12,7 @@ from sqlalchemy.orm.attributes import set_committed_value
 from confide.controller import service
 from confide.controller import store as store_module
 from confide.controller.service import _PARTICIPATIONS, Controller, _light_changes
-from confide.controller.store import Participant, Party, utcnow
+from confide.controller.store import JobSession, Participant, Party, utcnow
 from confide.errors import NotFoundError
 
 from .conftest import AGG, DEV, PARTIES, party
@@ -93,7 +93,8 @@ def test_an_agent_that_stops_heartbeating_is_shown_down_by_every_worker(store, w
     first._clock.now += 1
     first.sync(party(name), [])  # within the interval: held in memory only
     later = utcnow() + timedelta(seconds=first.alive_s + 1)
-    monkeypatch.setattr(service, "utcnow", lambda: later)
+    for controller in workers:
+        monkeypatch.setattr(controller, "_now", lambda: later)
     for controller in (first, second):
         row = _row(controller.parties(AGG), name)
         assert row["online"] is False
@@ -108,7 +109,8 @@ def test_an_agent_still_heartbeating_stays_up_between_writes(store, workers, mon
     # Heartbeats every second for longer than alive_s: the stored time never trails by more than the interval.
     for second_number in range(1, int(first.alive_s) + 10):
         now = start + timedelta(seconds=second_number)
-        monkeypatch.setattr(service, "utcnow", lambda now=now: now)
+        for controller in workers:
+            monkeypatch.setattr(controller, "_now", lambda now=now: now)
         first._clock.now += 1
         first.sync(party(name), [])
         assert _row(second.parties(AGG), name)["online"] is True
@@ -118,7 +120,8 @@ def test_a_stopped_aggregator_is_not_offered_to_a_new_job(store, workers, fed, m
     first, _ = workers
     first.sync(AGG, [])
     later = utcnow() + timedelta(seconds=first.alive_s + 1)
-    monkeypatch.setattr(service, "utcnow", lambda: later)
+    for controller in workers:
+        monkeypatch.setattr(controller, "_now", lambda: later)
     with pytest.raises(NotFoundError, match="aggregator is registered and alive"):
         fed.submit()
 
@@ -217,7 +220,7 @@ def test_light_changes(extra, light):
     participant = Participant(
         applied_seq=1, run=1, status="running", round=0, error="", failure={}, result={}, protection={}
     )
-    session = service.JobSession(run=1, head_seq=1, state="running")
+    session = JobSession(run=1, head_seq=1, state="running")
     changes = _light_changes(participant, session, {"session": "t", "applied_seq": 1, "run": 1, **extra})
     assert (changes is not None) is light
     if "round" in extra:
@@ -227,7 +230,7 @@ def test_light_changes(extra, light):
 
 def test_a_report_about_an_earlier_run_only_moves_the_applied_entry():
     participant = Participant(applied_seq=1, run=2, status="pending", round=0, error="", failure={}, result={})
-    session = service.JobSession(run=2, head_seq=3, state="running")
+    session = JobSession(run=2, head_seq=3, state="running")
     changes = _light_changes(participant, session, {"session": "t", "applied_seq": 3, "run": 1, "status": "failed"})
     assert changes == {"applied_seq": 3}
 
