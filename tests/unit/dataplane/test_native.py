@@ -193,3 +193,22 @@ def test_tee_key_wrapped_to_another_enclave_is_refused():
         ours.provision("job-v", wrapped)
     with pytest.raises(ValueError):
         ours.provision("job-w", wrapped)  # bound to its session too
+
+
+def test_a_data_port_that_cannot_listen_raises_a_confide_error_that_is_an_oserror():
+    import socket
+
+    from confide.errors import InvalidParameterError, ServerStartError, TransportError
+
+    class Control:
+        observing = False
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        address = f"127.0.0.1:{taken.getsockname()[1]}"
+        with pytest.raises(ServerStartError, match=f"cannot listen on {address}") as caught:
+            _native.DataServer(_native.DataPlane(1), Control(), address, b"cert", b"key", b"ca")
+    assert isinstance(caught.value, OSError) and isinstance(caught.value, TransportError)
+    with pytest.raises(InvalidParameterError, match="workers: must be at most"):
+        _native.DataPlane(10**6)
