@@ -33,7 +33,7 @@ from confide.crypto import BatchCryptCodec, DecryptionKey, FLBoosterCodec, encry
 from confide.crypto.threshold import PartialDecryption, ThresholdPublicKey  # noqa: E402
 from confide.ml.homo_lr import HomoLR  # noqa: E402
 from confide.ml.strategies import make_strategy  # noqa: E402
-from confide.party import runner  # noqa: E402
+from confide.party import checkpointing  # noqa: E402
 from confide.protect import threshold  # noqa: E402
 from confide.protect.base import pack_parts  # noqa: E402
 from confide.protect.keys import GroupCipher, PeerKeys, encode_fields  # noqa: E402
@@ -191,7 +191,7 @@ def checkpoint_files() -> list[bytes]:
         model.set_weights({"lr/coef": np.arange(4.0), "lr/intercept": np.array([0.5])})
         strategy = make_strategy("fedadam")
         strategy.load_state({"m": np.zeros(5), "v": np.ones(5)})
-        runner._checkpoint(Path(directory), party_checkpoint.ROUND, model, layout, strategy, ["a", "b"])
+        checkpointing.write_checkpoint(Path(directory), party_checkpoint.ROUND, model, layout, strategy, ["a", "b"])
         target = Path(directory) / f"round-{party_checkpoint.ROUND:06d}"
         seeds.append(framed(*((target / name).read_bytes() for name in party_checkpoint.FILES[:4])))
     flat = io.BytesIO()

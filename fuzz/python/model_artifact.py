@@ -14,8 +14,8 @@ from pathlib import Path
 import _common
 
 with _common.instrumented(__name__):
-    from confide.errors import InvalidParameterError
     from confide.artifact import ModelArtifact
+    from confide.errors import InvalidParameterError
     from confide.ml.homo_lr import HomoLR
 
 ALLOWED = (InvalidParameterError,)

@@ -1,4 +1,4 @@
-"""Fuzz target: a party resuming from a checkpoint on disk (``confide.party.runner._load_checkpoint``).
+"""Fuzz target: a party resuming from a checkpoint on disk (``confide.party.checkpointing.load_checkpoint``).
 
 The input is the checkpoint's files in 4-byte length frames: ``state.json``, ``weights.npz``,
 ``strategy.npz``, ``local.npz`` and (format 1) ``weights.npy``; missing frames are missing
@@ -19,7 +19,7 @@ with _common.instrumented(__name__):
     from confide.ml import WeightLayout
     from confide.ml.homo_lr import HomoLR, HomoLRModel
     from confide.ml.strategies import make_strategy
-    from confide.party import runner
+    from confide.party import checkpointing
 
 ALLOWED = (JobFailedError,)
 ROUND = 3
@@ -45,7 +45,7 @@ def fuzz_one(data: bytes) -> None:
     for name, content in zip(FILES, _common.frames(data), strict=False):
         (target / name).write_bytes(content)
     model, layout = model_and_layout()
-    runner._load_checkpoint(_directory[0], ROUND, model, layout, make_strategy("fedadam"))
+    checkpointing.load_checkpoint(_directory[0], ROUND, model, layout, make_strategy("fedadam"))
 
 
 if __name__ == "__main__":

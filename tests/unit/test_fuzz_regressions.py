@@ -161,15 +161,15 @@ def test_damaged_party_checkpoint_is_a_job_failed_error(files):
 
 
 def test_checkpoint_with_bad_strategy_state_is_a_job_failed_error(tmp_path):
-    from confide.party import runner
+    from confide.party import checkpointing
 
     model, layout = party_checkpoint.model_and_layout()
     good = make_strategy("fedadam")
-    runner._checkpoint(tmp_path, 3, model, layout, good, ["a"])
+    checkpointing.write_checkpoint(tmp_path, 3, model, layout, good, ["a"])
     target = tmp_path / checkpoints.round_name(3)
-    (target / "strategy.npz").write_bytes(runner._npz({"m": np.zeros(5)}))
+    (target / "strategy.npz").write_bytes(checkpointing.npz_bytes({"m": np.zeros(5)}))
     with pytest.raises(JobFailedError, match="fedadam state"):
-        runner._load_checkpoint(tmp_path, 3, model, layout, make_strategy("fedadam"))
+        checkpointing.load_checkpoint(tmp_path, 3, model, layout, make_strategy("fedadam"))
 
 
 def test_push_stream_that_is_not_protobuf_ends_with_invalid_argument():

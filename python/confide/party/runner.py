@@ -24,11 +24,9 @@ uninterrupted one would.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import logging
 import os
-import shutil
 import signal
 import threading
 import time
@@ -42,7 +40,6 @@ from confide import checkpoints as ckpt
 from confide.artifact import write_artifact
 from confide.compute.base import peak_rss_mb
 from confide.crypto.identity import Identity
-from confide.data import breast_cancer_federation, digits_federation, synthetic_lr, synthetic_tensors
 from confide.errors import (
     ConfideError,
     DataAccessDeniedError,
@@ -50,350 +47,36 @@ from confide.errors import (
     DataProblemError,
     InvalidParameterError,
     JobFailedError,
-    MessageTimeoutError,
     RoundAbortedError,
-    RoundClosedError,
     RunStoppedError,
-    TransportUnavailableError,
 )
 from confide.hooks import load_hooks
 from confide.ml import FitConfig, WeightLayout, build_model
+from confide.party.checkpointing import (
+    drop_later_checkpoints,
+    final_leaf,
+    load_checkpoint,
+    load_privacy,
+    save_model,
+    write_checkpoint,
+    write_ledger,
+)
+from confide.party.data import PARTITIONED_MODELS, PartyData, close_compute, load_party_data
 from confide.party.rejoin import Membership, request_rejoin
+from confide.party.upload import PartyExchange, RoundUpload, encode_workers
 from confide.protect import RoundContext, make_protection
 from confide.reports import Failure, ModelSummary, PartyReport, RoundReport
 from confide.spec import JobSpec
 from confide.transport.client import AGGREGATOR, CONTROL_ROUND, AggregatorClient
-from confide.transport.slicing import Paced, pipelined, slice_length_for
+from confide.transport.slicing import slice_length_for
 from confide.v1 import runtime_pb2 as pb
 
 __all__ = ["PartyExchange", "failure_of", "load_party_data", "report_failure", "run_party"]
 
 log = logging.getLogger("confide.party")
 MAX_WEIGHTS_IN_REPORT = 10_000
-#: Models whose own ``fit`` and ``evaluate`` take a :class:`~confide.compute.partitions.PartitionedData`
-#: (Homo LR: full-batch gradients per partition, summed); any other model of the seam trains on
-#: partitions through :class:`~confide.compute.parallel.DataParallel`.
-PARTITIONED_MODELS = ("homo_lr",)
 #: Observers of this process (CONFIDE_PARTY_HOOKS; confide.hooks).
 HOOKS = load_hooks()
-
-
-@dataclass
-class PartyData:
-    """One party's rows (and a test split when the data set gives one).
-
-    ``classes``: labels of the *job* (2 for binary, 10 for digits), which every party's model is
-    built for even where its own rows lack a class; 0 where the data cannot say (FL_Data with
-    more than two label values: the model's own output decides).
-    """
-
-    X: object
-    y: np.ndarray
-    X_test: object | None = None
-    y_test: np.ndarray | None = None
-    classes: int = 2
-    #: FL_Data only: the feature columns in order, and the statistics the pipeline fitted here.
-    feature_names: list[str] | None = None
-    fitted: list[dict] | None = None
-
-    @property
-    def example_shape(self) -> tuple[int, ...]:
-        """Shape of one example (features, or an image's height x width x channels)."""
-        return tuple(int(d) for d in self.X.shape[1:])
-
-
-def load_party_data(spec: JobSpec, party_id: str, catalog=None, compute=None) -> PartyData:
-    """Rows of ``party_id`` as the job provisions them: FL_Data over the party's catalog, or embedded.
-
-    A partitioned catalog dataset is held by ``compute`` (an open :class:`~confide.compute.LocalCompute`;
-    default inline): ``X`` and ``X_test`` are then :class:`~confide.compute.partitions.PartitionedData`
-    views (``y`` and ``y_test`` the same views: the labels stay with the rows).
-    """
-    if spec.fl_data is not None:
-        if catalog is None:
-            raise JobFailedError(f"the job provisions data as FL_Data but party {party_id!r} has no dataset catalog")
-        dataset = spec.fl_data_object().datasets()[party_id]
-        partitions = catalog.partitions(dataset)
-        if partitions is not None:
-            return _partitioned_data(spec, party_id, dataset, partitions, compute)
-        fl_data = spec.fl_data_object()
-        provisioned = fl_data.provision(party_id, catalog.table(fl_data.datasets()[party_id]))
-        labels = np.concatenate(
-            [np.ravel(provisioned.y), np.ravel(provisioned.y_test if provisioned.y_test is not None else [])]
-        )
-        # Binary labels are binary everywhere; more classes are the network's to declare (a party
-        # may lack the highest class), so 0: "as the model says".
-        classes = 2 if np.isin(labels, (0, 1)).all() else 0
-        return PartyData(
-            provisioned.X,
-            provisioned.y,
-            provisioned.X_test,
-            provisioned.y_test,
-            classes=classes,
-            feature_names=provisioned.feature_names,
-            fitted=provisioned.fitted,
-        )
-    index = spec.parties.index(party_id)
-    data = spec.data
-    if data.dataset in ("breast_cancer", "digits"):
-        make = breast_cancer_federation if data.dataset == "breast_cancer" else digits_federation
-        federation = make(
-            len(spec.parties), split=data.split, skew=data.skew, test_fraction=data.test_fraction, seed=data.seed
-        )
-        X, y = federation.parts[index]
-        # Every party evaluates the global model on the federation's held-out rows (no party trains on them).
-        X_test, y_test = federation.test
-        return PartyData(X, y, X_test, y_test, classes=10 if data.dataset == "digits" else 2)
-    if data.dataset == "tensors":
-        X, y, X_test, y_test = synthetic_tensors(
-            index,
-            len(spec.parties),
-            samples=data.samples,
-            example_shape=tuple(data.example_shape),
-            classes=data.classes,
-            sequence=data.sequence,
-            test_fraction=data.test_fraction,
-            seed=data.seed,
-        )
-        return PartyData(X, y, X_test, y_test, classes=data.classes)
-    X, y, X_test, y_test = synthetic_lr(
-        index,
-        len(spec.parties),
-        samples=data.samples,
-        features=data.features,
-        density=data.density,
-        alpha=data.alpha,
-        beta=data.beta,
-        seed=data.seed,
-        test_fraction=min(data.test_fraction, 0.5),
-    )
-    return PartyData(X, y, X_test, y_test)
-
-
-def _close_compute(engine, data: PartyData | None) -> None:
-    """Release a partitioned dataset's holders and the engine this party opened (never raises)."""
-    holders = getattr(getattr(data, "X", None), "holders", None)
-    for release in (getattr(holders, "close", None), getattr(engine, "close", None)):
-        if release is None:
-            continue
-        try:
-            release()
-        except Exception as error:  # noqa: BLE001 - the job's own outcome matters more than a cleanup
-            log.warning("releasing the compute engine failed: %s", error)
-
-
-def _partitioned_data(spec: JobSpec, party_id: str, dataset: str, partitions, compute) -> PartyData:
-    """Holders of a partitioned dataset on the party's engine, and the shape they report."""
-    from confide.compute import open_compute
-    from confide.compute.partitions import PartitionedData, PartitionRows, PartitionTask
-
-    fl_data = spec.fl_data_object()
-    fl_data.check_partitionable(party_id)  # here, so its message (the step) reaches the developer as is
-    engine = compute if compute is not None else open_compute("inline")
-    task = PartitionTask(party=party_id, dataset=dataset, fl_data=fl_data.to_dict())
-    holders = engine.hold(PartitionRows, [(task, partition) for partition in partitions])
-    try:
-        shapes = holders.call("shape")
-        labels = sorted({value for shape in shapes for value in shape["labels"]})
-        # Which processes hold the partitions (an operator's view; a restarted holder gets a new one).
-        where = {**engine.describe(), "partitions": holders.count, "holder_pids": holders.pids()}
-        train = PartitionedData(holders, shapes, "train", where)
-    except BaseException:
-        holders.close()
-        raise
-    test = train.view("test") if any(shape["test_rows"] for shape in shapes) else None
-    classes = 2 if set(labels) <= {0.0, 1.0} else 0
-    return PartyData(
-        train, train, test, test, classes=classes, feature_names=train.features, fitted=shapes[0]["fitted"]
-    )
-
-
-class RoundUpload:
-    """One attempt's upload: header first, slices once the scale is agreed; retried on reconnect."""
-
-    def __init__(self, client: AggregatorClient, header: pb.RoundHeader, produce, count: int, spec: JobSpec) -> None:
-        self._client = client
-        self._header = header
-        self._produce = produce
-        self._count = count
-        self._spec = spec
-        #: Slices produced so far, ``_cache[i].index == i``: a retried stream sends these again.
-        self._cache: list[pb.Slice] = []
-        #: Which push stream owns ``_cache`` (the newest); guarded by ``_lock``.
-        self._generation = 0
-        self._lock = threading.Lock()
-        self._ready = threading.Event()
-        self._cancelled = threading.Event()
-        self._thread: threading.Thread | None = None
-        self.error: BaseException | None = None
-        self.reply: pb.PushReply | None = None
-        self.seconds = 0.0
-
-    def start(self, key: bytes = b"", *, renew: bool = False) -> None:
-        """Begin (or begin again) uploading in a background thread; ``key`` goes into the header.
-
-        If the thread is still pushing, it goes on (its next stream carries ``key``); with
-        ``renew`` (the link to the aggregator broke and came back) its stream is moved to a fresh
-        connection first, since the one it is on may be half-open and would never fail by itself.
-        """
-        if key and not self._header.encryption_key:
-            header = pb.RoundHeader()
-            header.CopyFrom(self._header)
-            header.encryption_key = key
-            self._header = header
-        if self._thread is not None and self._thread.is_alive():
-            if renew and self._client.renew_push_channels():
-                log.info("upload still open: moving it to a fresh data-port connection")
-            return
-        self.reply = None
-        self._thread = threading.Thread(target=self._run, name="confide-upload", daemon=True)
-        self._thread.start()
-
-    def release(self) -> None:
-        """The scale is agreed: slices may flow."""
-        self._ready.set()
-
-    def cancel(self) -> None:
-        """Stop uploading (the attempt was aborted)."""
-        self._cancelled.set()
-        self._ready.set()
-
-    def join(self) -> None:
-        """Wait for the upload thread."""
-        if self._thread is not None:
-            self._thread.join()
-
-    def _requests(self, generation: int) -> Paced[pb.Slice]:
-        """The slices of push stream ``generation``, telling the sender when the next is not ready yet."""
-        pipeline: list[Paced[pb.Slice]] = []
-        return Paced(self._slices(generation, pipeline), lambda: not pipeline or pipeline[0].ready())
-
-    def _slices(self, generation: int, pipeline: list):
-        # A stream that failed while this generator waited for the scale leaves it suspended in
-        # gRPC's request thread, which resumes it once on release and drops what it yields. Such
-        # a superseded generator must stop there: were it to produce and cache slices beside the
-        # newest stream's, the cache would hold duplicates, the next retry would start past slices
-        # never sent, and the aggregator would wait for them ("away") while this party's upload
-        # had ended without error.
-        HOOKS.round_opened(self._header.round)
-        self._ready.wait()
-        if self._cancelled.is_set():
-            return
-        with self._lock:
-            if generation != self._generation:
-                return
-            cached = list(self._cache)
-        HOOKS.round_released(self._header.round)
-        yield from cached
-        start = len(cached)
-        transport = self._spec.transport
-        paced = pipelined(
-            lambda i: self._produce(start + i),
-            self._count - start,
-            depth=transport.pipeline_depth,
-            enabled=transport.pipeline,
-            workers=encode_workers(transport.pipeline),
-        )
-        pipeline.append(paced)
-        try:
-            for item in paced:
-                with self._lock:
-                    if generation != self._generation:
-                        return
-                    self._cache.append(item)
-                yield item
-        finally:
-            paced.close()  # a superseded or abandoned stream stops its producers now
-
-    def _run(self) -> None:
-        deadline = time.monotonic() + self._spec.transport.reconnect_timeout_s
-        while not self._cancelled.is_set():
-            started = time.perf_counter()
-            with self._lock:
-                self._generation += 1
-                generation = self._generation
-            try:
-                self.reply = self._client.push(self._header, self._requests(generation))
-                self.seconds += time.perf_counter() - started
-                return
-            except TransportUnavailableError as error:
-                if time.monotonic() > deadline:
-                    self.error = error
-                    return
-                time.sleep(0.3)
-            except BaseException as error:  # noqa: BLE001 - handed to the round's main thread
-                self.error = error
-                return
-
-
-class PartyExchange:
-    """:class:`confide.protect.Exchange` over the aggregator client, aware of the open attempt.
-
-    Waits run in one-second steps: between steps a failed upload surfaces, and after a
-    reconnect (the aggregator may have restarted and lost the attempt's partial sums) the
-    upload runs again from its cache.
-    """
-
-    def __init__(self, client: AggregatorClient) -> None:
-        self.client = client
-        #: Public key material for headers after a reconnect (a restarted aggregator may lack it).
-        self.header_key = b""
-        self.key_sent_at: int | None = None
-        self.job_id = client.job_id
-        self.party_id = client.party_id
-        self.identity = client.identity
-        self.upload: RoundUpload | None = None
-        self._reconnects = 0
-        self._lost: frozenset[int] = frozenset()
-        self.wait_seconds = 0.0
-
-    def send(self, round_number: int, tag: str, payload: bytes, recipients) -> None:
-        """Relay a payload."""
-        self.client.send(round_number, tag, payload, recipients)
-
-    def recv(self, round_number: int, tag: str, sender: str, *, timeout: float | None = None) -> bytes:
-        """Wait for a relayed payload."""
-        return self.wait((self.job_id, round_number, tag, sender), timeout)
-
-    def wait(self, key: tuple, timeout: float | None = None):
-        """Wait for a pooled message, re-uploading after a reconnect."""
-        timeout = self.client.message_timeout_s if timeout is None else timeout
-        deadline = time.monotonic() + timeout
-        started = time.perf_counter()
-        try:
-            while True:
-                upload = self.upload
-                if upload is not None and upload.error is not None:
-                    self._upload_failed(upload, key)
-                if self.client.reconnects != self._reconnects:
-                    self._reconnects = self.client.reconnects
-                    if upload is not None:
-                        log.info("reconnected to the aggregator: uploading the open attempt again")
-                        upload.start(self.header_key, renew=True)
-                lost = self.client.lost()
-                if lost != self._lost:
-                    # A cluster node was lost: its share goes to the next live node from our retained copy.
-                    # (A node leaving the set is a re-admission, effective from a later round: nothing to re-route.)
-                    newly, self._lost = lost - self._lost, lost
-                    if upload is not None and newly:
-                        log.info("aggregator node(s) %s lost: re-routing the open attempt", sorted(lost))
-                        upload.start(self.header_key)
-                self.client.raise_fatal()
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise MessageTimeoutError(f"no message {key!r} within {timeout:g} s")
-                try:
-                    return self.client.wait(key, min(1.0, remaining))
-                except MessageTimeoutError:
-                    continue
-        finally:
-            self.wait_seconds += time.perf_counter() - started
-
-    def _upload_failed(self, upload: RoundUpload, key: tuple) -> None:
-        if isinstance(upload.error, RoundClosedError):
-            # The attempt was aborted: the abort notice says who dropped; give it a moment to arrive.
-            self.client.raise_if_aborted(5.0)
-        raise upload.error
 
 
 def run_party(
@@ -497,7 +180,7 @@ def run_party(
     except Exception as error:
         # Before any peer is contacted: the report says why, and the launcher stops the others.
         report_failure(workdir, spec.job_id, party_id, error, stage=stage, dataset=dataset, round_number=0)
-        _close_compute(engine, data)
+        close_compute(engine, data)
         raise
     strategy = spec.strategy.build()
     first_round = 1
@@ -509,9 +192,9 @@ def run_party(
         latest = ckpt.latest(checkpoint_dir)
         if latest is not None:
             checkpoint_round = int(latest.name.rsplit("-", 1)[-1])
-            _load_checkpoint(checkpoint_dir, checkpoint_round, model, layout, strategy)
+            load_checkpoint(checkpoint_dir, checkpoint_round, model, layout, strategy)
         if privacy is not None:
-            _load_privacy(checkpoint_dir, privacy)
+            load_privacy(checkpoint_dir, privacy)
     elif resume_round:
         if privacy is not None and joining:
             raise JobFailedError(
@@ -519,12 +202,12 @@ def run_party(
                 f"ledger of the rounds already run, so their noise and budget would differ from the others'"
             )
         if party_id not in joining:
-            _load_checkpoint(checkpoint_dir, resume_round, model, layout, strategy)
+            load_checkpoint(checkpoint_dir, resume_round, model, layout, strategy)
             if privacy is not None:
-                _load_privacy(checkpoint_dir, privacy)
+                load_privacy(checkpoint_dir, privacy)
         first_round = resume_round + 1
     if not rejoin:
-        _drop_later_checkpoints(checkpoint_dir, resume_round)
+        drop_later_checkpoints(checkpoint_dir, resume_round)
     report = PartyReport(
         job_id=spec.job_id,
         runtime_job_id=runtime_job_id or spec.job_id,
@@ -657,13 +340,13 @@ def run_party(
                 training, participants, round_number, settled=admitted, first_attempt=first_attempt
             )
             if privacy is not None:
-                _write_ledger(checkpoint_dir, privacy)
+                write_ledger(checkpoint_dir, privacy)
             participants = entry.participants
             report.rounds.append(entry)
             report.status = "running"
             interval = spec.checkpoint_interval
             if interval and (round_number % interval == 0 or round_number == spec.rounds):
-                _checkpoint(checkpoint_dir, round_number, model, layout, strategy, participants)
+                write_checkpoint(checkpoint_dir, round_number, model, layout, strategy, participants)
             _write_report(report_path, report)
             if on_round is not None:
                 on_round(entry.model_dump(mode="json", exclude_none=True))
@@ -674,7 +357,7 @@ def run_party(
             report.protection["privacy"] = privacy.report()
         final = layout.flatten(model.get_weights())
         report.weights = final.tolist() if final.size <= MAX_WEIGHTS_IN_REPORT else None
-        _save_model(workdir / f"{party_id}.model.npz", model, layout, spec)
+        save_model(workdir / f"{party_id}.model.npz", model, layout, spec)
         last = report.rounds[-1] if report.rounds else None
         metrics = {
             k: v
@@ -697,7 +380,7 @@ def run_party(
             protection=report.protection,
             metrics=metrics,
             runtime_job_id=runtime_job_id,
-            checkpoint_leaf=_final_leaf(checkpoint_dir, spec),
+            checkpoint_leaf=final_leaf(checkpoint_dir, spec),
         )
     except Exception as error:
         failure = failure_of(error, stage="round", dataset=dataset, round_number=current.get("round"))
@@ -709,7 +392,7 @@ def run_party(
         raise
     finally:
         restore()
-        _close_compute(engine, data)
+        close_compute(engine, data)
         report.bytes_setup = {"sent": client.bytes_sent.get(0, 0), "received": client.bytes_received.get(0, 0)}
         report.reconnects = client.reconnects
         if report.status != "failed":
@@ -1019,7 +702,7 @@ def _run_attempt(protection, exchange: PartyExchange, client: AggregatorClient, 
             span[0], span[1] = min(span[0], began), max(span[1], ended)
         return pb.Slice(index=index, n_valid=stop - start, payload=payload)
 
-    upload = RoundUpload(client, header, produce, context.num_slices, spec)
+    upload = RoundUpload(client, header, produce, context.num_slices, spec, HOOKS)
     client.watch_round(context.round, context.attempt)
     exchange.upload = upload
     exchange.header_key = protection.header_key()
@@ -1058,106 +741,6 @@ def _run_attempt(protection, exchange: PartyExchange, client: AggregatorClient, 
         exchange.upload = None
 
 
-def encode_workers(pipeline: bool) -> int:
-    """Slices protected at once: one per core with the pipeline, one without."""
-    return max(1, os.cpu_count() or 1) if pipeline else 1
-
-
-def _npz(arrays: dict[str, np.ndarray]) -> bytes:
-    buffer = io.BytesIO()
-    np.savez(buffer, **arrays)
-    return buffer.getvalue()
-
-
-def _checkpoint(directory: Path, round_number: int, model, layout: WeightLayout, strategy, participants) -> None:
-    """``weights.npz`` (the global model by tensor name), the strategy's and the model's local state."""
-    state = {"round": round_number, "participants": list(participants), "format": 2, "layout": layout.to_dict()}
-    files = {
-        "weights.npz": _npz(model.get_weights()),
-        "strategy.npz": _npz(strategy.state()),
-        "local.npz": _npz(model.state() if hasattr(model, "state") else {}),
-        "state.json": json.dumps(state, sort_keys=True).encode(),
-    }
-    target = directory / ckpt.round_name(round_number)
-    if target.exists():  # a previous run of this session wrote it; this run's files replace it
-        shutil.rmtree(target)
-    ckpt.write_checkpoint(target, files)
-
-
-def _read_npz(path: Path) -> dict[str, np.ndarray]:
-    """The arrays of an ``.npz`` archive; a file of another kind is a ``ValueError``."""
-    loaded = np.load(path, allow_pickle=False)
-    if not isinstance(loaded, np.lib.npyio.NpzFile):
-        raise ValueError(f"{path.name} is not an .npz archive")
-    with loaded as npz:
-        return {name: npz[name] for name in npz.files}
-
-
-def _load_checkpoint(directory: Path, round_number: int, model, layout: WeightLayout, strategy) -> None:
-    """Restore round ``round_number``'s checkpoint into ``model`` and ``strategy``.
-
-    Format 1 (before the model seam) held one flat ``weights.npy``; it loads into any model whose
-    layout has that many values.
-    """
-    target = directory / ckpt.round_name(round_number)
-    try:
-        state = json.loads((target / "state.json").read_text())
-        if not isinstance(state, dict):
-            raise ValueError(f"state.json holds a {type(state).__name__}, not an object")
-        if state.get("format", 1) == 1:
-            flat = np.load(target / "weights.npy", allow_pickle=False)
-            if not isinstance(flat, np.ndarray):
-                raise ValueError("weights.npy is not one array")
-            weights = layout.unflatten(flat) if flat.shape == (layout.size,) else None
-            strategy_state, local = {}, {}
-        else:
-            weights = _read_npz(target / "weights.npz")
-            strategy_state = _read_npz(target / "strategy.npz")
-            local = _read_npz(target / "local.npz")
-    except ckpt.UNREADABLE_FILE_ERRORS as error:
-        raise JobFailedError(f"cannot resume: checkpoint {target} is unreadable: {error}") from None
-    if state.get("round") != round_number or weights is None:
-        raise JobFailedError(
-            f"cannot resume: checkpoint {target} holds round {state.get('round')}, expected round {round_number} "
-            f"of a model with {layout.size} values"
-        )
-    try:
-        weights = {name: weights[name] for name in (t.name for t in layout.tensors) if name in weights} or weights
-        layout.check(weights, who=f"checkpoint {target}")
-        model.set_weights(weights)
-        strategy.load_state(strategy_state)
-        if local and hasattr(model, "load_state"):
-            model.load_state(local)
-    except InvalidParameterError as error:
-        raise JobFailedError(f"cannot resume: {error}") from None
-
-
-#: The privacy ledger beside the checkpoints, rewritten after every round (a round released after
-#: the last checkpoint still counts when the job resumes from it).
-LEDGER = "privacy-ledger.json"
-
-
-def _write_ledger(directory: Path, privacy) -> None:
-    directory.mkdir(parents=True, exist_ok=True)
-    temporary = directory / (LEDGER + ".tmp")
-    temporary.write_text(json.dumps(privacy.state(), sort_keys=True))
-    os.replace(temporary, directory / LEDGER)
-
-
-def _load_privacy(directory: Path, privacy) -> None:
-    """Every round released before a resume, as it ran: they count against the budget."""
-    path = directory / LEDGER
-    try:
-        privacy.load_state(json.loads(path.read_text()))
-    except FileNotFoundError:
-        raise JobFailedError(
-            f"cannot resume with privacy: {path} is missing (the run was without differential privacy, or its "
-            f"ledger was lost), so the rounds already run cannot be accounted"
-        ) from None
-    except (OSError, ValueError, KeyError, TypeError) as error:
-        raise JobFailedError(f"cannot resume: privacy ledger {path} is unreadable: {error}") from None
-
-
 def _privacy_allows(protection, privacy, party_id: str, participants: list[str], round_number: int) -> bool:
     """Each party's budget check, shared: one party over its budget stops every party (no one waits)."""
     mine = privacy.allow(round_number)
@@ -1167,36 +750,6 @@ def _privacy_allows(protection, privacy, party_id: str, participants: list[str],
     if not allowed and privacy.stopped_at is None:
         privacy.stopped_at = round_number
     return allowed
-
-
-def _save_model(path: Path, model, layout: WeightLayout, spec: JobSpec) -> None:
-    """The final global model: its tensors by name, with the layout and the model spec (JSON)."""
-    meta = {"format": "confide.model/1", "layout": layout.to_dict(), "model": spec.model.model_dump(mode="json")}
-    temporary = path.with_suffix(".tmp")
-    with open(temporary, "wb") as handle:
-        np.savez(handle, **model.get_weights(), **{"__confide__": np.array(json.dumps(meta))})
-    os.replace(temporary, path)
-
-
-def _final_leaf(directory: Path, spec: JobSpec) -> dict | None:
-    """The last round's checkpointed weights as a Merkle leaf (name, SHA-256), if it was checkpointed."""
-    if not spec.checkpoint_interval:
-        return None
-    name = f"{ckpt.round_name(spec.rounds)}/weights.npz"
-    path = directory / name
-    if not path.exists():
-        return None
-    return {"round": spec.rounds, "name": name, "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
-
-
-def _drop_later_checkpoints(directory: Path, resume_round: int) -> None:
-    # Checkpoints of rounds after the resume point belong to an abandoned run.
-    if not directory.exists():
-        return
-    for path in directory.glob("round-*"):
-        number = path.name.split("-", 1)[1].split(".", 1)[0]
-        if number.isdigit() and int(number) > resume_round:
-            shutil.rmtree(path, ignore_errors=True)
 
 
 def _status_after(error: BaseException) -> str:
