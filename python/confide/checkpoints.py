@@ -37,11 +37,13 @@ __all__ = [
     "UNREADABLE_FILE_ERRORS",
     "combine",
     "compare",
+    "drop_after",
     "file_sha256",
     "latest",
     "manifest",
     "root_of",
     "round_name",
+    "round_of",
     "verify",
     "write_checkpoint",
 ]
@@ -86,6 +88,27 @@ class CheckpointError(ConfideError):
 def round_name(round_index: int) -> str:
     """Directory name of round ``round_index``: ``"round-000012"`` (six digits, more when needed)."""
     return f"round-{check_int('round_index', round_index, 0):06d}"
+
+
+def round_of(path: str | os.PathLike[str]) -> int | None:
+    """The round of a checkpoint directory named ``round-NNNNNN``; None for any other name."""
+    match = _ROUND.fullmatch(Path(path).name)
+    return int(match.group(1)) if match else None
+
+
+def drop_after(directory: str | os.PathLike[str], round_index: int) -> None:
+    """Remove the checkpoints of rounds after ``round_index`` (an abandoned run's), partial ones too.
+
+    A run that resumes from round R, or starts over (R = 0), writes the later rounds afresh; a
+    directory a crash left half-written (``round-NNNNNN.*``) goes with its round.
+    """
+    directory = Path(directory)
+    if not directory.is_dir():
+        return
+    for path in directory.iterdir():
+        match = _ROUND.match(path.name)
+        if match and path.name[match.end() :][:1] in ("", ".") and int(match.group(1)) > round_index:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def file_sha256(path: str | os.PathLike[str]) -> str:

@@ -240,9 +240,9 @@ class Agent:
         reported = self._reported_checkpoints.get(session, 0)
         found = []
         for path in directory.iterdir():
-            number = path.name.removeprefix("round-")
-            if path.is_dir() and path.name.startswith("round-") and number.isdigit() and int(number) > reported:
-                found.append((int(number), path))
+            number = ckpt.round_of(path)
+            if path.is_dir() and number is not None and number > reported:
+                found.append((number, path))
         out = [
             {"round": number, "files": ckpt.manifest(path, prefix=f"{path.name}/")} for number, path in sorted(found)
         ]

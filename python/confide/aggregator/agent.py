@@ -49,10 +49,7 @@ class AggregatorWorker:
         if not adopted:
             # A new run: checkpoints after its resume point belong to an abandoned one. (A restarted
             # aggregator adopting the run it served before keeps that run's checkpoints.)
-            for stale in (directory / "checkpoints").glob("round-*"):
-                number = stale.name.split("-", 1)[1]
-                if number.isdigit() and int(number) > resume_round:
-                    shutil.rmtree(stale, ignore_errors=True)
+            ckpt.drop_after(directory / "checkpoints", resume_round)
             marker.write_text(str(run))
         with self._lock:
             self._runs[session] = {

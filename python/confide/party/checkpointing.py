@@ -157,10 +157,4 @@ def final_leaf(directory: Path, spec: JobSpec) -> dict | None:
 
 def drop_later_checkpoints(directory: Path, resume_round: int) -> None:
     """Remove the checkpoints of rounds after ``resume_round``."""
-    # Checkpoints of rounds after the resume point belong to an abandoned run.
-    if not directory.exists():
-        return
-    for path in directory.glob("round-*"):
-        number = path.name.split("-", 1)[1].split(".", 1)[0]
-        if number.isdigit() and int(number) > resume_round:
-            shutil.rmtree(path, ignore_errors=True)
+    ckpt.drop_after(directory, resume_round)

@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import time
 from pathlib import Path
 
@@ -443,12 +442,7 @@ def _load_state(directory: Path, round_number: int) -> dict:
 
 def _drop_later_checkpoints(directory: Path, resume_round: int) -> None:
     """A run that resumes from round R (or starts over) writes rounds after R afresh."""
-    if not directory.exists():
-        return
-    for path in directory.iterdir():
-        number = path.name.removeprefix("round-")
-        if path.is_dir() and path.name.startswith("round-") and number.isdigit() and int(number) > resume_round:
-            shutil.rmtree(path)
+    ckpt.drop_after(directory, resume_round)
 
 
 def _jsonable(value):

@@ -373,3 +373,20 @@ def test_unreadable_file_is_reported_with_other_problems(tmp_path, monkeypatch):
     assert problems["state"].startswith("unreadable") and "Permission denied" in problems["state"]
     with pytest.raises(CheckpointError, match="state"):
         manifest(target)
+
+
+def test_round_of_reads_only_round_directories_and_drop_after_removes_later_and_partial_ones(tmp_path):
+    from confide.checkpoints import drop_after, round_of
+
+    assert [round_of(n) for n in ("round-000012", "round-7", "round-000012.tmp", "rounds", "x")] == [
+        12,
+        7,
+        None,
+        None,
+        None,
+    ]
+    for name in ("round-000001", "round-000002", "round-000003", "round-000003.partial", "round-0000x", "notes"):
+        (tmp_path / name).mkdir()
+    drop_after(tmp_path, 2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes", "round-000001", "round-000002", "round-0000x"]
+    drop_after(tmp_path / "missing", 0)  # nothing to drop
