@@ -33,14 +33,24 @@ SERIAL_FILES = {
 }
 
 
+#: Test files whose tests all run on one xdist worker, one after another, while the other worker
+#: runs anything else: a Ray test's teardown (``ray stop --force``) stops every Ray cluster on the
+#: machine, so two Ray tests must never overlap.
+EXCLUSIVE_GROUPS = {
+    "integration/test_compute.py": "ray",
+    "unit/compute/test_ray.py": "ray",
+}
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups (loadgroup)
 def pytest_collection_modifyitems(config, items):
     """Marks tiers and scheduling.
 
     - ``integration``: the tests of tests/integration and tests/e2e (the tiers in pyproject.toml);
     - ``serial``: the files of ``SERIAL_FILES``;
-    - ``xdist_group``: tests sharing a module-scoped fixture stay on one worker, so the fixture
-      (a trained job, a venv, a model) is built once, not once per worker.
+    - ``xdist_group``: the files of ``EXCLUSIVE_GROUPS`` share a group; tests sharing a
+      module-scoped fixture stay on one worker, so the fixture (a trained job, a venv, a model) is
+      built once, not once per worker.
     """
     root = Path(__file__).resolve().parent
     for item in items:
@@ -49,6 +59,8 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.integration)
         if relative.as_posix() in SERIAL_FILES:
             item.add_marker(pytest.mark.serial)
+        if relative.as_posix() in EXCLUSIVE_GROUPS:
+            item.add_marker(pytest.mark.xdist_group(EXCLUSIVE_GROUPS[relative.as_posix()]))
         info = getattr(item, "_fixtureinfo", None)
         if info is None or item.get_closest_marker("xdist_group"):
             continue
