@@ -30,27 +30,19 @@ SERIAL_FILES = {
     "unit/runtime/test_slicing.py": "threads given fixed sleeps to reach a state; pipelined against serial time",
     "unit/crypto/test_native_boundary.py": "counts GIL ticks while native code runs",
     "unit/transport/test_revocation.py": "a refusal within 1 s of revocation",
+    # tests/integration/test_compute.py stops its Ray clusters with `ray stop --force`, which stops
+    # every Ray cluster on the machine: no other Ray test may run beside it.
+    "unit/compute/test_ray.py": "its Ray cluster would be stopped by test_compute.py's teardown on the other worker",
 }
 
 
-#: Test files whose tests all run on one xdist worker, one after another, while the other worker
-#: runs anything else: a Ray test's teardown (``ray stop --force``) stops every Ray cluster on the
-#: machine, so two Ray tests must never overlap.
-EXCLUSIVE_GROUPS = {
-    "integration/test_compute.py": "ray",
-    "unit/compute/test_ray.py": "ray",
-}
-
-
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups (loadgroup)
 def pytest_collection_modifyitems(config, items):
-    """Marks tiers and scheduling.
+    """Marks the tiers: ``integration`` for tests/integration and tests/e2e, ``serial`` for ``SERIAL_FILES``.
 
-    - ``integration``: the tests of tests/integration and tests/e2e (the tiers in pyproject.toml);
-    - ``serial``: the files of ``SERIAL_FILES``;
-    - ``xdist_group``: the files of ``EXCLUSIVE_GROUPS`` share a group; tests sharing a
-      module-scoped fixture stay on one worker, so the fixture (a trained job, a venv, a model) is
-      built once, not once per worker.
+    ``make test`` distributes whole files over both cores (``--dist loadfile``): a file's tests
+    share its module-scoped fixtures (a trained job, a venv, a Ray cluster) on one worker, which
+    builds them once. (``--dist loadgroup`` would not do: with pytest 9 the group suffix
+    pytest-xdist 3.8 writes into ``item._nodeid`` never reaches the scheduler.)
     """
     root = Path(__file__).resolve().parent
     for item in items:
@@ -59,15 +51,3 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.integration)
         if relative.as_posix() in SERIAL_FILES:
             item.add_marker(pytest.mark.serial)
-        if relative.as_posix() in EXCLUSIVE_GROUPS:
-            item.add_marker(pytest.mark.xdist_group(EXCLUSIVE_GROUPS[relative.as_posix()]))
-        info = getattr(item, "_fixtureinfo", None)
-        if info is None or item.get_closest_marker("xdist_group"):
-            continue
-        shared = sorted(
-            name
-            for name, definitions in info.name2fixturedefs.items()
-            if definitions and definitions[-1].scope in ("module", "package", "class")
-        )
-        if shared:
-            item.add_marker(pytest.mark.xdist_group(f"{relative.as_posix()}::{shared[0]}"))
