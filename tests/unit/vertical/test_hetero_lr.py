@@ -13,9 +13,12 @@ from sklearn.model_selection import train_test_split
 from sklearn.preprocessing import StandardScaler
 
 from confide import _native
+from confide.crypto import vectors as cv
 from confide.errors import InvalidParameterError, ProtocolError
 from confide.vertical import hetero_lr as hlr
 from confide.vertical.channel import LocalChannel
+from confide.vertical.hetero_lr import model as hlr_model
+from confide.vertical.hetero_lr import protocol as hlr_protocol
 from tests.fixtures.keys import fixed_native_key
 from tests.fixtures.messages import fields
 
@@ -75,7 +78,7 @@ def breast():
 def _trained(breast, splits, params):
     X_train, X_test, y_train, y_test, sklearn_auc = breast
     keys: dict[bytes, _native.DecryptionKey] = {}
-    real = hlr._generate_keypair
+    real = cv.generate_keypair
 
     def capture(bits):
         key = real(bits)
@@ -84,7 +87,7 @@ def _trained(breast, splits, params):
 
     parts = np.split(X_train, splits, axis=1)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(hlr, "_generate_keypair", capture)
+        patch.setattr(cv, "generate_keypair", capture)
         models, errors, channels = secure_fit(parts[0], parts[1:], y_train, params)
     assert not errors, errors
     test_parts = np.split(X_test, splits, axis=1)
@@ -132,11 +135,11 @@ def test_dot_u64_native_and_fallback_equal_integer_products():
     matrix[2, :5] = (1 << 20) - 1
     vector = KEY.encrypt_i64(values, "fixed_base", 0)
     expected = [sum(int(m) * int(v) for m, v in zip(row, values, strict=True)) for row in matrix]
-    for out in (hlr._dot_u64(vector, matrix, 0), hlr._dot_u64_fallback(vector, matrix, 0)):
+    for out in (cv.dot_u64(vector, matrix, 0), cv._dot_u64_fallback(vector, matrix, 0)):
         got = [_signed(int.from_bytes(b, "big"), N_KEY) for b in KEY.decrypt_raw(out, 0)]
         assert got == expected
     single = KEY.encrypt_i64(values[:1], "fixed_base", 0)
-    out = hlr._dot_u64_fallback(single, matrix[:, :1], 0)
+    out = cv._dot_u64_fallback(single, matrix[:, :1], 0)
     assert [_signed(int.from_bytes(b, "big"), N_KEY) for b in KEY.decrypt_raw(out, 0)] == [
         int(m) * int(values[0]) for m in matrix[:, 0]
     ]
@@ -146,7 +149,7 @@ def test_signed_dot_matches_integers():
     rng = np.random.default_rng(2)
     values = rng.integers(-(1 << 30), 1 << 30, 19)
     coefficients = rng.integers(-(1 << 45), 1 << 45, 19)
-    out = hlr._signed_dot(KEY.encrypt_i64(values, "fixed_base", 0), coefficients, 0)
+    out = cv.signed_dot(KEY.encrypt_i64(values, "fixed_base", 0), coefficients, 0)
     got = _signed(int.from_bytes(KEY.decrypt_raw(out, 0)[0], "big"), N_KEY)
     assert got == sum(int(c) * int(v) for c, v in zip(coefficients, values, strict=True))
 
@@ -157,17 +160,19 @@ def test_affine_gradient_decodes_to_float64(bits):
     rng = np.random.default_rng(bits)
     X = rng.normal(size=(50, 4)) * [1.0, 10.0, 0.01, 3.0] + [0.0, -5.0, 2.0, 0.0]
     X[:, 3] = 7.0  # a constant column
-    scaling = hlr._scaling_of(X, bits)
+    scaling = hlr_model._scaling_of(X, bits)
     standard = scaling.standardize(X)
-    codes = hlr._quantize(standard, scaling)
+    codes = hlr_model._quantize(standard, scaling)
     assert codes.dtype == np.uint64 and codes.shape == (4, 50) and int(codes.max()) < 1 << bits
     fixed = 20
     d = rng.normal(size=50) * 0.7
-    D = hlr._fixed(d, fixed, "d")
-    vector, exponent = hlr._affine_gradient(KEY.encrypt_i64(D, "fixed_base", 0), codes, scaling, 0, with_sum=True)
+    D = hlr_protocol._fixed(d, fixed, "d")
+    vector, exponent = hlr_protocol._affine_gradient(
+        KEY.encrypt_i64(D, "fixed_base", 0), codes, scaling, 0, with_sum=True
+    )
     clear = [_signed(int.from_bytes(b, "big"), N_KEY) for b in KEY.decrypt_raw(vector, 0)]
     got = np.array([c / (1 << (fixed + exponent)) for c in clear[:-1]])
-    dequantized = hlr._dequantize(codes, scaling)
+    dequantized = hlr_model._dequantize(codes, scaling)
     np.testing.assert_allclose(got, dequantized.T @ (D / (1 << fixed)), rtol=1e-12, atol=1e-9)
     assert clear[-1] == int(D.sum())
     # the quantized product is close to the unquantized one (error ~ step / 2 per entry)
@@ -351,7 +356,7 @@ def test_hosts_receive_only_ciphertexts_and_masked_values(run, request):
             elif kind == "hlr-hgr":  # the host's own gradient as decrypted by the guest: still masked
                 width = (guest_public.bits + 7) // 8
                 count = result["models"][host].n_features
-                values = hlr._unpack(message["masked"], width, count, tag)
+                values = cv.unpack_fixed(message["masked"], width, count, tag)
                 assert _huge(values, n_guest)
             elif kind in ("hlr-hello", "hlr-start", "hlr-ctl", "hlr-p0"):
                 # metadata only: counts, flags, the shared integer parameters, error text, public key
@@ -394,7 +399,7 @@ def test_guest_never_sees_host_features_or_gradients(run, request):
             assert _huge([int.from_bytes(b, "big") for b in guest_key.decrypt_raw(vector, 0)], n_guest)
         elif kind == "hlr-ggr":  # the guest's own gradient, still masked; the loss total is masked too
             width = (host_public.bits + 7) // 8
-            values = hlr._unpack(message["masked"], width, result["models"]["g"].n_features + 1, tag)
+            values = cv.unpack_fixed(message["masked"], width, result["models"]["g"].n_features + 1, tag)
             assert _huge(values, n_host)
             loss = _native.CiphertextVector.from_bytes(message["loss"], guest_public)
             assert _huge([int.from_bytes(b, "big") for b in guest_key.decrypt_raw(loss, 0)], n_guest)
@@ -403,7 +408,7 @@ def test_guest_never_sees_host_features_or_gradients(run, request):
 
 
 def test_masks_are_fresh_wide_and_positive():
-    masks = hlr._masks(200, 2046)
+    masks = cv.positive_masks(200, 2046)
     assert len(set(masks)) == 200
     assert all(1 << 2045 <= m < 1 << 2046 for m in masks)
 
@@ -534,7 +539,7 @@ def test_party_lists_are_validated(small):
 
 def _toy_models(columns_guest=2, columns_host=3):
     def scaling(columns):
-        return hlr._Scaling(np.zeros(columns), np.ones(columns), np.zeros(columns), np.ones(columns), 16)
+        return hlr_model._Scaling(np.zeros(columns), np.ones(columns), np.zeros(columns), np.ones(columns), 16)
 
     guest = hlr.HeteroLRGuestModel(np.ones(columns_guest), 0.5, scaling(columns_guest), ["h1"])
     host = hlr.HeteroLRHostModel(np.full(columns_host, -1.0), scaling(columns_host), "g", ["h1"])

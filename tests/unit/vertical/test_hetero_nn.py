@@ -8,9 +8,11 @@ from sklearn.datasets import load_breast_cancer, load_digits
 from sklearn.metrics import roc_auc_score
 
 from confide import _native
+from confide.crypto import vectors as cv
 from confide.errors import DataProblemError, InvalidParameterError, ProtocolError
 from confide.vertical import hetero_nn as hn
 from confide.vertical.channel import LocalChannel, run_parties
+from confide.vertical.hetero_nn import protocol as hn_protocol
 from confide.vertical.netlayers import parse_layers
 from tests.fixtures.messages import fields
 
@@ -25,14 +27,14 @@ def _shuffled(X, y, seed=0):
 def _run(parts: dict, y, params, guest="g", test_parts=None, keys=None, monkeypatch=None):
     """Train (and score ``test_parts``) with every party in its own thread; returns models, scores, channels."""
     if keys is not None:
-        real = hn._generate_keypair
+        real = cv.generate_keypair
 
-        def capture(bits):
-            secret = real(bits)
+        def capture(bits, **options):
+            secret = real(bits, **options)
             keys[secret.encryption_key.to_bytes()] = secret
             return secret
 
-        monkeypatch.setattr(hn, "_generate_keypair", capture)
+        monkeypatch.setattr(cv, "generate_keypair", capture)
     hosts = [p for p in parts if p != guest]
     channels = LocalChannel.group(list(parts))
     jobs = {guest: lambda: hn.train_guest(channels[guest], hosts, parts[guest], y, params, "t")}
@@ -85,11 +87,11 @@ def test_binary_matches_the_network_trained_centrally(breast):
 
 def test_shares_sum_to_the_central_weights(breast):
     guest, host = breast["models"]["g"], breast["models"]["h"]
-    joint = hn._from_ring(guest.shares["h"] + host.share, hn.FW)
+    joint = hn_protocol._from_ring(guest.shares["h"] + host.share, hn.FW)
     assert np.max(np.abs(joint - breast["reference"].weights["h"])) < 1e-3
     # Each share alone is far from the weights (uniform in Z_2^64).
-    assert np.median(np.abs(hn._from_ring(host.share, hn.FW))) > 1e6
-    assert np.median(np.abs(hn._from_ring(guest.shares["h"], hn.FW))) > 1e6
+    assert np.median(np.abs(hn_protocol._from_ring(host.share, hn.FW))) > 1e6
+    assert np.median(np.abs(hn_protocol._from_ring(guest.shares["h"], hn.FW))) > 1e6
 
 
 def test_epoch_records(breast):
@@ -151,7 +153,7 @@ def test_regression_with_two_hosts_matches_central():
     assert np.max(np.abs(result["scores"] - central)) < 1e-3
     assert np.mean((central - y) ** 2) < np.var(y) / 2
     for h in ("h1", "h2"):
-        joint = hn._from_ring(result["models"]["g"].shares[h] + result["models"][h].share, hn.FW)
+        joint = hn_protocol._from_ring(result["models"]["g"].shares[h] + result["models"][h].share, hn.FW)
         assert np.max(np.abs(joint - reference.weights[h])) < 1e-3
 
 
@@ -177,8 +179,8 @@ def _slots(secret, data, key, width, slots):
     vector = _native.CiphertextVector.from_bytes(data, key)
     n = int.from_bytes(key.n_bytes(), "big")
     out = []
-    for v in hn._decrypt(secret, vector, n, 0):
-        out += hn._unpack_signed(v, width, slots, "test")
+    for v in cv.decrypt_centered(secret, vector, n, 0):
+        out += cv.unpack_signed(v, width, slots, "test")
     return out
 
 
@@ -239,7 +241,7 @@ def test_the_guest_decrypts_only_masked_values_and_no_host_features(views):
     secret = keys[hello["key"]]
     key = secret.encryption_key
     n = int.from_bytes(key.n_bytes(), "big")
-    layout = hn._Layout(params, 8, n)
+    layout = hn_protocol._Layout(params, 8, n)
     checked = {"init": 0, "z": 0, "grad": 0, "back": 0}
     low_highs = slots = 0
     for _sender, tag, message in views["channels"]["h"].received_by("g"):
@@ -248,14 +250,14 @@ def test_the_guest_decrypts_only_masked_values_and_no_host_features(views):
                 assert not any(p in value for p in feature_patterns), f"{tag}.{name} carries host features"
         if tag.startswith("hnn/") and tag.endswith("/hello"):
             # B - E mod 2^64 with E uniform: as large as a uniform 64-bit word, never the weights
-            init = hn._from_ring(message["init"], hn.FW)
+            init = hn_protocol._from_ring(message["init"], hn.FW)
             assert np.median(np.abs(init)) > 1e6
             checked["init"] += 1
         elif tag.startswith("hnn/") and tag.endswith("/z"):
             # every slot: a_q W_h + 2^16 sum W' mod 2^64 below, rho (40 bits above the sum) above
             vector = _native.CiphertextVector.from_bytes(message["z"], key)
-            for v in hn._decrypt(secret, vector, n, 0)[:3]:
-                highs = [s >> 64 for s in hn._unpack_unsigned(v, layout.w_f, layout.per_forward * 8, tag)]
+            for v in cv.decrypt_centered(secret, vector, n, 0)[:3]:
+                highs = [s >> 64 for s in cv.unpack_unsigned(v, layout.w_f, layout.per_forward * 8, tag)]
                 low_highs += sum(h <= 1 << (layout.rho_bits - 8) for h in highs)
                 slots += len(highs)
             checked["z"] += 1
@@ -372,7 +374,7 @@ def test_bad_parameters_name_the_field(kwargs, message):
 def test_too_many_interactive_units_for_the_key_is_refused_before_training():
     n = (1 << 2047) + 1
     with pytest.raises(InvalidParameterError, match="interactive_units 17"):
-        hn._Layout(hn.HeteroNNParams(interactive_units=17), 16, n)
+        hn_protocol._Layout(hn.HeteroNNParams(interactive_units=17), 16, n)
 
 
 def test_keras_form_layers():
