@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 
 from confide.errors import InvalidParameterError, ProtocolError
 
-__all__ = ["check_int", "check_real", "require"]
+__all__ = ["check_int", "check_real", "is_int", "is_real", "require"]
 
 T = TypeVar("T")
 
@@ -23,6 +23,16 @@ def require(value: T | None, what: str) -> T:
     if value is None:
         raise ProtocolError(f"protocol step out of order: {what}")
     return value
+
+
+def is_int(value: Any) -> bool:
+    """Whether ``value`` is a Python int (bools and numpy integers are not: parameters stay JSON-safe)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_real(value: Any) -> bool:
+    """Whether ``value`` is a Python int or float (bools are not)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def check_int(name: str, value: Any, low: int, high: int | None = None) -> int:

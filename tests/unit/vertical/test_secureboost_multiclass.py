@@ -132,16 +132,16 @@ def test_auto_packing_follows_the_measured_costs():
         return [{"encrypt_s": encrypt_s, "host0_decrypt_s": decrypt_s, "host0_decrypted": decrypted,
                  "host0_cells": cells}] * 3  # fmt: skip
 
-    assert not sb._pack_this_round(params, [], 100_000)  # round 0: nothing measured yet
+    assert not sb.pack_this_round(params, [], 100_000)  # round 0: nothing measured yet
     # 100,000 rows at 30 us an encryption against 0.25 ms per decryption of 1,600-cell nodes: pack.
     big = round_of(3.0, 0.1, 400, 6400)
-    assert sb._pack_this_round(params, big, 100_000)
+    assert sb.pack_this_round(params, big, 100_000)
     # 1,000 rows: the saved encryptions cost less than the extra decryptions: do not.
-    assert not sb._pack_this_round(params, round_of(0.03, 0.1, 400, 6400), 1_000)
-    assert not sb._pack_this_round(sb.SecureBoostParams(objective="multi:softprob", num_class=3,
+    assert not sb.pack_this_round(params, round_of(0.03, 0.1, 400, 6400), 1_000)
+    assert not sb.pack_this_round(sb.SecureBoostParams(objective="multi:softprob", num_class=3,
                                                         pack_classes="never"), big, 100_000)  # fmt: skip
     # 17 classes do not fit one 2048-bit plaintext: never packed.
     many = sb.SecureBoostParams(objective="multi:softprob", num_class=17, pack_classes="always")
-    assert many.cells_per_ciphertext(17) == 0 and not sb._pack_this_round(many, [], 100_000)
+    assert many.cells_per_ciphertext(17) == 0 and not sb.pack_this_round(many, [], 100_000)
     with pytest.raises(InvalidParameterError, match="pack_classes must be auto, always or never"):
         sb.SecureBoostParams(objective="multi:softprob", num_class=3, pack_classes="yes")
