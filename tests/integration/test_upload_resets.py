@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from confide.aggregator import AggregatorConfig, serve
-from confide.party.runner import PartyExchange, RoundUpload
+from confide.party.upload import PartyExchange, RoundUpload
 from confide.transport.certs import Identity, init_federation
 from confide.transport.client import AGGREGATOR, AggregatorClient
 from confide.v1 import runtime_pb2 as pb
@@ -112,7 +112,7 @@ def until(condition, timeout: float = 10.0) -> bool:
 def upload_of(federation: Federation) -> tuple[PartyExchange, RoundUpload]:
     spec = make_spec(parties=PARTIES, transport={"reconnect_timeout_s": 30.0})
     exchange = PartyExchange(federation.a)
-    upload = RoundUpload(federation.a, header("party-a"), slow_slice, SLICES, spec)
+    upload = RoundUpload(federation.a, header("party-a"), slow_slice, SLICES, spec.transport)
     exchange.upload = upload
     return exchange, upload
 

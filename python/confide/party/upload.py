@@ -18,7 +18,7 @@ from confide.errors import (
     TransportUnavailableError,
 )
 from confide.hooks import PartyHooks
-from confide.spec import JobSpec
+from confide.spec import TransportSpec
 from confide.transport.client import AggregatorClient
 from confide.transport.slicing import Paced, pipelined
 from confide.v1 import runtime_pb2 as pb
@@ -37,7 +37,7 @@ class RoundUpload:
         header: pb.RoundHeader,
         produce,
         count: int,
-        spec: JobSpec,
+        transport: TransportSpec,
         hooks: PartyHooks | None = None,
     ) -> None:
         self._client = client
@@ -45,7 +45,7 @@ class RoundUpload:
         self._header = header
         self._produce = produce
         self._count = count
-        self._spec = spec
+        self._transport = transport
         #: Slices produced so far, ``_cache[i].index == i``: a retried stream sends these again.
         self._cache: list[pb.Slice] = []
         #: Which push stream owns ``_cache`` (the newest); guarded by ``_lock``.
@@ -115,7 +115,7 @@ class RoundUpload:
         self._hooks.round_released(self._header.round)
         yield from cached
         start = len(cached)
-        transport = self._spec.transport
+        transport = self._transport
         paced = pipelined(
             lambda i: self._produce(start + i),
             self._count - start,
@@ -135,7 +135,7 @@ class RoundUpload:
             paced.close()  # a superseded or abandoned stream stops its producers now
 
     def _run(self) -> None:
-        deadline = time.monotonic() + self._spec.transport.reconnect_timeout_s
+        deadline = time.monotonic() + self._transport.reconnect_timeout_s
         while not self._cancelled.is_set():
             started = time.perf_counter()
             with self._lock:

@@ -330,7 +330,7 @@ def test_pytorch_dp_sgd_clips_each_record_under_the_users_own_loop():
 
 
 def test_one_party_over_its_budget_stops_every_party():
-    from confide.party.runner import _privacy_allows
+    from confide.party.rounds import privacy_allows as _privacy_allows
 
     class Votes:
         def __init__(self, others):
