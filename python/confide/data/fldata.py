@@ -24,18 +24,15 @@ from typing import Any
 import numpy as np
 
 from confide.data.catalog import Table
+from confide.data.flops import ROW, column_kind, keys, missing_mask
 from confide.data.flsteps import (
     FORMAT,
     FORMAT_VERSION,
-    ROW,
     Step,
-    _keys,
-    _kind,
-    _missing,
-    _record_ids,
-    _run_step,
     localize_step,
+    record_ids,
     row_local,
+    run_step,
     transform,
 )
 from confide.data.lineage import (
@@ -343,7 +340,7 @@ class FLData:
             not the fingerprint of the state it produces, or a ``state`` that is not the
             lineage's last state (the message names the entry).
         """
-        d = _keys("FLData export", data, ("format", "version", "state", "lineage"))
+        d = keys("FLData export", data, ("format", "version", "state", "lineage"))
         if d["format"] != FORMAT:
             raise InvalidParameterError(f"FLData export: format must be {FORMAT!r}, got {d['format']!r}")
         if d["version"] != FORMAT_VERSION or isinstance(d["version"], bool):
@@ -354,7 +351,7 @@ class FLData:
         out = cls((), ())
         for i, entry in enumerate(lineage):
             where = f"FLData export: lineage[{i}]"
-            e = _keys(where, entry, ("version", "operation", "arguments", "fingerprint"))
+            e = keys(where, entry, ("version", "operation", "arguments", "fingerprint"))
             if e["version"] != i or isinstance(e["version"], bool):
                 raise InvalidParameterError(f"{where}.version must be {i}, got {e['version']!r}")
             try:
@@ -505,7 +502,7 @@ class FLData:
                 columns=[id_column],
                 hint="set data.id_column to the column holding the record ids",
             )
-        ids = _record_ids(where, id_column, columns.pop(id_column))
+        ids = record_ids(where, id_column, columns.pop(id_column))
         p, _rng, where, last, cols, row_numbers, fitted = self._run_pipeline(party, Table(columns), localize=True)
         label = self.label if with_label else None
         hint = "the guest holds the label: check fl_data.label against its published schema"
@@ -545,7 +542,7 @@ class FLData:
             fitted.append({})
             local = localize_step(step, set(cols)) if localize else step
             if local is not None:
-                cols = _run_step(party, local, cols, self.label, record=fitted[-1])
+                cols = run_step(party, local, cols, self.label, record=fitted[-1])
         last = f"after the pipeline (last step {self.pipeline[-1].name!r})" if self.pipeline else "(empty pipeline)"
         row_numbers = cols.pop(ROW)
         return p, rng, where, last, cols, row_numbers, fitted
@@ -564,13 +561,13 @@ class FLData:
             raise DataProblemError(f"{where}, {last}: no feature columns are left", hint="select fewer columns away")
         for c in [*features, *([label] if label is not None else [])]:
             what = "label" if c == label else "feature"
-            if _kind(cols[c]) == "str":
+            if column_kind(cols[c]) == "str":
                 raise DataProblemError(
                     f"{where}, {last}: {what} column {c!r} is text",
                     columns=[c],
                     hint="the label must be a number" if c == label else "add an encode step for it, or drop it",
                 )
-            nan = int(_missing(cols[c]).sum())
+            nan = int(missing_mask(cols[c]).sum())
             if nan:
                 raise DataProblemError(
                     f"{where}, {last}: {what} column {c!r} has {nan} missing values",

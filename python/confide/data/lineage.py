@@ -14,16 +14,8 @@ from typing import Any
 
 from confide._checks import check_int, check_real
 from confide.data.catalog import check_dataset_name
-from confide.data.flsteps import (
-    _MAX_PARTIES,
-    _MAX_STEPS,
-    _MAX_TEST_FRACTION,
-    Step,
-    _column,
-    _keys,
-    _party_name,
-    _sha256,
-)
+from confide.data.flops import column_name, keys
+from confide.data.flsteps import MAX_PARTIES, MAX_STEPS, MAX_TEST_FRACTION, Step, party_name, sha256_of
 from confide.errors import InvalidParameterError
 
 
@@ -83,8 +75,8 @@ def _participant_fields(where: str, dataset: Any, fraction: Any, test_fraction: 
     if not 0.0 < fraction <= 1.0:
         raise InvalidParameterError(f"{where}.fraction must be in (0, 1], got {fraction}")
     test_fraction = check_real(f"{where}.test_fraction", test_fraction)
-    if not 0.0 <= test_fraction <= _MAX_TEST_FRACTION:
-        raise InvalidParameterError(f"{where}.test_fraction must be in [0, {_MAX_TEST_FRACTION}], got {test_fraction}")
+    if not 0.0 <= test_fraction <= MAX_TEST_FRACTION:
+        raise InvalidParameterError(f"{where}.test_fraction must be in [0, {MAX_TEST_FRACTION}], got {test_fraction}")
     seed = check_int(f"{where}.seed", seed, 0, 2**63 - 1)
     return {"dataset": dataset, "fraction": fraction, "test_fraction": test_fraction, "seed": seed}
 
@@ -97,10 +89,10 @@ def _participant(where: str, value: Any, base: Participant | None = None) -> Par
         return Participant(**_participant_fields(where, value, 1.0, 0.2, 0))
     fields = ("dataset", "fraction", "test_fraction", "seed")
     if base is None:
-        _keys(where, value, ("dataset",), fields[1:])
+        keys(where, value, ("dataset",), fields[1:])
         merged = {"fraction": 1.0, "test_fraction": 0.2, "seed": 0, **value}
     else:
-        _keys(where, value, (), fields)
+        keys(where, value, (), fields)
         merged = {**base.to_dict(), **value}
     return Participant(**_participant_fields(where, *(merged[k] for k in fields)))
 
@@ -121,7 +113,7 @@ class _State:
         }
 
     def fingerprint(self) -> str:
-        return _sha256(self.to_dict())
+        return sha256_of(self.to_dict())
 
     def party_map(self) -> dict[str, Participant]:
         return dict(self.participants)
@@ -131,10 +123,10 @@ def _make_state(participants: Mapping[str, Participant], label: str, pipeline: S
     """Check the cross-field rules and build a state."""
     if not participants:
         raise InvalidParameterError("participants must keep at least 1 participant")
-    if len(participants) > _MAX_PARTIES:
-        raise InvalidParameterError(f"participants must have at most {_MAX_PARTIES} entries, got {len(participants)}")
-    if len(pipeline) > _MAX_STEPS:
-        raise InvalidParameterError(f"pipeline must have at most {_MAX_STEPS} steps, got {len(pipeline)}")
+    if len(participants) > MAX_PARTIES:
+        raise InvalidParameterError(f"participants must have at most {MAX_PARTIES} entries, got {len(participants)}")
+    if len(pipeline) > MAX_STEPS:
+        raise InvalidParameterError(f"pipeline must have at most {MAX_STEPS} steps, got {len(pipeline)}")
     names = [s.name for s in pipeline]
     if len(set(names)) != len(names):
         dup = next(n for n in names if names.count(n) > 1)
@@ -160,7 +152,7 @@ def _participants_arg(where: str, value: Any, base: Mapping[str, Participant] | 
         )
     out = {}
     for name, p in value.items():
-        _party_name(f"{where} key", name)
+        party_name(f"{where} key", name)
         out[name] = _participant(f"{where}[{name!r}]", p, None if base is None else base.get(name))
     return out
 
@@ -172,11 +164,11 @@ def _steps_arg(where: str, value: Any) -> list[Step]:
 
 
 def _state_from_dict(where: str, value: Any) -> _State:
-    d = _keys(where, value, ("participants", "label", "pipeline", "frozen"))
+    d = keys(where, value, ("participants", "label", "pipeline", "frozen"))
     if not isinstance(d["frozen"], bool):
         raise InvalidParameterError(f"{where}.frozen must be true or false, got {d['frozen']!r}")
     participants = _participants_arg(f"{where}.participants", d["participants"])
-    label = _column(f"{where}.label", d["label"])
+    label = column_name(f"{where}.label", d["label"])
     return _make_state(participants, label, _steps_arg(f"{where}.pipeline", d["pipeline"]), d["frozen"])
 
 
@@ -189,9 +181,9 @@ def _apply(states: Sequence[_State], operation: str, args: Any) -> tuple[_State,
     if operation == "create":
         if states:
             raise InvalidParameterError("lineage: 'create' may only be the first entry (version 0)")
-        a = _keys("create", args, ("participants", "label", "pipeline"))
+        a = keys("create", args, ("participants", "label", "pipeline"))
         participants = _participants_arg("participants", a["participants"])
-        label = _column("label", a["label"])
+        label = column_name("label", a["label"])
         state = _make_state(participants, label, _steps_arg("pipeline", a["pipeline"]), False)
         return state, {k: v for k, v in state.to_dict().items() if k != "frozen"}
     if not states:
@@ -203,12 +195,12 @@ def _apply(states: Sequence[_State], operation: str, args: Any) -> tuple[_State,
             "exported, compared and diffed, but not changed"
         )
     if operation == "participants_shaping":
-        a = _keys("participants_shaping", args, ("add", "remove", "update"))
+        a = keys("participants_shaping", args, ("add", "remove", "update"))
         parties = cur.party_map()
         remove = a["remove"]
         if isinstance(remove, str) or not isinstance(remove, Sequence):
             raise InvalidParameterError(f"participants_shaping.remove must be a list of party names, got {remove!r}")
-        remove = [_party_name(f"participants_shaping.remove[{i}]", r) for i, r in enumerate(remove)]
+        remove = [party_name(f"participants_shaping.remove[{i}]", r) for i, r in enumerate(remove)]
         add = _participants_arg("participants_shaping.add", a["add"])
         if isinstance(a["update"], Mapping):
             for n in a["update"]:
@@ -252,7 +244,7 @@ def _apply(states: Sequence[_State], operation: str, args: Any) -> tuple[_State,
         }
         return state, canon
     if operation == "pipeline_shaping":
-        a = _keys("pipeline_shaping", args, ("append", "insert", "remove"))
+        a = keys("pipeline_shaping", args, ("append", "insert", "remove"))
         remove = a["remove"]
         if isinstance(remove, str) or not isinstance(remove, Sequence):
             raise InvalidParameterError(f"pipeline_shaping.remove must be a list of step names, got {remove!r}")
@@ -267,7 +259,7 @@ def _apply(states: Sequence[_State], operation: str, args: Any) -> tuple[_State,
         insert = a["insert"]
         canon_insert = None
         if insert is not None:
-            ins = _keys("pipeline_shaping.insert", insert, ("index", "step"))
+            ins = keys("pipeline_shaping.insert", insert, ("index", "step"))
             index = check_int("pipeline_shaping.insert.index", ins["index"], 0, len(steps))
             step = Step.from_value(ins["step"], "pipeline_shaping.insert.step")
             steps.insert(index, step)
@@ -279,7 +271,7 @@ def _apply(states: Sequence[_State], operation: str, args: Any) -> tuple[_State,
         state = _make_state(cur.party_map(), cur.label, steps, False)
         return state, {"append": [s.to_dict() for s in append], "insert": canon_insert, "remove": list(remove)}
     if operation == "pipeline_substitute":
-        a = _keys("pipeline_substitute", args, ("name", "step"))
+        a = keys("pipeline_substitute", args, ("name", "step"))
         names = [s.name for s in cur.pipeline]
         if a["name"] not in names:
             raise InvalidParameterError(f"pipeline_substitute.name: unknown step {a['name']!r}; steps: {names}")
@@ -289,14 +281,14 @@ def _apply(states: Sequence[_State], operation: str, args: Any) -> tuple[_State,
         state = _make_state(cur.party_map(), cur.label, steps, False)
         return state, {"name": a["name"], "step": step.to_dict()}
     if operation == "rollback":
-        a = _keys("rollback", args, ("version",))
+        a = keys("rollback", args, ("version",))
         version = check_int("rollback.version", a["version"], 0, len(states) - 1)
         return states[version], {"version": version}
     if operation == "freeze":
-        _keys("freeze", args, ())
+        keys("freeze", args, ())
         return _State(cur.participants, cur.label, cur.pipeline, True), {}
     if operation == "merge":
-        a = _keys("merge", args, ("ancestor", "other", "state"))
+        a = keys("merge", args, ("ancestor", "other", "state"))
         ancestor = check_int("merge.ancestor", a["ancestor"], 0, len(states) - 1)
         other = a["other"]
         if not isinstance(other, str) or not re.fullmatch(r"[0-9a-f]{64}", other):

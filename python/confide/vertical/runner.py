@@ -28,7 +28,7 @@ import numpy as np
 from confide import checkpoints as ckpt
 from confide.crypto import gpu
 from confide.crypto.identity import Identity
-from confide.data.flsteps import JOIN_PROTOCOL
+from confide.data.flops import JOIN_PROTOCOL
 from confide.data.vertical import VerticalPartyData, vertical_party_data
 from confide.errors import ConfideError, JobFailedError
 from confide.hooks import load_hooks
