@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import secrets
 import time
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -168,9 +169,9 @@ def mask_vector(
 
 
 # -- packing ----------------------------------------------------------------------------------------
-def pack_fixed(values: list[int], width: int) -> bytes:
-    """Non-negative integers as ``width`` big-endian bytes each, concatenated."""
-    return b"".join(v.to_bytes(width, "big") for v in values)
+def pack_fixed(values: Iterable[int], width: int) -> bytes:
+    """Non-negative integers (Python or numpy) as ``width`` big-endian bytes each, concatenated."""
+    return b"".join(int(v).to_bytes(width, "big") for v in values)
 
 
 def unpack_fixed(data: Any, width: int, count: int, where: str) -> list[int]:

@@ -17,6 +17,7 @@ import pytest
 
 from confide.crypto import BatchCryptCodec, encrypt_packed, sum_encrypted
 from confide.crypto import threshold as th
+from confide.crypto.threshold import keygen as th_keygen
 from confide.errors import InvalidParameterError, ProtocolError
 
 BITS = 512
@@ -86,7 +87,7 @@ def test_the_joint_modulus_is_a_product_of_two_primes_nobody_was_given():
     out = {}
 
     def run(i):
-        out[i] = th._find_modulus(hub.channel(i), BITS, 256)
+        out[i] = th_keygen._find_modulus(hub.channel(i), BITS, 256)
 
     threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in (1, 2, 3)]
     for thread in threads:

@@ -1,0 +1,365 @@
+"""Distributed key generation (steps 1-3 of the package docstring), and a dealer for tests and demos."""
+
+from __future__ import annotations
+
+import math
+import secrets
+import threading
+from collections.abc import Sequence
+
+import gmpy2
+
+from confide.crypto.threshold.channel import Channel, CheatingPartyError, LocalChannels, check_threshold
+from confide.crypto.threshold.keys import (
+    BIPRIME_TESTS,
+    KAPPA,
+    MAX_MODULUS_BATCHES,
+    PRIMORIAL,
+    ThresholdKey,
+    ThresholdPublicKey,
+    pack_signed,
+    public_coin,
+    unpack_signed,
+    value_bytes,
+)
+from confide.crypto.vectors import pack_fixed, unpack_fixed
+from confide.errors import InvalidParameterError, ProtocolError
+
+
+def generate_locally(parties: int, threshold: int, *, bits: int = 2048, batch: int = 2048) -> list[ThresholdKey]:
+    """Every party's key from one run of the distributed generation, each party in a thread."""
+    hub = LocalChannels(parties)
+    keys: dict[int, ThresholdKey] = {}
+    errors: list[BaseException] = []
+
+    def run(index: int) -> None:
+        try:
+            keys[index] = generate_threshold_key(hub.channel(index), bits=bits, threshold=threshold, batch=batch)
+        except BaseException as error:  # noqa: BLE001 - re-raised below
+            errors.append(error)
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(1, parties + 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+    return [keys[i] for i in range(1, parties + 1)]
+
+
+# --------------------------------------------------------------------------- key generation
+
+
+def _field_prime(bits: int) -> int:
+    return int(gmpy2.next_prime(1 << (bits + 8)))
+
+
+def _lagrange_at_zero(points: Sequence[int], prime: int) -> list[int]:
+    out = []
+    for j in points:
+        num, den = 1, 1
+        for k in points:
+            if k != j:
+                num = num * k % prime
+                den = den * (k - j) % prime
+        out.append(num * pow(den, -1, prime) % prime)
+    return out
+
+
+def _shamir(secret: int, degree: int, prime: int, points: int) -> list[int]:
+    """Shares f(1..points) of a random polynomial of ``degree`` with f(0) = secret (mod prime)."""
+    coefficients = [secret] + [secrets.randbelow(prime) for _ in range(degree)]
+    out = []
+    for x in range(1, points + 1):
+        value = 0
+        for c in reversed(coefficients):
+            value = (value * x + c) % prime
+        out.append(value)
+    return out
+
+
+def _candidate_shares(index: int, parties: int, half: int, count: int) -> tuple[list[int], list[int]]:
+    """Additive shares of ``count`` candidate p (or q): 3 mod 4 in sum, top two bits fixed by party 1."""
+    span = (1 << (half - 2)) // parties // 4
+    offset = (1 << (half - 1)) + (1 << (half - 2))
+
+    def draw() -> int:
+        share = 4 * secrets.randbelow(span)
+        return share + offset + 3 if index == 1 else share
+
+    return [draw() for _ in range(count)], [draw() for _ in range(count)]
+
+
+def _biprime_base(n: int, test: int) -> int:
+    counter = 0
+    while True:
+        g = public_coin(b"biprime", n, test, counter, bits=n.bit_length() + 64) % n
+        if g > 1 and gmpy2.jacobi(g, n) == 1:
+            return g
+        counter += 1
+
+
+def _biprime_value(index: int, n: int, p: int, q: int, g: int) -> int:
+    exponent = (n - p - q + 1) // 4 if index == 1 else (p + q) // 4
+    return int(gmpy2.powmod(g, exponent, n))
+
+
+def _biprime_passes(values: Sequence[int], n: int) -> bool:
+    rest = 1
+    for value in values[1:]:
+        rest = rest * value % n
+    if math.gcd(rest, n) != 1:
+        return False
+    quotient = values[0] * pow(rest, -1, n) % n
+    return quotient in (1, n - 1)
+
+
+def _find_modulus(channel: Channel, bits: int, batch: int) -> tuple[int, int, int]:
+    """(N, p_i, q_i): step 1 of the module docstring."""
+    me, m = channel.index, channel.parties
+    degree = (m - 1) // 2
+    prime = _field_prime(bits)
+    width = value_bytes(prime.bit_length())
+    nwidth = value_bytes(bits)
+    lagrange = _lagrange_at_zero(list(range(1, m + 1)), prime)
+    others = [j for j in range(1, m + 1) if j != me]
+    round_number = 0
+    while True:
+        round_number += 1
+        if round_number > MAX_MODULUS_BATCHES:
+            raise ProtocolError(
+                f"no biprime modulus after {MAX_MODULUS_BATCHES} batches of {batch} candidates (about "
+                f"{30 * 2048 // batch} are expected at 2048 bits): a party is deviating from the key generation"
+            )
+        tag = f"dkg/modulus/{round_number}"
+        ps, qs = _candidate_shares(me, m, bits // 2, batch)
+        outgoing: dict[int, list[int]] = {j: [] for j in range(1, m + 1)}
+        for p, q in zip(ps, qs, strict=True):
+            sp = _shamir(p, degree, prime, m)
+            sq = _shamir(q, degree, prime, m)
+            sz = _shamir(0, 2 * degree, prime, m)
+            for j in range(1, m + 1):
+                outgoing[j] += (sp[j - 1], sq[j - 1], sz[j - 1])
+        for j in others:
+            channel.send(j, tag + "/shares", pack_fixed(outgoing[j], width))
+        received = {me: outgoing[me]}
+        for j in others:
+            received[j] = unpack_fixed(channel.recv(j, tag + "/shares"), width, 3 * batch, f"modulus shares from {j}")
+        products = []
+        for k in range(batch):
+            sp = sum(received[j][3 * k] for j in received) % prime
+            sq = sum(received[j][3 * k + 1] for j in received) % prime
+            sz = sum(received[j][3 * k + 2] for j in received) % prime
+            products.append((sp * sq + sz) % prime)
+        channel.broadcast(tag + "/products", pack_fixed(products, width))
+        all_products = {me: products}
+        for j in others:
+            all_products[j] = unpack_fixed(
+                channel.recv(j, tag + "/products"), width, batch, f"modulus products from {j}"
+            )
+        moduli = []
+        for k in range(batch):
+            n = sum(lagrange[j - 1] * all_products[j][k] for j in range(1, m + 1)) % prime
+            if n.bit_length() != bits:
+                raise ProtocolError(f"candidate modulus {k} of round {round_number} has {n.bit_length()} bits")
+            moduli.append(n)
+        survivors = [k for k, n in enumerate(moduli) if math.gcd(n, PRIMORIAL) == 1]
+        for tests in (1, BIPRIME_TESTS):
+            if not survivors:
+                break
+            first = 0 if tests == 1 else 1
+            mine = []
+            for k in survivors:
+                for test in range(first, tests):
+                    g = _biprime_base(moduli[k], test)
+                    mine.append(_biprime_value(me, moduli[k], ps[k], qs[k], g))
+            step = f"{tag}/biprime/{tests}"
+            channel.broadcast(step, pack_fixed(mine, nwidth))
+            count = len(survivors) * (tests - first)
+            values = {me: mine}
+            for j in others:
+                values[j] = unpack_fixed(channel.recv(j, step), nwidth, count, f"biprimality values from {j}")
+            passed = []
+            for position, k in enumerate(survivors):
+                ok = all(
+                    _biprime_passes(
+                        [values[j][position * (tests - first) + r] for j in range(1, m + 1)],
+                        moduli[k],
+                    )
+                    for r in range(tests - first)
+                )
+                if ok:
+                    passed.append(k)
+            survivors = passed
+        if survivors:
+            k = survivors[0]
+            return moduli[k], ps[k], qs[k]
+
+
+def _temporary_paillier(bits: int) -> tuple[int, int]:
+    """(n, lambda) of a throw-away Paillier key for the pairwise products (step 2)."""
+    while True:
+        p = int(gmpy2.next_prime(secrets.randbits(bits // 2) | (1 << (bits // 2 - 1))))
+        q = int(gmpy2.next_prime(secrets.randbits(bits // 2) | (1 << (bits // 2 - 1))))
+        n = p * q
+        if p != q and math.gcd(n, (p - 1) * (q - 1)) == 1:
+            return n, (p - 1) * (q - 1)
+
+
+def _encrypt_temporary(n: int, value: int) -> int:
+    n2 = n * n
+    while True:
+        r = secrets.randbelow(n)
+        if r > 1 and math.gcd(r, n) == 1:
+            break
+    return (1 + value * n) * int(gmpy2.powmod(r, n, n2)) % n2
+
+
+def _share_secret(channel: Channel, bits: int, n: int, p: int, q: int) -> tuple[int, int]:
+    """(s_i, theta): step 2 of the module docstring."""
+    me, m = channel.index, channel.parties
+    others = [j for j in range(1, m + 1) if j != me]
+    phi = n - p - q + 1 if me == 1 else -(p + q)
+    beta = secrets.randbelow(n)
+    product_bits = 2 * bits + 2
+    temp_bits = product_bits + KAPPA + 64
+    temp_n, temp_lambda = _temporary_paillier(temp_bits)
+    temp_n2 = temp_n * temp_n
+    channel.broadcast("dkg/secret/offer", pack_signed([temp_n, _encrypt_temporary(temp_n, beta)]))
+    masks_out = {j: secrets.randbelow(n) for j in others}
+    kept = 0
+    for j in others:
+        offer = unpack_signed(channel.recv(j, "dkg/secret/offer"), f"product offer from {j}")
+        if len(offer) != 2 or offer[0].bit_length() < temp_bits - 2:
+            raise CheatingPartyError(j, "product offer must hold a large enough modulus and one ciphertext")
+        their_n, ciphertext = offer
+        their_n2 = their_n * their_n
+        mask = secrets.randbits(product_bits + KAPPA) | (1 << (product_bits + KAPPA))
+        kept -= mask
+        answer = int(gmpy2.powmod(ciphertext, phi, their_n2)) * _encrypt_temporary(their_n, mask) % their_n2
+        channel.send(j, "dkg/secret/answer", pack_signed([answer, masks_out[j]]))
+    share = beta * phi + kept
+    masks_in = 0
+    for j in others:
+        answer = unpack_signed(channel.recv(j, "dkg/secret/answer"), f"product answer from {j}")
+        if len(answer) != 2:
+            raise CheatingPartyError(j, "product answer must hold one ciphertext and one mask")
+        plain = (int(gmpy2.powmod(answer[0], temp_lambda, temp_n2)) - 1) // temp_n
+        plain = plain * pow(temp_lambda, -1, temp_n) % temp_n
+        share += plain
+        masks_in += answer[1]
+    masked = (share + sum(masks_out.values()) - masks_in) % n
+    channel.broadcast("dkg/secret/theta", pack_signed([masked]))
+    theta = masked
+    for j in others:
+        values = unpack_signed(channel.recv(j, "dkg/secret/theta"), f"theta part from {j}")
+        if len(values) != 1:
+            raise CheatingPartyError(j, "theta part must be one value")
+        theta += values[0]
+    theta %= n
+    if math.gcd(theta, n) != 1:
+        raise ProtocolError("theta shares a factor with N: start the key generation again")
+    del temp_lambda
+    return share, theta
+
+
+def _share_threshold(channel: Channel, n: int, share: int, threshold: int) -> tuple[int, int, tuple[int, ...]]:
+    """(d_i, v, verification keys): step 3 of the module docstring."""
+    me, m = channel.index, channel.parties
+    others = [j for j in range(1, m + 1) if j != me]
+    n2 = n * n
+    delta = math.factorial(m)
+    v = pow(public_coin(b"v", n, bits=2 * n.bit_length() + 64) % n2, 2, n2)
+    secret_bits = 2 * n.bit_length() + KAPPA + 4 + m.bit_length()
+    coefficient_bits = secret_bits + KAPPA + 2 * delta.bit_length()
+    coefficients = [share] + [secrets.randbits(coefficient_bits) for _ in range(threshold - 1)]
+    commitments = [int(gmpy2.powmod(v, c, n2)) for c in coefficients]
+    channel.broadcast("dkg/threshold/commitments", pack_signed(commitments))
+
+    def evaluate(x: int) -> int:
+        value = 0
+        for c in reversed(coefficients):
+            value = value * x + c
+        return value
+
+    for j in others:
+        channel.send(j, "dkg/threshold/share", pack_signed([evaluate(j)]))
+    all_commitments = {me: commitments}
+    total = evaluate(me)
+    for j in others:
+        theirs = unpack_signed(channel.recv(j, "dkg/threshold/commitments"), f"commitments from {j}")
+        if len(theirs) != threshold:
+            raise CheatingPartyError(j, f"sent {len(theirs)} commitments, expected {threshold}")
+        all_commitments[j] = theirs
+        received = unpack_signed(channel.recv(j, "dkg/threshold/share"), f"threshold share from {j}")
+        if len(received) != 1:
+            raise CheatingPartyError(j, "threshold share must be one value")
+        if int(gmpy2.powmod(v, received[0], n2)) != _committed(theirs, me, n2):
+            raise CheatingPartyError(j, "its threshold share does not match its commitments")
+        total += received[0]
+    keys = []
+    for index in range(1, m + 1):
+        value = 1
+        for j in range(1, m + 1):
+            value = value * _committed(all_commitments[j], index, n2) % n2
+        keys.append(int(gmpy2.powmod(value, delta, n2)))
+    return total, v, tuple(keys)
+
+
+def _committed(commitments: Sequence[int], x: int, n2: int) -> int:
+    value = 1
+    for power, commitment in enumerate(commitments):
+        value = value * int(gmpy2.powmod(commitment, x**power, n2)) % n2
+    return value
+
+
+def generate_threshold_key(channel: Channel, *, bits: int = 2048, threshold: int, batch: int = 2048) -> ThresholdKey:
+    """Run the whole key generation as party ``channel.index`` of ``channel.parties``."""
+    check_threshold(channel.parties, threshold)
+    if bits % 2 or bits < 64:
+        raise InvalidParameterError(f"bits must be even and at least 64, got {bits}")
+    n, p, q = _find_modulus(channel, bits, batch)
+    share, theta = _share_secret(channel, bits, n, p, q)
+    del p, q
+    d, v, keys = _share_threshold(channel, n, share, threshold)
+    public = ThresholdPublicKey(n, channel.parties, threshold, theta, v, keys)
+    return ThresholdKey(public, channel.index, d)
+
+
+def deal_threshold_keys(parties: int, threshold: int, *, bits: int = 2048) -> list[ThresholdKey]:
+    """Every party's share, made by one dealer who sees p and q (a fallback, labelled ``dealer``).
+
+    The dealer knows the whole key while it runs; the distributed generation never puts it
+    anywhere. Same sharing, proofs and decryption as :func:`generate_threshold_key`.
+    """
+    check_threshold(parties, threshold, dealer=True)
+    if bits % 2 or bits < 64:
+        raise InvalidParameterError(f"bits must be even and at least 64, got {bits}")
+    while True:
+        p = int(gmpy2.next_prime(secrets.randbits(bits // 2) | (3 << (bits // 2 - 2))))
+        q = int(gmpy2.next_prime(secrets.randbits(bits // 2) | (3 << (bits // 2 - 2))))
+        n = p * q
+        if p != q and n.bit_length() == bits and math.gcd(n, (p - 1) * (q - 1)) == 1:
+            break
+    phi = (p - 1) * (q - 1)
+    while True:
+        beta = secrets.randbelow(n)
+        theta = beta * phi % n
+        if math.gcd(theta, n) == 1:
+            break
+    n2 = n * n
+    delta = math.factorial(parties)
+    v = pow(public_coin(b"v", n, bits=2 * bits + 64) % n2, 2, n2)
+    secret = beta * phi
+    coefficient_bits = secret.bit_length() + KAPPA + 2 * delta.bit_length()
+    coefficients = [secret] + [secrets.randbits(coefficient_bits) for _ in range(threshold - 1)]
+    shares = [sum(c * x**power for power, c in enumerate(coefficients)) for x in range(1, parties + 1)]
+    keys = tuple(int(gmpy2.powmod(v, delta * d, n2)) for d in shares)
+    public = ThresholdPublicKey(n, parties, threshold, theta, v, keys, dealer=True)
+    return [ThresholdKey(public, j, d) for j, d in enumerate(shares, start=1)]
+
+
+def encrypt_integers(public: ThresholdPublicKey, values: Sequence[int]) -> list[int]:
+    """Plain Paillier encryptions (g = N + 1) as integers, for small test keys."""
+    return [_encrypt_temporary(public.n, int(value) % public.n) for value in values]
