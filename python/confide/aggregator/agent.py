@@ -20,7 +20,7 @@ from pathlib import Path
 
 from confide import checkpoints as ckpt
 from confide.agent import RunState, runtime_job_id
-from confide.aggregator.service import AggregatorCore
+from confide.aggregator.core import AggregatorCore
 from confide.v1 import runtime_pb2 as pb
 
 __all__ = ["AggregatorWorker"]
