@@ -202,6 +202,10 @@ def test_hetero_nn_job_files_parse_and_bad_layers_name_the_field():
         parse_job(_vertical({"algorithm": "hetero_lr", "guest_bottom": [{"units": 3}]}))
     multi = parse_job(_vertical({"algorithm": "hetero_nn", "objective": "multi:softprob", "num_class": 10}))
     assert hetero_nn_params(multi).outputs == 10
+    # The batch limit is the protocol's own (ml/netspec.py), named with the field at submit.
+    assert hetero_nn_params(parse_job(_vertical({"algorithm": "hetero_nn", "batch_size": 8192}))).batch_size == 8192
+    with pytest.raises(ValueError, match=r"model: batch_size must be an integer in 1\.\.8192 for hetero_nn, got 8193"):
+        parse_job(_vertical({"algorithm": "hetero_nn", "batch_size": 8193}))
     # Framework forms: validated at submit without importing a framework; own code is found
     # next to the job file.
     with pytest.raises(ValueError, match="host_bottom.backend 'jax'"):
