@@ -37,13 +37,13 @@ from confide.data.flsteps import (
 )
 from confide.data.lineage import (
     FLDataConflictError,
+    LineageState,
     Participant,
-    _apply,
-    _diff_states,
-    _merge_states,
-    _State,
     _state_from_dict,
+    apply_change,
+    diff_states,
     is_empty_diff,
+    merge_states,
 )
 from confide.errors import DataProblemError, InvalidParameterError
 
@@ -107,7 +107,7 @@ class FLData:
 
     __slots__ = ("_states", "_entries")
 
-    def __init__(self, _states: tuple[_State, ...], _entries: tuple[dict[str, Any], ...]) -> None:
+    def __init__(self, _states: tuple[LineageState, ...], _entries: tuple[dict[str, Any], ...]) -> None:
         self._states = _states
         self._entries = _entries
 
@@ -136,7 +136,7 @@ class FLData:
         return cls((), ())._then("create", args)
 
     def _then(self, operation: str, args: Any) -> FLData:
-        state, canon = _apply(self._states, operation, args)
+        state, canon = apply_change(self._states, operation, args)
         entry = {
             "version": len(self._entries),
             "operation": operation,
@@ -148,7 +148,7 @@ class FLData:
     # -------------------------------------------------- state
 
     @property
-    def _state(self) -> _State:
+    def _state(self) -> LineageState:
         return self._states[-1]
 
     @property
@@ -279,7 +279,7 @@ class FLData:
         """
         if not isinstance(other, FLData):
             raise InvalidParameterError(f"diff: other must be an FLData, got {type(other).__name__}")
-        return _diff_states(self._state, other._state)
+        return diff_states(self._state, other._state)
 
     def merge(self, other: FLData) -> FLData:
         """Three-way merge of ``other`` into ``self`` from their last common lineage entry.
@@ -316,7 +316,7 @@ class FLData:
             )
         if self.frozen:
             return self._then("merge", {})  # refused with the frozen message
-        merged = _merge_states(self._states[k - 1], self._state, other._state)
+        merged = merge_states(self._states[k - 1], self._state, other._state)
         return self._then("merge", {"ancestor": k - 1, "other": other.fingerprint, "state": merged.to_dict()})
 
     # -------------------------------------------------- exchange

@@ -1,8 +1,8 @@
 """FL_Data's lineage: the participants and pipeline as versioned states, their diff and merge.
 
-Every operation on an :class:`~confide.data.fldata.FLData` appends a state (:func:`_apply`), so an
-earlier version can be restored, two versions compared (:func:`_diff_states`) and two branches
-merged three ways (:func:`_merge_states`, conflicts raised as :class:`FLDataConflictError`).
+Every operation on an :class:`~confide.data.fldata.FLData` appends a state (:func:`apply_change`), so an
+earlier version can be restored, two versions compared (:func:`diff_states`) and two branches
+merged three ways (:func:`merge_states`, conflicts raised as :class:`FLDataConflictError`).
 """
 
 from __future__ import annotations
@@ -98,13 +98,16 @@ def _participant(where: str, value: Any, base: Participant | None = None) -> Par
 
 
 @dataclass(frozen=True)
-class _State:
+class LineageState:
+    """One version of an FL_Data: its participants, label, pipeline and whether it is frozen."""
+
     participants: tuple[tuple[str, Participant], ...]  # sorted by party name
     label: str
     pipeline: tuple[Step, ...]
     frozen: bool
 
     def to_dict(self) -> dict[str, Any]:
+        """The state as JSON-ready data (what its fingerprint is taken of)."""
         return {
             "participants": {name: p.to_dict() for name, p in self.participants},
             "label": self.label,
@@ -113,13 +116,17 @@ class _State:
         }
 
     def fingerprint(self) -> str:
+        """SHA-256 of the canonical JSON of :meth:`to_dict`."""
         return sha256_of(self.to_dict())
 
     def party_map(self) -> dict[str, Participant]:
+        """Participants by party name."""
         return dict(self.participants)
 
 
-def _make_state(participants: Mapping[str, Participant], label: str, pipeline: Sequence[Step], frozen: bool) -> _State:
+def _make_state(
+    participants: Mapping[str, Participant], label: str, pipeline: Sequence[Step], frozen: bool
+) -> LineageState:
     """Check the cross-field rules and build a state."""
     if not participants:
         raise InvalidParameterError("participants must keep at least 1 participant")
@@ -142,7 +149,7 @@ def _make_state(participants: Mapping[str, Participant], label: str, pipeline: S
         )
     if joins and joins[0]._params["by"] == label:
         raise InvalidParameterError(f"step {joins[0].name!r} (join): by must not be the label {label!r}")
-    return _State(tuple(sorted(participants.items())), label, tuple(pipeline), bool(frozen))
+    return LineageState(tuple(sorted(participants.items())), label, tuple(pipeline), bool(frozen))
 
 
 def _participants_arg(where: str, value: Any, base: Mapping[str, Participant] | None = None) -> dict[str, Participant]:
@@ -163,7 +170,7 @@ def _steps_arg(where: str, value: Any) -> list[Step]:
     return [Step.from_value(v, f"{where}[{i}]") for i, v in enumerate(value)]
 
 
-def _state_from_dict(where: str, value: Any) -> _State:
+def _state_from_dict(where: str, value: Any) -> LineageState:
     d = keys(where, value, ("participants", "label", "pipeline", "frozen"))
     if not isinstance(d["frozen"], bool):
         raise InvalidParameterError(f"{where}.frozen must be true or false, got {d['frozen']!r}")
@@ -172,7 +179,7 @@ def _state_from_dict(where: str, value: Any) -> _State:
     return _make_state(participants, label, _steps_arg(f"{where}.pipeline", d["pipeline"]), d["frozen"])
 
 
-def _apply(states: Sequence[_State], operation: str, args: Any) -> tuple[_State, dict[str, Any]]:
+def apply_change(states: Sequence[LineageState], operation: str, args: Any) -> tuple[LineageState, dict[str, Any]]:
     """Apply one lineage entry to the history ``states``; returns the new state and canonical arguments.
 
     Used both by the public methods (with arguments they built) and by import (replay), so an
@@ -286,7 +293,7 @@ def _apply(states: Sequence[_State], operation: str, args: Any) -> tuple[_State,
         return states[version], {"version": version}
     if operation == "freeze":
         keys("freeze", args, ())
-        return _State(cur.participants, cur.label, cur.pipeline, True), {}
+        return LineageState(cur.participants, cur.label, cur.pipeline, True), {}
     if operation == "merge":
         a = keys("merge", args, ("ancestor", "other", "state"))
         ancestor = check_int("merge.ancestor", a["ancestor"], 0, len(states) - 1)
@@ -303,7 +310,8 @@ def _apply(states: Sequence[_State], operation: str, args: Any) -> tuple[_State,
     )
 
 
-def _diff_states(a: _State, b: _State) -> dict[str, Any]:
+def diff_states(a: LineageState, b: LineageState) -> dict[str, Any]:
+    """What changed from ``a`` to ``b``: participants, label, steps added, removed, changed, reordered."""
     pa, pb = a.party_map(), b.party_map()
     sa = {s.name: s for s in a.pipeline}
     sb = {s.name: s for s in b.pipeline}
@@ -404,7 +412,8 @@ def _runs(
     return runs
 
 
-def _merge_states(base: _State, a: _State, b: _State) -> _State:
+def merge_states(base: LineageState, a: LineageState, b: LineageState) -> LineageState:
+    """A three-way merge of ``a`` and ``b`` from ``base``; FLDataConflictError names every clash."""
     conflicts: list[str] = []
     pbase, pa, pb = base.party_map(), a.party_map(), b.party_map()
     parties = {}
