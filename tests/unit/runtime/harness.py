@@ -104,11 +104,12 @@ def run_parallel(work: dict[str, Callable[[], object]], timeout: float = 60.0) -
 
 
 def fast_decryption_key(bits: int = 2048):
-    """A Paillier key from OpenSSL's RSA primes (bounded time).
+    """A fresh Paillier key from OpenSSL's RSA primes, for tests that need a key of their own.
 
-    ``DecryptionKey.generate`` redraws only q while p stays fixed, and its |p - q| condition
-    makes that loop heavy-tailed (about 1 in 100 generations runs for tens of seconds): tests
-    that do not test key generation itself use this instead.
+    ``DecryptionKey.generate`` no longer has a heavy tail (a failed pair condition now redraws
+    both primes, ``crates/confide-paillier/src/keys.rs``); this is an independent source of
+    primes for the tests that use it. Tests that only need some key load the fixed one
+    (``tests/fixtures/keys.py``).
     """
     from cryptography.hazmat.primitives.asymmetric import rsa
 
