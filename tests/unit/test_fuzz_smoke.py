@@ -37,6 +37,7 @@ def test_seed_corpus_decodes_as_documented(target):
         _common.check(module.fuzz_one, module.ALLOWED, seed.read_bytes())
 
 
+@pytest.mark.slow
 def test_short_fuzz_run_of_every_python_target(tmp_path):
     pytest.importorskip("atheris")
     command = [sys.executable, str(FUZZ / "run.py"), "--python", "--runs", str(SHORT_RUNS), "--jobs", "2"]

@@ -130,6 +130,7 @@ def fit(vertical, g_rows, host_train, host_test, params):
     return out["hospital"], out["lab"]
 
 
+@pytest.mark.slow
 def test_a_partitioned_host_aligns_bins_and_grows_the_trees_of_its_rows_in_one_matrix(vertical):
     engine = open_compute("inline")
     columns = open_host(vertical, engine)

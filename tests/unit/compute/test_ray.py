@@ -96,6 +96,7 @@ def test_no_secret_reaches_a_ray_worker(engine, partitioned):
     data.holders.close()
 
 
+@pytest.mark.slow
 def test_gradients_encrypted_by_ray_tasks_decrypt_to_the_plaintexts(engine):
     from confide.compute.tasks import encrypt_raw_on
 
@@ -138,6 +139,7 @@ def test_a_histogram_holder_restarted_without_gradients_gets_them_again(engine):
     remote.close()
 
 
+@pytest.mark.slow
 def test_psi_blinding_on_ray_workers_aligns_the_same_rows(engine):
     import threading
 

@@ -123,6 +123,7 @@ def test_engine_names_are_checked():
         open_compute("inline:somewhere")
 
 
+@pytest.mark.slow
 def test_gradients_encrypted_on_workers_with_the_public_key_decrypt_as_the_guests_own():
     from confide.compute.tasks import encrypt_raw_on
 

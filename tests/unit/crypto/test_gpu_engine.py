@@ -201,6 +201,7 @@ def test_out_of_memory_halves_the_chunk_then_gives_up(monkeypatch):
         kern.encrypt_raw(plaintexts, exps)
 
 
+@pytest.mark.slow
 def test_ptx_compiles_without_a_gpu():
     """NVRTC turns the kernel source into PTX for Hopper at both key sizes' limb counts."""
     try:

@@ -65,6 +65,7 @@ def test_every_party_ends_with_the_same_public_key_and_its_own_share(three):
 
 
 @pytest.mark.parametrize("fixture", ["three", "five"])
+@pytest.mark.slow
 def test_any_t_parties_decrypt(fixture, request):
     keys, _ = request.getfixturevalue(fixture)
     public = keys[0].public

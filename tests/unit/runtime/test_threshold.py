@@ -93,6 +93,7 @@ def session(federation):
     return ThresholdSession(federation, PARTIES[:3], threshold=2)
 
 
+@pytest.mark.slow
 def test_every_party_gets_the_sum_and_reports_what_ran(session):
     vectors = vectors_for(session.names)
     results = session.run(vectors)
@@ -111,6 +112,7 @@ def test_every_party_gets_the_sum_and_reports_what_ran(session):
     assert "nobody" in report["secret_key_holders"]
 
 
+@pytest.mark.slow
 def test_each_party_partially_decrypts_only_its_t_of_m_share_of_slices(session, monkeypatch):
     calls = []
     real = threshold_module.partial_decrypt
@@ -126,6 +128,7 @@ def test_each_party_partially_decrypts_only_its_t_of_m_share_of_slices(session, 
     assert sorted(set(calls)) == [1, 2, 3]
 
 
+@pytest.mark.slow
 def test_a_party_sending_a_wrong_partial_decryption_is_named(session, monkeypatch):
     real = threshold_module.partial_decrypt
 
@@ -164,6 +167,7 @@ def test_a_round_with_fewer_than_t_participants_is_refused(federation):
     assert "needs 3 of the 4 key holders; only 2 took part" in str(caught.value.__cause__)
 
 
+@pytest.mark.slow
 def test_a_round_of_survivors_still_decrypts_with_t_of_them(federation):
     session = ThresholdSession(federation, PARTIES[:4], threshold=2)
     members = [PARTIES[0], PARTIES[2], PARTIES[3]]  # bravo dropped out

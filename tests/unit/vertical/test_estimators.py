@@ -34,6 +34,7 @@ def test_secureboost_classifier_fits_predicts_and_round_trips_its_parts(breast, 
     np.testing.assert_array_equal(loaded.predict_proba(test), proba)
 
 
+@pytest.mark.slow
 def test_secureboost_classifier_takes_multiclass_labels_from_the_data(tmp_path):
     from sklearn.datasets import load_digits
 
@@ -76,6 +77,7 @@ def test_estimator_input_errors(breast):
         SecureBoostClassifier().predict(train)
 
 
+@pytest.mark.slow
 def test_the_documented_route_aligns_own_tables_with_psi_then_fits(tmp_path):
     """docs/vertical.md, "In one process, with your own tables"."""
     from confide.vertical import psi

@@ -255,6 +255,7 @@ def test_convergence_stops_every_party_at_the_same_epoch(breast):
     assert len(models["g"].history) == len(models["h1"].history) == len(reference.loss) < 6
 
 
+@pytest.mark.slow
 def test_training_resumes_from_an_epoch_snapshot_to_the_uninterrupted_model(breast):
     from confide.vertical import wire
 

@@ -70,6 +70,7 @@ def breast():
     }
 
 
+@pytest.mark.slow
 def test_binary_matches_the_network_trained_centrally(breast):
     central = hn.predict_reference(breast["reference"], breast["tests"])
     secure = breast["scores"]
@@ -85,6 +86,7 @@ def test_binary_matches_the_network_trained_centrally(breast):
         assert a == pytest.approx(b, rel=1e-3, abs=1e-4)
 
 
+@pytest.mark.slow
 def test_shares_sum_to_the_central_weights(breast):
     guest, host = breast["models"]["g"], breast["models"]["h"]
     joint = hn_protocol._from_ring(guest.shares["h"] + host.share, hn.FW)
@@ -94,6 +96,7 @@ def test_shares_sum_to_the_central_weights(breast):
     assert np.median(np.abs(hn_protocol._from_ring(guest.shares["h"], hn.FW))) > 1e6
 
 
+@pytest.mark.slow
 def test_epoch_records(breast):
     for party in ("g", "h"):
         history = breast["models"][party].history
@@ -103,6 +106,7 @@ def test_epoch_records(breast):
             assert entry["bytes_sent"] > 0 and entry["bytes_received"] > 0
 
 
+@pytest.mark.slow
 def test_model_parts_round_trip_through_the_wire_format(breast):
     from confide.vertical import wire
 
@@ -118,6 +122,7 @@ def test_model_parts_round_trip_through_the_wire_format(breast):
     assert np.max(np.abs(scores - breast["scores"])) < 1e-9
 
 
+@pytest.mark.slow
 def test_digits_multiclass_within_one_point_of_central():
     X, y = _shuffled(*load_digits(return_X_y=True))
     train, test = slice(0, 1437), slice(1437, None)
@@ -138,6 +143,7 @@ def test_digits_multiclass_within_one_point_of_central():
     assert acc_secure > 0.9
 
 
+@pytest.mark.slow
 def test_regression_with_two_hosts_matches_central():
     rng = np.random.default_rng(5)
     X = rng.normal(size=(300, 9))
@@ -391,6 +397,7 @@ def test_keras_form_layers():
         parse_layers([{"class_name": "Dense", "config": {"units": 2, "use_bias": False}}], "top")
 
 
+@pytest.mark.slow
 def test_training_resumes_from_an_epoch_snapshot_to_the_uninterrupted_model():
     X, y = _shuffled(*load_breast_cancer(return_X_y=True), seed=4)
     parts = {"g": X[:300, :10], "h": X[:300, 10:]}

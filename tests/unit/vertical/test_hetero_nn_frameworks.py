@@ -93,6 +93,7 @@ def run(parts, y, params, tests=None, resume=None, on_epoch=None, session="t"):
     return models, scores
 
 
+@pytest.mark.slow
 def test_own_pytorch_modules_train_like_the_same_network_centrally(breast, nets):
     parts, y, tests, y_test = breast
     params = hn.HeteroNNParams(
@@ -129,6 +130,7 @@ def test_own_pytorch_modules_train_like_the_same_network_centrally(breast, nets)
     assert np.allclose(reloaded, scores, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_training_resumes_to_the_uninterrupted_model(breast, nets):
     parts, y, tests, _ = breast
     params = hn.HeteroNNParams(
@@ -216,6 +218,7 @@ KERAS_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_keras_networks_on_the_torch_backend_match_the_central_network():
     # Its own process: Keras picks its backend once per process.
     done = subprocess.run([sys.executable, "-c", KERAS_SCRIPT], capture_output=True, text=True, timeout=500)

@@ -226,6 +226,7 @@ def test_packing_is_exact_and_bounded():
 
 
 @pytest.mark.parametrize("objective", ["binary:logistic", "multi:softprob"])
+@pytest.mark.slow
 def test_training_resumes_after_a_boosting_round_to_the_same_trees(objective):
     from sklearn.datasets import load_digits
 

@@ -57,6 +57,7 @@ def margins_on(model, X_guest, X_host, rows):
     )["guest"]
 
 
+@pytest.mark.slow
 def test_early_stopping_keeps_the_best_round_and_equals_the_reference(breast):
     X, y = breast
     # A large learning rate overfits within a few rounds, so the validation loss turns up.
@@ -96,6 +97,7 @@ def test_validation_without_early_stopping_keeps_every_round(breast):
     assert model.validation_loss[-1] < model.validation_loss[0]
 
 
+@pytest.mark.slow
 def test_multiclass_losses_are_per_round():
     X, y = load_digits(return_X_y=True)
     X, y = X[:300], (y[:300] % 3).astype(float)
@@ -108,6 +110,7 @@ def test_multiclass_losses_are_per_round():
     assert model.validation_loss[-1] < np.log(3)  # better than the uniform guess
 
 
+@pytest.mark.slow
 def test_resume_carries_the_validation_history(breast):
     X, y = breast
     params = sb.SecureBoostParams(

@@ -21,6 +21,7 @@ def digits():
     return X[order].astype(np.float64), y[order].astype(np.float64)
 
 
+@pytest.mark.slow
 def test_secure_multiclass_trees_equal_the_plaintext_reference(digits):
     X, y = digits
     X, y = X[:500], y[:500]
@@ -105,6 +106,7 @@ def test_multiclass_bad_input_is_named(digits):
 
 
 @pytest.mark.parametrize("classes", [3, 10])
+@pytest.mark.slow
 def test_packed_classes_give_the_reference_trees_with_one_gradient_vector_per_round(digits, classes):
     X, y = digits
     X, y = X[:400], (y[:400] % classes)
