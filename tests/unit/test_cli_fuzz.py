@@ -96,7 +96,14 @@ def test_every_command_is_found():
     assert {"certs sign", "model predict", "grant revoke", "job submit", "data uses", "party", "run"} <= set(names)
 
 
-@pytest.mark.parametrize("command,parser", COMMANDS, ids=[name for name, _ in COMMANDS])
+# The console commands take 7-13 s each here (measured with --durations; argon2id hashing among it).
+_CASES = [
+    pytest.param(name, parser, id=name, marks=[pytest.mark.slow] if name.startswith("console ") else [])
+    for name, parser in COMMANDS
+]
+
+
+@pytest.mark.parametrize("command,parser", _CASES)
 def test_bad_values_get_a_message_not_a_traceback(command, parser, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     for variable in ("CONFIDE_CONTROLLER", "CONFIDE_CERTS", "CONFIDE_IDENTITY"):

@@ -17,6 +17,9 @@ from confide.vertical.binning import Binner
 from tests.fixtures.keys import fixed_key, fixed_native_key
 from tests.fixtures.partitions import fl_data
 
+# A Ray head per module and worker processes per test: the fast tier leaves Ray out.
+pytestmark = pytest.mark.slow
+
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'confide[ray]'; make test installs it)")
 
 

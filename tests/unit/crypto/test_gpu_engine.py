@@ -101,6 +101,7 @@ def test_decrypt_is_exact_and_inverts_encrypt(pair):
     assert [ref.decrypt(c) for c in kern.encrypt_raw(plaintexts)] == plaintexts
 
 
+@pytest.mark.slow
 def test_products_and_powers_equal_gmp(pair):
     ref, kern = pair
     rng = random.Random(13)

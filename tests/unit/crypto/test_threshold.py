@@ -132,6 +132,7 @@ def test_fewer_than_t_parties_plus_the_aggregator_cannot_decrypt(five):
     assert (value - 1) % n != 0 or (value - 1) // n * scale % n != secret
 
 
+@pytest.mark.slow
 def test_no_party_view_holds_the_factors(three):
     # Each party's view: its own shares plus every payload it received. None of the numbers in
     # it shares a factor with N (a factor of N, or a multiple of one, would reveal p or q).

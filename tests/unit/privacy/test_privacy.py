@@ -278,6 +278,7 @@ def test_dp_sgd_clips_every_record_and_adds_its_noise():
     assert not np.array_equal(again.get_weights(), third.get_weights())
 
 
+@pytest.mark.slow
 def test_dp_sgd_refuses_a_party_too_small_for_its_budget():
     spec = parse_job(
         {

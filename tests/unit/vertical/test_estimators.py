@@ -59,6 +59,7 @@ def test_secureboost_regressor():
     assert r2_score(y, model.predict(parts)) > 0.6
 
 
+@pytest.mark.slow
 def test_hetero_logistic_regression(breast):
     (train, y), (test, y_test) = breast
     model = HeteroLogisticRegression(epochs=3, batch_size=64).fit(train, y, guest="bank")

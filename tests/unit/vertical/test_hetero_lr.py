@@ -229,6 +229,7 @@ def test_history_timings_and_model_round_trip(one_host):
         hlr.HeteroLRHostModel.from_dict(guest.to_dict())
 
 
+@pytest.mark.slow
 def test_three_hosts_and_a_guest_without_columns(breast):
     """Loss cross terms between three hosts; the guest holds only the labels (and intercept)."""
     X_train, _, y_train, _, _ = breast
