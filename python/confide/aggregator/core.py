@@ -20,7 +20,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -31,9 +30,6 @@ from confide.aggregator.store import ResultStore
 from confide.errors import ConfideError, PermissionDeniedError, ProtocolError, RoundClosedError
 from confide.transport.revocation import RevocationGate
 from confide.v1 import runtime_pb2 as pb
-
-if TYPE_CHECKING:
-    from confide.aggregator.service import NativeDataPath
 
 log = logging.getLogger("confide.aggregator")
 Observer = Callable[[str, str, object], None]
@@ -129,11 +125,13 @@ class AggregatorCore:
         self._revoked_parties: dict[str, str] = {}
         self._monitor = threading.Thread(target=self._watch, name="confide-round-monitor", daemon=True)
         self._monitor.start()
-        #: The Rust data path (see :class:`NativeDataPath`), when started by :func:`serve`.
+        #: The Rust data path (see :class:`confide.aggregator.service.NativeDataPath`), when started by :func:`serve`.
         self.data_server: _native.DataServer | None = None
         #: The revocation check of every port, when :func:`serve` was given a CRL.
         self.revocation_gate: RevocationGate | None = None
-        self.data_path: NativeDataPath | None = None
+        #: The service's NativeDataPath over ``data_server`` (set by serve; not imported here, since the
+        #: service module is built on this one).
+        self.data_path = None
 
     def configure_job(self, job_id: str, *, round_timeout_s: float, dropout_grace_s: float) -> None:
         """Timeouts for one job (from its session's aggregator configuration)."""
