@@ -481,18 +481,36 @@ def _follow(federation: LocalFederation, progress: bool, echo) -> None:
 
 
 def _fail_fast(federation: LocalFederation, reports: dict[str, dict | None]) -> None:
-    """A party that failed before its first round (bad model, missing framework) fails the job now.
+    """Fail the job now where waiting cannot save it.
 
-    Its peers would otherwise wait out the set-up timeout for it; a party that fails later is a
-    dropout, which the others survive (``on_dropout``).
+    - A party that failed before its first round (bad model, missing framework): its peers would
+      otherwise wait out the set-up timeout for it.
+    - Parties that failed for good later (they said why in their report, so they are not started
+      again) leaving fewer than ``protection.min_parties`` that can still take part, or any with
+      ``on_dropout: fail``: the others would wait out the round timeout and fail anyway. With
+      enough left, a failed party is a dropout, which the others survive (``on_dropout``).
     """
+    failed: dict[str, str] = {}
     for name, process in federation.parties.items():
         if process.poll() in (None, 0):
             continue
         report = reports.get(name) or {}
+        reason = report.get("error") or federation._tail(name)
         if not report.get("rounds"):
-            reason = report.get("error") or federation._tail(name)
             raise JobFailedError(f"job failed before round 1:\n  {name}: {reason}")
+        if report.get("status") == "failed":
+            failed[name] = reason
+    if not failed:
+        return
+    protection = federation.spec.protection
+    left = len(federation.parties) - len(failed)
+    reasons = "\n  ".join(f"{name}: {reason}" for name, reason in sorted(failed.items()))
+    if left < protection.min_parties:
+        raise JobFailedError(
+            f"job failed: {left} parties left, protection.min_parties is {protection.min_parties}:\n  {reasons}"
+        )
+    if protection.on_dropout == "fail":
+        raise JobFailedError(f"job failed: a party dropped out; on_dropout is 'fail':\n  {reasons}")
 
 
 def _follow_vertical(federation: LocalFederation, echo) -> None:
