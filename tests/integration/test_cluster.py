@@ -13,8 +13,10 @@ from confide.transport.certs import Identity, init_federation
 from confide.transport.client import AGGREGATOR, AggregatorClient
 from confide.transport.routing import node_for
 from confide.v1 import runtime_pb2 as pb
+from tests.fixtures import waiting
 from tests.fixtures.faults import with_faults
 from tests.fixtures.federation import run_local
+from tests.fixtures.waiting import wait_for_text
 from tests.integration.conftest import make_spec
 
 SYNTHETIC = {"dataset": "synthetic", "samples": 3000, "features": 1500, "test_fraction": 0.2}
@@ -51,13 +53,7 @@ def test_node_killed_mid_job_its_share_moves_and_every_round_completes(tmp_path)
         federation.start_cluster(3)
         for party in spec.parties:
             federation.start_party(party)
-        deadline = time.monotonic() + 120
-        while True:
-            report = federation.report_of("hospital-a")
-            if report and len(report["rounds"]) >= 2:
-                break
-            assert time.monotonic() < deadline, "job did not reach round 2"
-            time.sleep(0.01)
+        wait_for_round(federation, 2)
         assert federation.cluster is not None
         federation.cluster.kill(1)
         killed_at = len(federation.report_of("hospital-a")["rounds"])
@@ -77,18 +73,8 @@ def test_node_killed_mid_job_its_share_moves_and_every_round_completes(tmp_path)
     assert "aggregator node 1" in logs and "lost" in logs
 
 
-def wait_for_round(federation: LocalFederation, round_number: int, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while len((federation.report_of("hospital-a") or {}).get("rounds", [])) < round_number:
-        assert time.monotonic() < deadline, f"job did not reach round {round_number}"
-        time.sleep(0.01)
-
-
-def wait_for_log(path, text: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not (path.exists() and text in path.read_text()):
-        assert time.monotonic() < deadline, f"{text!r} not in {path.name} within {timeout:g} s"
-        time.sleep(0.05)
+def wait_for_round(federation: LocalFederation, round_number: int, timeout_s: float = 120.0) -> None:
+    waiting.wait_for_round(federation.workdir / "parties" / "hospital-a.report.json", round_number, timeout_s)
 
 
 def check_completed_alike(federation: LocalFederation, spec) -> None:
@@ -150,7 +136,7 @@ def test_restarted_node_is_readmitted_at_a_round_boundary(tmp_path):
         federation.cluster.kill(0)  # the relay too: it moves to node 1 and back
         killed_at = len(federation.report_of("hospital-a")["rounds"])
         for party in spec.parties:
-            wait_for_log(tmp_path / "logs" / f"{party}.log", "aggregator node 0")
+            wait_for_text(tmp_path / "logs" / f"{party}.log", "aggregator node 0")
         federation.cluster.restart(0)
         restarted_at = len(federation.report_of("hospital-a")["rounds"])
         for process in federation.parties.values():

@@ -21,6 +21,7 @@ from confide.transport.certs import Identity, init_federation
 from confide.transport.client import AggregatorClient
 from confide.v1 import runtime_pb2 as pb
 from confide.v1 import runtime_pb2_grpc as rpc
+from tests.fixtures.waiting import wait_for
 
 PARTIES = ["party-a", "party-b"]
 
@@ -166,16 +167,12 @@ def test_a_stream_cut_mid_round_is_a_dropout(node):
         hold.wait(10)
 
     call = stub.PushSlices.future(messages(), timeout=10)
-    deadline = time.monotonic() + 5
-    while not core._rounds and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_for(lambda: core._rounds, 5, "the round to open", every_s=0.02)
     time.sleep(0.3)  # the first batch folds
     call.cancel()  # the party's connection goes away with a slice missing
     hold.set()
-    deadline = time.monotonic() + 5
     state = next(iter(core._rounds.values()))
-    while state.status == "open" and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_for(lambda: state.status != "open", 5, "the round to close")
     assert state.status == "aborted"
     assert "party-a dropped out" in state.reason
     assert state.contributed.get("party-a") == 1

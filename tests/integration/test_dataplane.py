@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 
 import numpy as np
 import pytest
@@ -12,6 +11,7 @@ from confide.aggregator import AggregatorConfig, serve
 from confide.transport.certs import Identity, init_federation
 from confide.transport.client import AGGREGATOR, AggregatorClient
 from confide.v1 import runtime_pb2 as pb
+from tests.fixtures.waiting import wait_for
 
 PARTIES = ["party-a", "party-b", "party-c"]
 L, SLICES = 256, 40
@@ -97,10 +97,7 @@ def test_partial_sums_checkpointed_while_a_party_is_away_then_restored(node):
     # party-c shows up, sends half its slices and its stream ends: it is away with slices missing.
     links["party-c"].push(header("party-c"), slices(vectors["party-c"], range(SLICES // 2)))
     state = next(iter(core._rounds.values()))
-    deadline = time.monotonic() + 4
-    while state.checkpoint is None:
-        assert time.monotonic() < deadline, "no checkpoint written while party-c was away"
-        time.sleep(0.05)
+    wait_for(lambda: state.checkpoint is not None, 4, "a checkpoint written while party-c was away")
     assert core.dataplane.stats()["staged_bytes"] == 0  # partial sums left memory
     # Back within the grace period: the rest of its slices, and the round completes exactly.
     links["party-c"].push(header("party-c"), slices(vectors["party-c"], range(SLICES)))

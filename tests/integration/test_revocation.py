@@ -26,6 +26,7 @@ from confide.v1 import runtime_pb2 as pb
 from confide.v1 import runtime_pb2_grpc as rpc
 from tests.fixtures.faults import with_faults
 from tests.fixtures.federation import run_local
+from tests.fixtures.waiting import wait_for_round
 from tests.integration.conftest import make_spec
 
 #: One heartbeat interval of the agents (agent/follower.py), the bound the issue sets.
@@ -111,10 +112,7 @@ def test_a_party_revoked_mid_job_is_dropped_and_refused_everywhere(tmp_path, con
     runner.start()
     try:
         report_a = workdir / "parties" / "hospital-a.report.json"
-        deadline = time.monotonic() + 40
-        while not (report_a.exists() and report_a.read_text().count('"round":') >= 3):
-            assert time.monotonic() < deadline and runner.is_alive(), f"job did not reach round 3: {outcome}"
-            time.sleep(0.05)
+        wait_for_round(report_a, 3, 40, alive=runner.is_alive)
         port = int((workdir / "aggregator.port").read_text())
         old_identity = Identity.load(certs, "hospital-c")
         with ControllerClient(url, certs_dir=certs, name="hospital-c") as client:

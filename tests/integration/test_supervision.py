@@ -14,13 +14,13 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
 from tests.fixtures.faults import confide_processes, with_faults
 from tests.fixtures.federation import run_local
+from tests.fixtures.waiting import wait_for_round
 from tests.integration.conftest import make_spec
 
 
@@ -40,19 +40,6 @@ def _node_pid(workdir: Path, node: int) -> int:
     ]
     assert len(found) == 1, f"expected one process of node {node} under {workdir}, found {found}"
     return found[0]
-
-
-def _wait_for_round(report: Path, number: int, timeout: float = 180.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            rounds = json.loads(report.read_text())["rounds"]
-            if rounds and rounds[-1]["round"] >= number:
-                return
-        except (FileNotFoundError, json.JSONDecodeError, KeyError):
-            pass
-        assert time.monotonic() < deadline, f"{report} did not reach round {number}"
-        time.sleep(0.05)
 
 
 def _final_models(workdir: Path, parties: list[str]) -> set[tuple]:
@@ -133,7 +120,7 @@ def test_leader_killed_between_rounds_is_admitted_back_by_the_next_leader(tmp_pa
 
     launcher = threading.Thread(target=launch)
     launcher.start()
-    _wait_for_round(tmp_path / "parties" / "hospital-a.report.json", 3)
+    wait_for_round(tmp_path / "parties" / "hospital-a.report.json", 3)
     pid = _pid_of(tmp_path, "--party", "hospital-a")
     os.kill(pid, signal.SIGKILL)  # in its pause after a round: no upload is open
     launcher.join(240)
@@ -165,7 +152,7 @@ def test_confide_run_names_a_killed_aggregator_restarts_it_and_the_job_completes
     workdir = tmp_path / "run"
     launcher = _confide_run(job, workdir)
     try:
-        _wait_for_round(workdir / "parties" / "hospital-b.report.json", 3)
+        wait_for_round(workdir / "parties" / "hospital-b.report.json", 3)
         pid = _pid_of(workdir, "aggregator")
         os.kill(pid, signal.SIGKILL)
         output, _ = launcher.communicate(timeout=240)
@@ -187,7 +174,7 @@ def test_confide_run_names_a_killed_cluster_node_restarts_it_and_the_parties_rea
     workdir = tmp_path / "run"
     launcher = _confide_run(job, workdir, "--nodes", "2")
     try:
-        _wait_for_round(workdir / "parties" / "hospital-b.report.json", 3)
+        wait_for_round(workdir / "parties" / "hospital-b.report.json", 3)
         pid = _node_pid(workdir, 0)  # node 0 also relays
         os.kill(pid, signal.SIGKILL)
         killed_at = len(json.loads((workdir / "parties" / "hospital-b.report.json").read_text())["rounds"])
@@ -214,7 +201,7 @@ def test_confide_run_resume_goes_on_from_the_last_round_every_party_checkpointed
     workdir = tmp_path / "run"
     launcher = _confide_run(job, workdir)
     try:
-        _wait_for_round(workdir / "parties" / "hospital-a.report.json", 5)
+        wait_for_round(workdir / "parties" / "hospital-a.report.json", 5)
         launcher.send_signal(signal.SIGTERM)
         output, _ = launcher.communicate(timeout=60)
     finally:
