@@ -39,33 +39,17 @@ pub struct PushResult {
     pub completed: Vec<(u32, Vec<u8>)>,
 }
 
-/// Counters of the whole node.
+/// Counters of the whole node: its trackers' counters summed (workers and enclave), and what only
+/// the node knows.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Stats {
     /// Worker threads.
     pub workers: usize,
     /// SIMD level of the primitive.
     pub simd_level: &'static str,
-    /// Accumulator bytes held in memory now (workers and enclave).
-    pub staged_bytes: u64,
-    /// Highest staged bytes since the last reset.
-    pub peak_staged_bytes: u64,
-    /// Entries held in memory.
-    pub open_entries: u64,
-    /// Entries spilled out of memory now.
-    pub spilled_entries: u64,
-    /// Slices folded in.
-    pub aggregated: u64,
-    /// Slices completed.
-    pub completed: u64,
-    /// Spills (total).
-    pub spills: u64,
-    /// Reloads (total).
-    pub reloads: u64,
-    /// Duplicate arrivals.
-    pub duplicates: u64,
-    /// Late arrivals.
-    pub late: u64,
+    /// The trackers' counters summed; `peak_staged_bytes` is the node's peak, `aggregated` the
+    /// workers' total.
+    pub tracker: TrackerStats,
     /// Slices folded per worker.
     pub per_worker_aggregated: Vec<u64>,
 }
@@ -562,21 +546,9 @@ impl DataPlane {
             sum.add(&es);
         }
         let per_worker_aggregated: Vec<u64> = self.shared.aggregated.iter().map(|a| a.load(Ordering::Relaxed)).collect();
-        Stats {
-            workers: self.workers(),
-            simd_level: kernels::simd_level(),
-            staged_bytes: sum.staged_bytes,
-            peak_staged_bytes: peak.max(sum.staged_bytes),
-            open_entries: sum.open_entries,
-            spilled_entries: sum.spilled_entries,
-            aggregated: per_worker_aggregated.iter().sum(),
-            completed: sum.completed,
-            spills: sum.spills,
-            reloads: sum.reloads,
-            duplicates: sum.duplicates,
-            late: sum.late,
-            per_worker_aggregated,
-        }
+        sum.peak_staged_bytes = peak.max(sum.staged_bytes);
+        sum.aggregated = per_worker_aggregated.iter().sum();
+        Stats { workers: self.workers(), simd_level: kernels::simd_level(), tracker: sum, per_worker_aggregated }
     }
 
     /// Sets the peak of staged bytes to the current value.

@@ -141,6 +141,6 @@ fn tee_mean_equals_plain_mean() {
     assert!(tee_out.iter().all(Option::is_some));
     assert_eq!(tee_out, plain_out, "identical to the plain f32 mean");
     let st = tee.stats();
-    assert_eq!(st.completed, u64::from(ts.num_slices));
-    assert_eq!(st.staged_bytes, 0);
+    assert_eq!(st.tracker.completed, u64::from(ts.num_slices));
+    assert_eq!(st.tracker.staged_bytes, 0);
 }

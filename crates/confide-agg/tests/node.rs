@@ -53,10 +53,10 @@ fn concurrent_pushes_give_the_float64_mean() {
     let (want, scale) = reference(&data, &weights, true);
     assert_close(&got, &want, &scale);
     let st = plane.stats();
-    assert_eq!(st.aggregated, u64::from(participants * s.num_slices));
-    assert_eq!(st.completed, u64::from(s.num_slices));
-    assert_eq!(st.staged_bytes, 0);
-    assert!(st.peak_staged_bytes > 0);
+    assert_eq!(st.tracker.aggregated, u64::from(participants * s.num_slices));
+    assert_eq!(st.tracker.completed, u64::from(s.num_slices));
+    assert_eq!(st.tracker.staged_bytes, 0);
+    assert!(st.tracker.peak_staged_bytes > 0);
     assert_eq!(st.per_worker_aggregated.len(), 3);
     assert!(st.per_worker_aggregated.iter().all(|&a| a > 0));
     plane.close_round(7).unwrap();
@@ -82,12 +82,12 @@ fn checkpoint_restore_missing_and_errors() {
     let a = DataPlane::new(2, 64, Some(dir.clone()), None).unwrap();
     a.open_round(s.clone()).unwrap();
     assert_eq!(push_all(&a, 0).accepted, 7);
-    assert!(a.stats().spills > 0, "a 64-byte cap spills");
+    assert!(a.stats().tracker.spills > 0, "a 64-byte cap spills");
     assert_eq!(push_all(&a, 2).completed.len(), 0);
     let missing = a.missing(8).unwrap();
     assert_eq!(missing, (0..7).map(|i| (i, vec![1])).collect::<Vec<_>>());
     let blob = a.checkpoint_round(8).unwrap();
-    assert_eq!(a.stats().staged_bytes, 0);
+    assert_eq!(a.stats().tracker.staged_bytes, 0);
     drop(a);
     // Another node with another worker count finishes the round.
     let b = DataPlane::new(3, 1 << 20, None, None).unwrap();

@@ -200,16 +200,16 @@ impl PyDataPlane {
         let d = PyDict::new(py);
         d.set_item("workers", s.workers)?;
         d.set_item("simd_level", s.simd_level)?;
-        d.set_item("staged_bytes", s.staged_bytes)?;
-        d.set_item("peak_staged_bytes", s.peak_staged_bytes)?;
-        d.set_item("open_entries", s.open_entries)?;
-        d.set_item("spilled_entries", s.spilled_entries)?;
-        d.set_item("aggregated", s.aggregated)?;
-        d.set_item("completed", s.completed)?;
-        d.set_item("spills", s.spills)?;
-        d.set_item("reloads", s.reloads)?;
-        d.set_item("duplicates", s.duplicates)?;
-        d.set_item("late", s.late)?;
+        d.set_item("staged_bytes", s.tracker.staged_bytes)?;
+        d.set_item("peak_staged_bytes", s.tracker.peak_staged_bytes)?;
+        d.set_item("open_entries", s.tracker.open_entries)?;
+        d.set_item("spilled_entries", s.tracker.spilled_entries)?;
+        d.set_item("aggregated", s.tracker.aggregated)?;
+        d.set_item("completed", s.tracker.completed)?;
+        d.set_item("spills", s.tracker.spills)?;
+        d.set_item("reloads", s.tracker.reloads)?;
+        d.set_item("duplicates", s.tracker.duplicates)?;
+        d.set_item("late", s.tracker.late)?;
         d.set_item("per_worker_aggregated", s.per_worker_aggregated)?;
         Ok(d)
     }
