@@ -3,7 +3,22 @@ from pathlib import Path
 import pytest
 
 from confide.crypto import DecryptionKey
+from tests.fixtures import ordering
 from tests.fixtures.keys import fixed_key
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--record-durations",
+        action="store_true",
+        help="write each file's test time into tests/durations.json (the order `make test` runs files in)",
+    )
+
+
+def pytest_configure(config):
+    # The controller (or a run without workers) sees every report; xdist workers only their own.
+    if config.getoption("record_durations") and not hasattr(config, "workerinput"):
+        config.pluginmanager.register(ordering.Recorder(), "confide-durations")
 
 
 @pytest.fixture(scope="session")
@@ -42,8 +57,10 @@ def pytest_collection_modifyitems(config, items):
     ``make test`` distributes whole files over both cores (``--dist loadfile``): a file's tests
     share its module-scoped fixtures (a trained job, a venv, a Ray cluster) on one worker, which
     builds them once. (``--dist loadgroup`` would not do: with pytest 9 the group suffix
-    pytest-xdist 3.8 writes into ``item._nodeid`` never reaches the scheduler.)
+    pytest-xdist 3.8 writes into ``item._nodeid`` never reaches the scheduler.) The files come
+    longest first (tests/fixtures/ordering.py), which ``--no-loadscope-reorder`` keeps.
     """
+    ordering.longest_files_first(items, ordering.load())
     root = Path(__file__).resolve().parent
     for item in items:
         relative = Path(str(item.fspath)).resolve().relative_to(root)
