@@ -42,11 +42,14 @@ $(PROTO): proto/confide/v1/runtime.proto $(STAMP)
 		apt-get update -qq && apt-get install -y -qq python3-venv m4 >/dev/null; fi
 	@touch $@
 
+# uv (from the Python registry) installs the pins: the versions pip picked (compared with pip freeze),
+# downloaded and unpacked in parallel: both files took pip 203 s in a fresh clone on two cores, uv 39 s.
+UV := VIRTUAL_ENV=$(abspath $(VENV)) $(VENV)/bin/uv
 $(STAMP): requirements-dev.txt requirements-frameworks.txt pyproject.toml .system-deps
 	@test -x $(PYTHON) || python3 -m venv $(VENV)
-	$(PYTHON) -m pip install -q --upgrade pip
-	$(PYTHON) -m pip install -q -r requirements-dev.txt
-	$(PYTHON) -m pip install -q -r requirements-frameworks.txt
+	$(PYTHON) -m pip install -q uv==0.13.9
+	$(UV) pip install -q -r requirements-dev.txt
+	$(UV) pip install -q -r requirements-frameworks.txt
 	@touch $@
 
 $(GMP): scripts/build-gmp.sh .system-deps
@@ -81,11 +84,13 @@ test: test-imports test-rust test-fuzz-rust test-python
 test-imports: setup
 	$(VENV)/bin/lint-imports
 
-# The Paillier suite runs twice: on the AVX-512 IFMA engine (where the CPU has it)
-# and forced onto the GMP engine, so both stay correct whatever CI's CPU is.
+# The Rust tests run twice: on the AVX-512 IFMA engines (where the CPU has them) and forced onto
+# GMP and dalek, so both stay correct whatever CI's CPU is. The second pass asks for the same
+# workspace build (`-p confide-paillier` alone would unify features differently and compile the
+# dependencies again: a minute on two cores) and skips the doc tests, which have no engine.
 test-rust: $(GMP)
 	cargo test --workspace --release
-	CONFIDE_DISABLE_IFMA=1 cargo test -p confide-paillier --release
+	CONFIDE_DISABLE_IFMA=1 cargo test --workspace --release --lib --tests
 
 # A short run of the Rust fuzz targets (fuzz/rust: libFuzzer on the stable toolchain); the
 # Python targets' short run is tests/unit/test_fuzz_smoke.py. The long run is `make fuzz`.

@@ -25,7 +25,7 @@ WHEELS = sorted((ROOT / "dist").glob("confide-*.whl"))
 
 pytestmark = [
     pytest.mark.skipif(not WHEELS, reason="no wheel in dist/: `make wheel` builds it (`make test` does)"),
-    # Installing the dependencies (from pip's cache after make setup) and two demo jobs.
+    # Installing the dependencies with pip, as a user would (the registry, or pip's cache), and two demo jobs.
     pytest.mark.timeout(900),
 ]
 
@@ -38,7 +38,7 @@ def _clean_env() -> dict[str, str]:
 def venv(tmp_path_factory) -> Path:
     where = tmp_path_factory.mktemp("wheel-venv") / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(where)], check=True)
-    # The suite's pins as constraints (pip takes no extras there): the same versions, from pip's cache.
+    # The suite's pins as constraints (pip takes no extras there): the same versions make setup installed.
     pins = where.parent / "constraints.txt"
     pins.write_text(re.sub(r"\[[^\]]*\]", "", (ROOT / "requirements-dev.txt").read_text()))
     install = subprocess.run(
