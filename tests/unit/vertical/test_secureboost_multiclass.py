@@ -113,9 +113,11 @@ def test_packed_classes_give_the_reference_trees_with_one_gradient_vector_per_ro
     params = sb.SecureBoostParams(
         objective="multi:softprob", num_class=classes, n_trees=2, max_depth=2, pack_classes="always"
     )
-    results, channels = secure_fit(X[:, :32], [X[:, 32:]], y, params)
+    # Eight host columns: the guest decrypts one sum per node, host column and bin for every class's
+    # tree, and packing is what is under test here, not the width of the host.
+    results, channels = secure_fit(X[:, :32], [X[:, 32:40]], y, params)
     secure = results["guest"]
-    reference = reference_fit(X[:, :32], [X[:, 32:]], y, params)
+    reference = reference_fit(X[:, :32], [X[:, 32:40]], y, params)
     # The same exact integer sums, read from a wider slot: the reference's trees.
     assert secure.splits() == reference.splits() and leaves(secure) == leaves(reference)
     assert all(e.get("packed_classes") == classes for e in secure.history)
