@@ -495,11 +495,12 @@ def _fail_fast(federation: LocalFederation, reports: dict[str, dict | None]) -> 
         if process.poll() in (None, 0):
             continue
         report = reports.get(name) or {}
-        reason = report.get("error") or federation._tail(name)
         if not report.get("rounds"):
-            raise JobFailedError(f"job failed before round 1:\n  {name}: {reason}")
+            raise JobFailedError(
+                f"job failed before round 1:\n  {name}: {report.get('error') or federation._tail(name)}"
+            )
         if report.get("status") == "failed":
-            failed[name] = reason
+            failed[name] = report.get("error") or federation._tail(name)
     if not failed:
         return
     protection = federation.spec.protection
