@@ -85,12 +85,12 @@ test-imports: setup
 	$(VENV)/bin/lint-imports
 
 # The Rust tests run twice: on the AVX-512 IFMA engines (where the CPU has them) and forced onto
-# GMP and dalek, so both stay correct whatever CI's CPU is. The second pass asks for the same
-# workspace build (`-p confide-paillier` alone would unify features differently and compile the
-# dependencies again: a minute on two cores) and skips the doc tests, which have no engine.
+# GMP and dalek, so both stay correct whatever CI's CPU is. The second pass is the same command,
+# so it reuses the first one's build: `-p confide-paillier` alone, or `--lib --tests`, selects
+# other build units and compiled pyo3 or proptest again (about a minute on two cores).
 test-rust: $(GMP)
 	cargo test --workspace --release
-	CONFIDE_DISABLE_IFMA=1 cargo test --workspace --release --lib --tests
+	CONFIDE_DISABLE_IFMA=1 cargo test --workspace --release
 
 # A short run of the Rust fuzz targets (fuzz/rust: libFuzzer on the stable toolchain); the
 # Python targets' short run is tests/unit/test_fuzz_smoke.py. The long run is `make fuzz`.

@@ -24,7 +24,7 @@ stamp="$prefix/.confide-gmp-6.3.0"
 # one would be the same build, so it is copied rather than built again (about 70 s on two cores).
 dev="$root/build/gmp"
 if [ -n "$portable" ] && [ -f "$dev/.confide-gmp-6.3.0" ] && [ -f "$dev/lib/libgmp.a" ] \
-   && nm "$dev/lib/libgmp.a" 2>/dev/null | grep -q __gmpn_cpuvec; then
+   && [ "$(nm "$dev/lib/libgmp.a" 2>/dev/null | grep -c __gmpn_cpuvec)" -gt 0 ]; then
     rm -rf "$prefix" && cp -a "$dev" "$prefix"
     echo "fat-copy" > "$stamp"
     echo "build-gmp: the development GMP is fat: copied to ${prefix#"$root/"}"
