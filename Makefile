@@ -121,14 +121,15 @@ fuzz: setup
 # The controller's store tests also run against a real PostgreSQL server that the suite
 # starts itself; its binaries are installed here when missing. Every test runs: first all but the
 # `serial` ones on both cores (pytest-xdist, whole files per worker so module fixtures are built once,
-# the longest files first as tests/durations.json measured them: tests/fixtures/ordering.py; the hang
-# guard is doubled since a neighbour shares the cores), then the `serial` ones alone.
+# in xdist's order: the files with the most tests first. Longest files first (tests/fixtures/ordering.py
+# with --no-loadscope-reorder) measured slower: two multi-process integration files side by side run
+# 2-3x slower each. The hang guard is doubled since a neighbour shares the cores), then `serial` alone.
 test-python: setup $(WHEEL_STAMP)
 	./scripts/ensure-postgres.sh
 	./scripts/ensure-chromium.sh
 	./scripts/ensure-toxiproxy.sh
 	@status=0; \
-	$(PYTHON) -m pytest -n 2 --dist loadfile --no-loadscope-reorder --timeout 600 -m "not serial" tests || status=$$?; \
+	$(PYTHON) -m pytest -n 2 --dist loadfile --timeout 600 -m "not serial" tests || status=$$?; \
 	echo "== the serial tests, alone (tests/conftest.py SERIAL_FILES) =="; \
 	$(PYTHON) -m pytest -m serial tests || status=$$?; \
 	exit $$status
@@ -136,7 +137,7 @@ test-python: setup $(WHEEL_STAMP)
 # The edit loop: the unit tier without the tests marked slow, on both cores (pytest-xdist).
 # `make test` still runs everything.
 test-fast: setup
-	$(PYTHON) -m pytest -m "not integration and not slow" -n 2 --dist loadfile --no-loadscope-reorder tests/unit
+	$(PYTHON) -m pytest -m "not integration and not slow" -n 2 --dist loadfile tests/unit
 
 bench: setup build/wheel-venv/.installed
 	@$(PYTHON) -m pip install -q "sf-heu==0.5.2b0" 2>/dev/null \

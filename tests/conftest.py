@@ -57,8 +57,9 @@ def pytest_collection_modifyitems(config, items):
     ``make test`` distributes whole files over both cores (``--dist loadfile``): a file's tests
     share its module-scoped fixtures (a trained job, a venv, a Ray cluster) on one worker, which
     builds them once. (``--dist loadgroup`` would not do: with pytest 9 the group suffix
-    pytest-xdist 3.8 writes into ``item._nodeid`` never reaches the scheduler.) The files come
-    longest first (tests/fixtures/ordering.py), which ``--no-loadscope-reorder`` keeps.
+    pytest-xdist 3.8 writes into ``item._nodeid`` never reaches the scheduler.) Collection puts the
+    files longest first (tests/fixtures/ordering.py); only ``--no-loadscope-reorder`` keeps that
+    order, which ``make test`` does not pass (it measured slower, see ordering.py).
     """
     ordering.longest_files_first(items, ordering.load())
     root = Path(__file__).resolve().parent
