@@ -204,3 +204,38 @@ def test_a_completed_round_is_not_served_to_a_run_under_another_key(federation):
     rerun = {**paillier, "encryption_key": other.encryption_key.to_bytes()}
     with pytest.raises(ProtocolError, match="completed under another key"):
         a.push(header("party-a", **rerun), [])
+
+
+def test_relay_keeps_a_resent_envelope_once_and_frees_what_its_recipient_released(federation):
+    client, _, _ = federation
+    a, b = client("party-a"), client("party-b")
+    a.connect(timeout=5)
+    b.connect(timeout=5)
+    for step in (1, 2):
+        a.send(0, f"dkg/modulus/{step}/shares", bytes([step]) * 1000, ["party-b"])
+    a._replay()  # what a reconnect does: every retained envelope again, twice here
+    a._replay()
+    assert b.recv(0, "dkg/modulus/1/shares", "party-a", timeout=5) == b"\x01" * 1000
+    assert b.recv(0, "dkg/modulus/2/shares", "party-a", timeout=5) == b"\x02" * 1000
+
+    b.release(0, "dkg/modulus/1/")
+    assert b.pending(0, "dkg/") == [("dkg/modulus/2/shares", "party-a")]
+    a.release(0, "dkg/modulus/1/")
+    assert [key[1] for key in a._sent] == ["dkg/modulus/2/shares"], "released: no longer re-sent"
+    # A new stream of party-b (its process restarted) is replayed what its mailbox still holds, once.
+    again = client("party-b")
+    again.connect(timeout=5)
+    assert again.recv(0, "dkg/modulus/2/shares", "party-a", timeout=5) == b"\x02" * 1000
+    one = pb.Delivery(job_id="job-1", envelope=a._sent[(0, "dkg/modulus/2/shares", ("party-b",))]).ByteSize()
+    assert again.bytes_received[0] == one
+    assert again.pending(0, "dkg/") == [("dkg/modulus/2/shares", "party-a")]
+
+    # A party frees only its own mailbox.
+    theft = pb.Envelope(job_id="job-1", round=2**32 - 1, tag="release/0/dkg/", sender="party-b", recipients=["party-a"])
+    with pytest.raises(ProtocolError, match="only recipient"):
+        b._call(lambda timeout: b._relay_send(theft, timeout), "releasing")
+    malformed = pb.Envelope(
+        job_id="job-1", round=2**32 - 1, tag="release/x/dkg/", sender="party-b", recipients=["party-b"]
+    )
+    with pytest.raises(ProtocolError, match="release/<round>/<tag prefix>"):
+        b._call(lambda timeout: b._relay_send(malformed, timeout), "releasing")

@@ -21,7 +21,7 @@ from confide.aggregator.rounds import RoundState
 from confide.crypto.identity import Identity, name_from_der
 from confide.errors import ConfideError, ProtocolError, RoundClosedError
 from confide.transport import status, tls
-from confide.transport.client import ADMIT_PREFIX, CONTROL_ROUND, REJOIN_PREFIX
+from confide.transport.client import ADMIT_PREFIX, CONTROL_ROUND, REJOIN_PREFIX, RELEASE_PREFIX
 from confide.transport.revocation import RevocationGate, RevocationList
 from confide.v1 import runtime_pb2 as pb
 from confide.v1 import runtime_pb2_grpc as rpc
@@ -201,6 +201,8 @@ class RelayServicer(rpc.RelayServicer):
         recipients = list(request.recipients)
         if not recipients or any(not 0 < len(r) <= MAX_NAME for r in recipients):
             raise ProtocolError(f"envelope.recipients must list 1.. names of 1..{MAX_NAME} characters")
+        if request.round == CONTROL_ROUND and request.tag.startswith(RELEASE_PREFIX):
+            return self._release(request)
         self._core.observe("envelope", request.sender, request)
         if request.round == CONTROL_ROUND and request.tag.startswith(REJOIN_PREFIX):
             # A restarted party: the process that held its place in an open round is gone.
@@ -214,6 +216,16 @@ class RelayServicer(rpc.RelayServicer):
         for party in recipients:
             self._core.mailboxes.deliver(request.job_id, party, request.round, delivery)
         return pb.RelayReply(delivered=len(recipients))
+
+    def _release(self, request: pb.Envelope) -> pb.RelayReply:
+        """A party is done with part of its own mailbox (``release/<round>/<tag prefix>``): nothing is delivered."""
+        if list(request.recipients) != [request.sender]:
+            raise ProtocolError("a release names its sender as its only recipient: it frees that party's own mailbox")
+        round_text, _, prefix = request.tag[len(RELEASE_PREFIX) :].partition("/")
+        if not round_text.isdigit() or not prefix:
+            raise ProtocolError(f"envelope.tag {request.tag!r} must read release/<round>/<tag prefix>")
+        self._core.mailboxes.release(request.job_id, request.sender, int(round_text), prefix)
+        return pb.RelayReply(delivered=0)
 
     def Subscribe(self, request, context):  # noqa: N802
         """Replay the party's mailbox, then stream new deliveries."""

@@ -184,6 +184,10 @@ class PartyExchange:
         """Wait for a relayed payload."""
         return self.wait((self.job_id, round_number, tag, sender), timeout)
 
+    def release(self, round_number: int, prefix: str) -> None:
+        """Free relayed messages every party is done with (here, in the relay, and in the re-send cache)."""
+        self.client.release(round_number, prefix)
+
     def wait(self, key: tuple, timeout: float | None = None):
         """Wait for a pooled message, re-uploading after a reconnect."""
         timeout = self.client.message_timeout_s if timeout is None else timeout

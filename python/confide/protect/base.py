@@ -40,6 +40,9 @@ class Exchange(Protocol):
     def recv(self, round_number: int, tag: str, sender: str, *, timeout: float | None = None) -> bytes:
         """The payload ``sender`` sent under (round, tag); interrupted if the round is aborted."""
 
+    def release(self, round_number: int, prefix: str) -> None:
+        """Every party is done with the messages of ``round_number`` under tag ``prefix``: free them."""
+
 
 @dataclass(frozen=True)
 class ProtectionParams:

@@ -86,6 +86,9 @@ class _RelayChannel:
         peer = self.names[sender - 1]
         return self.keys.open_from(peer, tag, self.exchange.recv(SETUP_ROUND, tag, peer, timeout=self.timeout))
 
+    def release(self, prefix: str) -> None:
+        self.exchange.release(SETUP_ROUND, prefix)
+
 
 class ThresholdProtection(PaillierProtection):
     """Threshold Paillier: packed like ``paillier``, decrypted by t of m key shares with proofs."""

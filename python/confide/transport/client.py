@@ -59,6 +59,7 @@ __all__ = [
     "ADMIT_PREFIX",
     "CONTROL_ROUND",
     "REJOIN_PREFIX",
+    "RELEASE_PREFIX",
     "AggregatorClient",
     "batched",
     "parse_targets",
@@ -73,6 +74,9 @@ CONTROL_ROUND = 2**32 - 1
 REJOIN_PREFIX = "rejoin/"
 #: Tag prefix of a peer's admission of a restarted party (at ``CONTROL_ROUND``).
 ADMIT_PREFIX = "admit/"
+#: Tag prefix of a party's word to the relay that it is done with some of its mailbox (at
+#: ``CONTROL_ROUND``, to itself; never delivered): ``release/<round>/<tag prefix>``.
+RELEASE_PREFIX = "release/"
 #: Slices per push message: up to this many bytes or slices, whichever comes first.
 BATCH_BYTES = 1 << 20
 BATCH_SLICES = 64
@@ -591,6 +595,27 @@ class AggregatorClient:
     def recv(self, round_number: int, tag: str, sender: str, *, timeout: float | None = None) -> bytes:
         """A relayed payload; raises :class:`RoundAbortedError` if the current attempt is aborted."""
         return self.wait((self.job_id, round_number, tag, sender), timeout)
+
+    def release(self, round_number: int, prefix: str) -> None:
+        """Drop the relayed messages of ``round_number`` under tag ``prefix``: every party is done with them.
+
+        What this party received goes from its pool and from its relay mailbox; what it sent is no
+        longer re-sent after a reconnect. Call it only once the recipients of what it sent have
+        them (a later message of theirs shows it): a multi-step exchange inside one round (a
+        threshold key generation) then holds two steps, not all of them, in every process.
+        """
+        envelope = pb.Envelope(
+            job_id=self.job_id,
+            round=CONTROL_ROUND,
+            tag=f"{RELEASE_PREFIX}{round_number}/{prefix}",
+            sender=self.party_id,
+            recipients=[self.party_id],
+        )
+        self._call(lambda timeout: self._relay_send(envelope, timeout), "releasing relayed messages")
+        self.pool.discard(lambda k: k[0] == self.job_id and k[1] == round_number and str(k[2]).startswith(prefix))
+        with self._sent_lock:
+            for key in [k for k in self._sent if k[0] == round_number and k[1].startswith(prefix)]:
+                del self._sent[key]
 
     def forget(self, round_number: int, tags: Sequence[str]) -> None:
         """Stop re-sending these envelopes after a reconnect (they served their purpose)."""

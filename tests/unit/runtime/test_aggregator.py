@@ -582,18 +582,65 @@ def test_retire_drops_old_rounds_and_frees_bytes():
 
 
 def test_cap_raises_resource_limit_and_retire_makes_room():
-    one = delivery("x", size=100)
+    one = delivery("x0", size=100)
     boxes = Mailboxes(cap_bytes=3 * one.ByteSize())
-    for round_number in (1, 1, 2):
-        boxes.deliver("j", "a", round_number, delivery("x", size=100))
+    for number, round_number in enumerate((1, 1, 2)):
+        boxes.deliver("j", "a", round_number, delivery(f"x{number}", size=100))
     with pytest.raises(ResourceLimitError, match="cap"):
-        boxes.deliver("j", "a", 2, delivery("x", size=100))
+        boxes.deliver("j", "a", 2, delivery("x3", size=100))
     assert boxes.retained_bytes == 3 * one.ByteSize()
     assert len(_drain(boxes, "j", "a")) == 3  # the refused delivery was not kept
     boxes.retire("j", 2)
-    boxes.deliver("j", "a", 2, delivery("x", size=100))
-    boxes.deliver("j", "a", 2, delivery("x", size=100))
+    boxes.deliver("j", "a", 2, delivery("x4", size=100))
+    boxes.deliver("j", "a", 2, delivery("x5", size=100))
     assert boxes.retained_bytes == 3 * one.ByteSize()
+
+
+def envelope(tag: str, payload: bytes, *, round_number: int = 0, sender: str = "b") -> pb.Delivery:
+    return pb.Delivery(
+        job_id="j", envelope=pb.Envelope(job_id="j", round=round_number, tag=tag, sender=sender, payload=payload)
+    )
+
+
+def test_an_envelope_sent_again_is_kept_once_and_new_bytes_under_its_tag_are_kept():
+    boxes = Mailboxes()
+    first = envelope("dkg/modulus/1/shares", b"s" * 1000)
+    for _ in range(50):  # a party whose stream keeps reconnecting re-sends everything each time
+        boxes.deliver("j", "a", 0, first)
+    assert boxes.retained_bytes == first.ByteSize()
+    other_sender = envelope("dkg/modulus/1/shares", b"s" * 1000, sender="c")
+    changed = envelope("dkg/modulus/1/shares", b"t" * 1000)
+    boxes.deliver("j", "a", 0, other_sender)
+    boxes.deliver("j", "a", 0, changed)  # not a re-send: other bytes are delivered as before
+    boxes.deliver("j", "b", 0, first)  # another recipient's mailbox is its own
+    assert boxes.retained_bytes == 4 * first.ByteSize()
+    assert [d.envelope.payload[:1] for d in _drain(boxes, "j", "a")] == [b"s", b"s", b"t"]
+
+
+def test_release_frees_one_recipients_envelopes_of_one_round_under_a_prefix():
+    boxes = Mailboxes()
+    for step in (1, 2, 10):
+        for party in ("a", "b"):
+            boxes.deliver("j", party, 0, envelope(f"dkg/modulus/{step}/shares", bytes(100)))
+    boxes.deliver("j", "a", 1, envelope("dkg/modulus/1/shares", bytes(100), round_number=1))
+    abort = pb.Delivery(job_id="j", control=pb.RoundControl(round=0, kind=pb.RoundControl.KIND_ABORTED))
+    boxes.deliver("j", "a", 0, abort)  # the aggregator's own deliveries are not the party's to release
+    before = boxes.retained_bytes
+    assert boxes.release("j", "a", 0, "dkg/modulus/1/") == 1  # not step 10, not round 1, not b's
+    assert boxes.retained_bytes == before - envelope("dkg/modulus/1/shares", bytes(100)).ByteSize()
+    assert tags(_drain(boxes, "j", "a")) == [
+        "dkg/modulus/2/shares",
+        "dkg/modulus/10/shares",
+        "dkg/modulus/1/shares",
+        "",
+    ]
+    assert len(_drain(boxes, "j", "b")) == 3
+    assert boxes.release("j", "a", 0, "dkg/") == 2
+    assert _drain(boxes, "j", "a")[-1].WhichOneof("body") == "control"
+    assert boxes.release("nobody", "a", 0, "dkg/") == 0
+    # Released, the same envelope sent again is new to the mailbox (nothing remembers it).
+    boxes.deliver("j", "a", 0, envelope("dkg/modulus/2/shares", bytes(100)))
+    assert tags(_drain(boxes, "j", "a"))[-1] == "dkg/modulus/2/shares"
 
 
 def test_a_reconnected_party_is_not_a_dropout_when_its_old_stream_ends(tmp_path):

@@ -36,6 +36,9 @@ class Channel(Protocol):
     def recv(self, sender: int, tag: str) -> bytes:
         """What ``sender`` sent (or broadcast) under ``tag``."""
 
+    def release(self, prefix: str) -> None:
+        """Every party has what was sent under tags starting ``prefix``: free this party's copies."""
+
 
 class LocalChannels:
     """Channels between m parties in one process (threads): simulations, tests and benchmarks.
@@ -78,6 +81,11 @@ class _LocalChannel:
             raise ProtocolError(f"party {sender} sent nothing under {tag!r} within {self.hub.timeout:g} s") from None
         self.hub.received[self.index].append(payload)
         return payload
+
+    def release(self, prefix: str) -> None:
+        with self.hub._lock:
+            for key in [k for k in self.hub._boxes if k[0] == self.index and k[2].startswith(prefix)]:
+                del self.hub._boxes[key]
 
 
 def check_threshold(parties: int, threshold: int, *, dealer: bool = False) -> None:

@@ -146,6 +146,10 @@ def _find_modulus(channel: Channel, bits: int, batch: int) -> tuple[int, int, in
         received = {me: outgoing[me]}
         for j in others:
             received[j] = unpack_fixed(channel.recv(j, tag + "/shares"), width, 3 * batch, f"modulus shares from {j}")
+        if round_number > 1:
+            # Everyone started this batch, so everyone has the last one: about 30 batches of
+            # megabytes each would otherwise pile up in every process and in the relay.
+            channel.release(f"dkg/modulus/{round_number - 1}/")
         products = []
         for k in range(batch):
             sp = sum(received[j][3 * k] for j in received) % prime
@@ -229,8 +233,10 @@ def _share_secret(channel: Channel, bits: int, n: int, p: int, q: int) -> tuple[
     channel.broadcast("dkg/secret/offer", pack_signed([temp_n, _encrypt_temporary(temp_n, beta)]))
     masks_out = {j: secrets.randbelow(n) for j in others}
     kept = 0
+    offers = {j: channel.recv(j, "dkg/secret/offer") for j in others}
+    channel.release("dkg/modulus/")  # every party found the modulus: the last batch is spent too
     for j in others:
-        offer = unpack_signed(channel.recv(j, "dkg/secret/offer"), f"product offer from {j}")
+        offer = unpack_signed(offers[j], f"product offer from {j}")
         if len(offer) != 2 or offer[0].bit_length() < temp_bits - 2:
             raise CheatingPartyError(j, "product offer must hold a large enough modulus and one ciphertext")
         their_n, ciphertext = offer
