@@ -37,6 +37,9 @@ class PartyHooks:
     def message_waited(self, round_number: int) -> None:
         """A vertical party is about to wait for a peer's message of ``round_number``."""
 
+    def rejoin_requested(self) -> None:
+        """The restarted party asked its peers to take it back (again after each unanswered minute)."""
+
 
 class _Bound(PartyHooks):
     def __init__(self, target: Any) -> None:
@@ -56,6 +59,9 @@ class _Bound(PartyHooks):
 
     def message_waited(self, round_number: int) -> None:
         getattr(self.target, "message_waited", lambda _: None)(round_number)
+
+    def rejoin_requested(self) -> None:
+        getattr(self.target, "rejoin_requested", lambda: None)()
 
 
 def load_hooks() -> PartyHooks:

@@ -370,11 +370,14 @@ class Membership:
         )
 
 
-def request_rejoin(protection, exchange, client, parties: list[str], timeout: float, retry_s: float = 60.0):
+def request_rejoin(
+    protection, exchange, client, parties: list[str], timeout: float, retry_s: float = 60.0, asked=lambda: None
+):
     """Ask every peer to take this restarted party back; wait for a leader's admission.
 
     Not admitted within ``retry_s``, it asks again under a new incarnation (the leader that
-    decided on the last request may have died before admitting it). Returns an :class:`Admission`.
+    decided on the last request may have died before admitting it); ``asked()`` is called after
+    each request went out. Returns an :class:`Admission`.
     """
     if not protection.rejoinable:
         raise JobFailedError(
@@ -395,6 +398,7 @@ def request_rejoin(protection, exchange, client, parties: list[str], timeout: fl
             sent.append(f"{REJOIN_PREFIX}{incarnation}")
             exchange.send(CONTROL_ROUND, sent[-1], request, peers)
             asked_at = time.monotonic()
+            asked()
         wanted = {f"{ADMIT_PREFIX}{_incarnation(tag)}" for tag in sent}
         found = [(tag, s) for tag, s in client.pending(CONTROL_ROUND, ADMIT_PREFIX) if tag in wanted and s in peers]
         if found:

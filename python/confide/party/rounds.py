@@ -214,7 +214,7 @@ def _readmit(
 def rejoin_peers(job: PartyContext, protection, exchange, client, model, layout: WeightLayout, strategy):
     """Ask the peers to take this restarted party back; load what the admitting leader gave it."""
     timeout = max(600.0, 3 * job.transport.round_timeout_s)
-    admission = request_rejoin(protection, exchange, client, list(job.parties), timeout)
+    admission = request_rejoin(protection, exchange, client, list(job.parties), timeout, asked=HOOKS.rejoin_requested)
     protection.adopt_secrets(admission.secrets)
     try:
         layout.check(admission.weights, who=f"the model {admission.leader!r} handed over")
