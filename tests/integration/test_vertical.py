@@ -63,13 +63,15 @@ def test_multiclass_secureboost_job_on_digits_split_by_columns(tmp_path):
     spec = vertical_spec(
         "secureboost",
         job_id="vertical-digits",
-        rounds=4,
-        model={"objective": "multi:softprob", "num_class": 10},
+        rounds=3,
+        # 16 bins: the lab's 32 columns give 512 histogram cells a node instead of 1,024, and folding
+        # and decrypting them is most of the job's time (109 s at 4 rounds of 32 bins, 50 s so).
+        model={"objective": "multi:softprob", "num_class": 10, "n_bins": 16},
         data={"dataset": "digits"},
     )
     report = run_local(spec, tmp_path, progress=False, echo=quiet)
-    # 4 rounds x 10 classes: one tree per class per round, each its own encrypted GH pass.
-    assert len(report["rounds"]) == 40 and {r["class"] for r in report["rounds"]} == set(range(10))
+    # 3 rounds x 10 classes: one tree per class per round, each its own encrypted GH pass.
+    assert len(report["rounds"]) == 30 and {r["class"] for r in report["rounds"]} == set(range(10))
     assert report["metrics"]["accuracy"] > 0.8 and report["metrics"]["log_loss"] < 1.5
     host = json.loads((tmp_path / "parties" / "lab.report.json").read_text())
     assert host["splits_owned"] > 0  # the lab's pixel columns were used
