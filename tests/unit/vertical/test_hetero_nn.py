@@ -130,7 +130,7 @@ def test_digits_multiclass_within_one_point_of_central():
     tests = {"g": X[test, :32], "h": X[test, 32:]}
     layer = ({"class_name": "Dense", "config": {"units": 16, "activation": "tanh"}},)
     params = hn.HeteroNNParams(
-        objective="multi:softprob", num_class=10, epochs=6, batch_size=128, guest_bottom=layer, host_bottom=layer,
+        objective="multi:softprob", num_class=10, epochs=3, batch_size=64, guest_bottom=layer, host_bottom=layer,
         interactive_units=16,
     )  # fmt: skip
     result = _run(parts, y[train], params, test_parts=tests)
