@@ -7,7 +7,6 @@ from confide.crypto import DecryptionKey
 from tests.fixtures import ordering
 from tests.fixtures.keys import fixed_key
 
-
 # JAX's persistent compilation cache, shared by every process of the run (party processes inherit
 # the variables): a Keras-on-JAX party compiles the same train and eval steps as the previous job's,
 # and with the cache the 3-party CNN job took 14.6 s instead of 30.9 s on this two-core host (the
