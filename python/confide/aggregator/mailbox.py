@@ -100,6 +100,8 @@ class Mailboxes:
         """Keep the entries of one mailbox that ``keep`` accepts (under the lock); returns how many went."""
         box = self._boxes[key]
         kept = [entry for entry in box if keep(entry)]
+        if len(kept) == len(box):  # nothing went: the envelope index stands as it is
+            return 0
         self._bytes -= sum(entry[2] for entry in box) - sum(entry[2] for entry in kept)
         self._boxes[key] = kept
         self._envelopes[key] = {
