@@ -195,7 +195,8 @@ def bench_vertical(rows: int, features: int, trees: int, depth: int) -> list[dic
         "key_bits": 2048,
         **device,
         "cpu_engine": f"cpu:{_native.engine()}",
-        "gpu_runs": "guest gradient encryption and guest decryption on the GPU; host histograms on the CPU",
+        "gpu_runs": "guest gradient encryption, host histograms and guest decryption on the GPU; "
+        "cipher compression (fold) on the CPU",
     }
     out = []
     for threads, label in ((2, "2_threads"), (0, "all_cores")):
@@ -205,6 +206,11 @@ def bench_vertical(rows: int, features: int, trees: int, depth: int) -> list[dic
             "threads": threads or os.cpu_count(),
             "encrypt_s_gpu": round(g["encrypt_s"], 4),
             "encrypt_s_cpu": round(c["encrypt_s"], 4),
+            "histograms_s_gpu": round(g["hist_s"], 4),
+            "histograms_s_cpu": round(c["hist_s"], 4),
+            "fold_s_gpu": round(g["fold_s"], 4),
+            "decrypt_s_gpu": round(g["decrypt_s"], 4),
+            "decrypt_s_cpu": round(c["decrypt_s"], 4),
             "auc_gpu": round(g["auc"], 5),
             "auc_cpu": round(c["auc"], 5),
         }
@@ -215,17 +221,84 @@ def bench_vertical(rows: int, features: int, trees: int, depth: int) -> list[dic
     return out
 
 
+def bench_hetero_nn(rows: int, columns: int, epochs: int) -> list[dict]:
+    """Hetero NN epochs on FLBooster's synthetic shape, GPU engine against the CPU engine on all cores."""
+    import statistics
+
+    import vertical_bench as vb
+
+    from confide.vertical import hetero_nn as nn
+    from confide.vertical.channel import LocalChannel, run_parties
+
+    started = time.perf_counter()
+    X, y = vb.synthetic_wide(rows, columns)
+    half = columns // 2
+    parts = {"guest": X[:, :half], "host": X[:, half:]}
+    print(f"hetero_nn: data {rows} x {columns} made in {time.perf_counter() - started:.1f} s", flush=True)
+    device = device_info()
+    runs = {}
+    for engine in ("gpu", "cpu"):
+        use_engine(engine)
+        params = nn.HeteroNNParams(epochs=epochs, batch_size=1024, learning_rate=0.01, interactive_learning_rate=0.1)
+        channels = LocalChannel.group(["guest", "host"], timeout_s=3600)
+        out = run_parties(
+            {
+                "guest": lambda p=params, c=channels: nn.train_guest(c["guest"], ["host"], parts["guest"], y, p, "t"),
+                "host": lambda p=params, c=channels: nn.train_host(c["host"], "guest", parts["host"], p, "t"),
+            }
+        )
+        history, host_history = out["guest"].history, out["host"].history
+        report = gpu.engine_report()
+        runs[engine] = {
+            "seconds": statistics.median(h["seconds"] for h in history),
+            "guest_crypto_s": statistics.median(h["crypto_seconds"] for h in history),
+            "host_crypto_s": statistics.median(h["crypto_seconds"] for h in host_history),
+            "engine": report["crypto_engine"],
+            "gpu_batches": report["gpu_batches"],
+        }
+        print(f"hetero_nn {rows}x{columns} engine={engine}: {runs[engine]}", flush=True)
+    g, c = runs["gpu"], runs["cpu"]
+    params = {
+        "rows": rows,
+        "columns": columns,
+        "split": f"{half}/{columns - half}",
+        "bottom": "Dense(8, tanh) each",
+        "interactive_units": 8,
+        "batch_size": 1024,
+        "epochs_measured": epochs,
+        "key_bits": 2048,
+        **device,
+        "cpu_engine": f"cpu:{_native.engine()}",
+        "cpu_threads": os.cpu_count(),
+        "gpu_runs": "interactive-layer encryptions and decryptions on the GPU; encrypted products on the CPU",
+        "guest_crypto_s_gpu": round(g["guest_crypto_s"], 3),
+        "host_crypto_s_gpu": round(g["host_crypto_s"], 3),
+        "guest_crypto_s_cpu": round(c["guest_crypto_s"], 3),
+        "host_crypto_s_cpu": round(c["host_crypto_s"], 3),
+        "cpu_engine_seconds_per_epoch": round(c["seconds"], 3),
+        "gpu_batches": g["gpu_batches"],
+    }
+    base = f"vertical.hetero_nn.synthetic_{rows // 1000}k_{columns // 1000}k.gpu"
+    return [
+        record(f"{base}.seconds_per_epoch", g["seconds"], "s", "flbooster_reported_4x_rtx3090", 71.8, params),
+        record(f"{base}.vs_cpu", c["seconds"] / g["seconds"], "x", "cpu_engine_all_cores", c["seconds"], params),
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bits", type=int, nargs="+", default=[2048, 3072])
     parser.add_argument("--batch", type=int, default=1 << 17)
     parser.add_argument("--cpu-batch", type=int, default=1 << 14)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--parts", default="crypto,vertical", help="crypto, vertical or both")
+    parser.add_argument("--parts", default="crypto,vertical", help="crypto, vertical, hetero_nn (comma-separated)")
     parser.add_argument("--rows", type=int, default=100_000)
     parser.add_argument("--features", type=int, default=100)
     parser.add_argument("--trees", type=int, default=3)
     parser.add_argument("--depth", type=int, default=3)
+    parser.add_argument("--nn-rows", type=int, default=100_000)
+    parser.add_argument("--nn-columns", type=int, default=10_000)
+    parser.add_argument("--nn-epochs", type=int, default=1)
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "crypto_gpu.json")
     args = parser.parse_args()
     parts = set(args.parts.split(","))
@@ -244,6 +317,13 @@ def main() -> None:
         for r in results:
             print(json.dumps(r), flush=True)
         path = args.out.with_name("vertical_gpu.json")
+        path.write_text(json.dumps({"machine": info, "results": results}, indent=2) + "\n")
+        print(f"wrote {path}")
+    if "hetero_nn" in parts:
+        results = bench_hetero_nn(args.nn_rows, args.nn_columns, args.nn_epochs)
+        for r in results:
+            print(json.dumps(r), flush=True)
+        path = args.out.with_name("vertical_hetero_nn_gpu.json")
         path.write_text(json.dumps({"machine": info, "results": results}, indent=2) + "\n")
         print(f"wrote {path}")
 

@@ -164,7 +164,7 @@ class ColumnRows:
 
         view = self._view(name, "bins", "gh")
         bins = view["bins"]
-        hists, members = node_histograms(view["gh"], bins, node_of_row, nodes, n_bins)
+        hists, members = node_histograms(view["gh"], bins, node_of_row, nodes, n_bins, view.get("key"))
         counts = np.stack([counts_histogram(bins, rows, n_bins) for rows in members]).astype(np.int64)
         return hists, counts
 

@@ -38,10 +38,19 @@ def received_gradients(cache: dict, public_key: bytes, gh: bytes, rows: int, whe
     return vector
 
 
-def node_histograms(gh, bins: np.ndarray, node_of_row: np.ndarray, nodes: list[int], n_bins: int):
-    """``(histograms, members)``: each node's encrypted histogram over a holder's rows, and its rows there."""
+def node_histograms(gh, bins: np.ndarray, node_of_row: np.ndarray, nodes: list[int], n_bins: int, key=None):
+    """``(histograms, members)``: each node's encrypted histogram over a holder's rows, and its rows there.
+
+    With the guest's ``key`` (a native EncryptionKey) and the GPU engine selected, the products run
+    on the GPU (:func:`confide.crypto.gpu.histograms`, the same bytes); else the Rust kernel.
+    """
+    from confide.crypto import gpu
+
     local = np.asarray(node_of_row)
     members = [np.flatnonzero(local == node).astype(np.uint32) for node in nodes]
+    on_gpu = None if key is None else gpu.histograms(key, gh, bins, local, nodes, n_bins)
+    if on_gpu is not None:
+        return on_gpu, members
     return [gh.histogram(bins, rows, n_bins, 1).to_bytes() for rows in members], members
 
 
@@ -81,7 +90,7 @@ class HistogramRows:
             from confide.errors import ProtocolError
 
             raise ProtocolError(f"rows {self.start}..{self.stop} hold no encrypted gradients (restarted)")
-        return node_histograms(self.gh, self.bins, node_of_row, nodes, n_bins)[0]
+        return node_histograms(self.gh, self.bins, node_of_row, nodes, n_bins, self.keys.get("key"))[0]
 
 
 class HostHistograms:

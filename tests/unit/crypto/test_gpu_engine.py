@@ -428,3 +428,122 @@ def test_a_driver_too_old_for_the_ptx_is_a_clear_error_and_auto_runs_the_cpu(mon
     monkeypatch.setenv("CONFIDE_ENGINE", "auto")
     choice = select_engine()
     assert choice.gpu is None and choice.name.startswith("cpu:") and "older than the NVRTC" in choice.reason
+
+
+def test_histograms_equal_the_native_kernel(reference_engine, monkeypatch):
+    """SecureBoost's host histograms on the engine: every node's bytes equal the Rust kernel's."""
+    from confide.vertical.histograms import node_histograms
+
+    native = fixed_native_key()
+    public = native.encryption_key
+    rng = np.random.default_rng(11)
+    rows, features, n_bins = 203, 5, 8
+    values = rng.integers(-(2**40), 2**40, rows, dtype=np.int64)
+    gh = public.encrypt_i64(values, "fixed_base", 0)
+    bins = rng.integers(0, n_bins, (features, rows), dtype=np.uint8)
+    bins[1] = 3  # one feature in a single bin: every other bin of it is empty
+    node_of_row = rng.choice(np.array([-1, 4, 5, 6], dtype=np.int32), rows)
+    nodes = [6, 4, 9]  # 9 holds no row here
+    monkeypatch.setattr(gpu_backend.CpuBackend, "parallel_items", 12)  # several chunks and reduction steps
+    on_engine, members = node_histograms(gh, bins, node_of_row, nodes, n_bins, public)
+    assert reference_engine._STATE["gpu_batches"] == 1
+    expected = [gh.histogram(bins, m, n_bins, 1).to_bytes() for m in members]
+    assert on_engine == expected
+    sums = [np.asarray(native.decrypt_i64(type(gh).from_bytes(h, public), 0)) for h in on_engine]
+    for node_sums, member in zip(sums, members, strict=True):
+        for f in range(features):
+            plain = np.zeros(n_bins, dtype=np.int64)
+            np.add.at(plain, bins[f, member], values[member])
+            assert node_sums[f * n_bins : (f + 1) * n_bins].tolist() == plain.tolist()
+    # the device copies are reused for the next layer of the same tree
+    again, _ = node_histograms(gh, bins, node_of_row, [5], n_bins, public)
+    assert again == [gh.histogram(bins, np.flatnonzero(node_of_row == 5).astype(np.uint32), n_bins, 1).to_bytes()]
+    assert len(reference_engine._HISTOGRAM_INPUTS) == 1
+    # bad input is left to the native kernel, which names it
+    with pytest.raises(ValueError, match="bin"):
+        node_histograms(gh, np.full((features, rows), n_bins, np.uint8), node_of_row, nodes, n_bins, public)
+
+
+def test_histograms_out_of_memory_run_on_the_cpu_and_are_reported(reference_engine, monkeypatch):
+    from confide.vertical.histograms import node_histograms
+
+    public = fixed_native_key().encryption_key
+    rng = np.random.default_rng(12)
+    gh = public.encrypt_i64(rng.integers(0, 1000, 40, dtype=np.int64), "fixed_base", 0)
+    bins = rng.integers(0, 4, (3, 40), dtype=np.uint8)
+    monkeypatch.setattr(gpu_engine, "HISTOGRAM_BUDGET", 1000)
+    out, members = node_histograms(gh, bins, np.zeros(40, np.int32), [0], 4, public)
+    assert out == [gh.histogram(bins, members[0], 4, 1).to_bytes()]
+    report = reference_engine.engine_report()
+    assert report["gpu_fallbacks"] == 1 and "histogram sums do not fit" in report["gpu_last_fallback"]
+
+
+def test_secureboost_on_the_engine_builds_the_trees_of_the_cpu_engine(reference_engine):
+    """Guest encryption, host histograms and guest decryption on the engine: the same trees."""
+    from sklearn.datasets import load_breast_cancer
+
+    from confide.vertical import secureboost as sb
+    from confide.vertical.channel import LocalChannel, run_parties
+
+    X, y = load_breast_cancer(return_X_y=True)
+    X, y = X[:150], y[:150].astype(float)
+    params = sb.SecureBoostParams(n_trees=2, max_depth=2, learning_rate=0.3, n_bins=8)
+    native = fixed_native_key()
+
+    def fit():
+        channels = LocalChannel.group(["guest", "host"])
+        out = run_parties(
+            {
+                "guest": lambda: sb.train_guest(channels["guest"], ["host"], X[:, :4], y, params, "t", key=native),
+                "host": lambda: sb.serve_host(channels["host"], "guest", X[:, 4:10], "t"),
+            }
+        )
+        return [[(n.owner, n.feature, n.bin, round(n.weight, 12)) for n in tree] for tree in out["guest"].trees]
+
+    on_engine = fit()
+    report = reference_engine.engine_report()
+    assert report["crypto_engine"] == "gpu:cpu-reference" and report["gpu_batches"] >= 6
+    assert any(node[0] is not None and node[0] >= 0 for tree in on_engine for node in tree)  # host splits
+    reference_engine._STATE["choice"] = reference_engine.EngineChoice("cpu:test", None, "test")
+    assert fit() == on_engine
+
+
+def test_histograms_on_the_gpu(monkeypatch):
+    """SecureBoost's host histograms on a real GPU: the Rust kernel's bytes, at a size that fills it."""
+    _gpu_or_skip()
+    from confide.crypto import gpu
+    from confide.vertical.histograms import node_histograms
+
+    gpu.reset_engine()
+    monkeypatch.setenv("CONFIDE_ENGINE", "gpu")
+    try:
+        public = fixed_native_key().encryption_key
+        rng = np.random.default_rng(13)
+        rows, features, n_bins = 20_000, 30, 32
+        gh = public.encrypt_i64(rng.integers(0, 2**50, rows, dtype=np.int64), "fixed_base", 0)
+        bins = rng.integers(0, n_bins, (features, rows), dtype=np.uint8)
+        node_of_row = rng.integers(0, 4, rows).astype(np.int32)
+        on_gpu, members = node_histograms(gh, bins, node_of_row, [0, 2, 3], n_bins, public)
+        assert gpu.engine_report()["gpu_batches"] == 1
+        assert on_gpu == [gh.histogram(bins, m, n_bins, 0).to_bytes() for m in members]
+        hist = type(gh).from_bytes(on_gpu[0], public)
+        assert gpu.fold(public, hist, 90, 20).to_bytes() == hist.fold(90, 20, 0).to_bytes()
+        assert gpu.engine_report()["gpu_batches"] == 2
+    finally:
+        gpu.reset_engine()
+
+
+def test_fold_equals_the_native_fold(reference_engine, monkeypatch):
+    """SecureBoost's cipher compression on the engine: the native fold's ciphertexts, short last group too."""
+    native = fixed_native_key()
+    public = native.encryption_key
+    monkeypatch.setattr(reference_engine, "GPU_MIN_FOLD_GROUPS", 2)
+    values = np.random.default_rng(14).integers(0, 2**40, 23, dtype=np.int64)
+    vector = public.encrypt_i64(values, "fixed_base", 0)
+    folded = reference_engine.fold(public, vector, 45, 5)
+    assert reference_engine._STATE["gpu_batches"] == 1
+    assert folded.to_bytes() == vector.fold(45, 5, 0).to_bytes()
+    plain = [int.from_bytes(b, "big") for b in native.decrypt_raw(folded, 0)]
+    assert plain == [sum(int(v) << (45 * j) for j, v in enumerate(values[g : g + 5])) for g in range(0, 23, 5)]
+    with pytest.raises(ValueError, match="per"):  # the native call names the limit
+        reference_engine.fold(public, vector, 1000, 5)

@@ -122,6 +122,7 @@ def reset_engine() -> None:
     """Forget the choice and the per-key state (tests; a changed ``CONFIDE_ENGINE``)."""
     _STATE.update(choice=None, fallbacks=0, gpu_batches=0, cpu_batches=0, last_fallback="")
     _KERNELS.clear()
+    _HISTOGRAM_INPUTS.clear()
 
 
 def _kernels_for(native_key, holder: bool):
@@ -340,3 +341,105 @@ def power(public, vector, exponent: int) -> list[int] | None:
     if exponent < 0:
         out = [int(gmpy2.invert(v, kern.n2)) for v in out]
     return out
+
+
+#: Device copies of the last few holders' gradients and bins: (gh, bins, kernels, gh on device,
+#: bins on device), newest last. The objects are held so their ids stay theirs while cached.
+_HISTOGRAM_INPUTS: list[tuple[Any, Any, Any, Any, Any]] = []
+_HISTOGRAM_HOLDERS = 4
+
+
+def _histogram_inputs(key, gh, bins):
+    for entry in _HISTOGRAM_INPUTS:
+        if entry[0] is gh and entry[1] is bins:
+            return entry
+    import numpy as np
+
+    kern = _kernels_for(key, False)
+    width = key.ciphertext_bytes
+    body = gh.to_bytes()[-len(gh) * width :] if len(gh) else b""
+    rows = np.frombuffer(body, dtype=np.uint8).reshape(len(gh), width)
+    entry = (gh, bins, kern, kern.gradients_to_device(rows), kern.bins_to_device(bins))
+    _HISTOGRAM_INPUTS.append(entry)
+    del _HISTOGRAM_INPUTS[:-_HISTOGRAM_HOLDERS]
+    return entry
+
+
+def histograms(key, gh, bins, node_of_row, nodes: list[int], n_bins: int) -> list[bytes] | None:
+    """Each node's encrypted histogram on the GPU, or None (run ``gh.histogram`` natively).
+
+    The same bytes as ``gh.histogram(bins, rows_of_node, n_bins).to_bytes()`` for every node
+    (a test checks it): per feature and bin, the product mod n² of the ciphertexts of the node's
+    rows in that bin, the ciphertext 1 where none falls. ``key`` is the guest's native
+    EncryptionKey; ``gh`` a raw native vector of one ciphertext per row of ``bins`` (features x rows,
+    uint8); ``node_of_row`` each row's node.
+    """
+    import numpy as np
+
+    bins = np.asarray(bins)
+    rows = len(gh)
+    if (
+        rows < GPU_MIN_PLAINTEXTS
+        or current_engine().gpu is None
+        or bins.ndim != 2
+        or bins.shape[1] != rows
+        or bins.dtype != np.uint8
+        or gh.key_id != key.key_id
+        or not 0 < n_bins <= 256
+        or (bins.size and int(bins.max()) >= n_bins)
+    ):
+        _STATE["cpu_batches"] += 1
+        return None  # the native call runs it, or names the field that is wrong
+    node_of_row = np.asarray(node_of_row)
+    slot = np.full(rows, 0xFFFFFFFF, dtype=np.uint32)
+    for index, node in enumerate(nodes):
+        slot[node_of_row == node] = index
+    features = bins.shape[0]
+    try:
+        _gh, _bins, kern, gh_device, bins_device = _histogram_inputs(key, gh, bins)
+        sums = kern.histograms(gh_device, rows, bins_device, features, slot, len(nodes), n_bins)
+    except GpuUnavailable as exc:
+        note_fallback(str(exc))
+        return None
+    from confide.crypto.gpu.engine import limbs_to_be_rows
+
+    width = key.ciphertext_bytes
+    table = limbs_to_be_rows(sums, width).reshape(len(nodes), n_bins, features, width).transpose(0, 2, 1, 3)
+    _STATE["gpu_batches"] += 1
+    return [_raw_block(key, np.ascontiguousarray(table[i]).tobytes(), features * n_bins) for i in range(len(nodes))]
+
+
+#: Fewer folded ciphertexts than this stay on the CPU (one thread per group: a handful of long chains).
+GPU_MIN_FOLD_GROUPS = 64
+
+
+def fold(key, vector, width: int, per: int, threads: int = 0):
+    """``vector.fold(width, per, threads)`` on the selected engine (the same ciphertexts).
+
+    SecureBoost's cipher compression: ``per`` histogram sums into one ciphertext, ``width`` bits a
+    slot. ``key`` is the vector's native EncryptionKey.
+    """
+    count = len(vector)
+    groups = -(-count // per) if per > 0 else 0
+    if (
+        groups < GPU_MIN_FOLD_GROUPS
+        or current_engine().gpu is None
+        or vector.key_id != key.key_id
+        or not 1 <= width <= 1024
+        or per * width >= key.ciphertext_bytes * 4 - 1  # key bits - 1, as the native call requires
+    ):
+        _STATE["cpu_batches"] += 1
+        return vector.fold(width, per, threads)  # it names any field that is wrong
+    import numpy as np
+
+    from confide.crypto.gpu.engine import be_rows_to_limbs
+
+    kern = _kernels_for(key, False)
+    size = key.ciphertext_bytes
+    rows = np.frombuffer(vector.to_bytes()[-count * size :], dtype=np.uint8).reshape(count, size)
+    try:
+        folded = kern.fold_limbs(be_rows_to_limbs(rows, kern.mod_n2.limbs), width, per)
+    except GpuUnavailable as exc:
+        note_fallback(str(exc))
+        return vector.fold(width, per, threads)
+    return _vector_from_limbs(kern, key, folded)

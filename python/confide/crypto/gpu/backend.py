@@ -24,7 +24,18 @@ from typing import Any
 import numpy as np
 
 SOURCE = Path(__file__).with_name("paillier.cu")
-KERNELS = ("cf_mul_shared", "cf_mulmod", "cf_fixed_base", "cf_factor", "cf_pow", "cf_garner")
+KERNELS = (
+    "cf_mul_shared",
+    "cf_mulmod",
+    "cf_fixed_base",
+    "cf_factor",
+    "cf_pow",
+    "cf_garner",
+    "cf_hist_partial",
+    "cf_hist_reduce",
+    "cf_hist_finish",
+    "cf_fold",
+)
 # Threads per block: the CIOS accumulator holds CF_LIMBS + 2 registers per thread.
 BLOCK = 128
 
@@ -120,6 +131,13 @@ class CpuBackend:
     def empty(self, count: int) -> CpuArray:
         """A zeroed (CPU) or uninitialised (GPU) array of ``count`` uint32."""
         return CpuArray(np.zeros(count, dtype=np.uint32))
+
+    def zeros(self, count: int) -> CpuArray:
+        """A zeroed array of ``count`` uint32."""
+        return CpuArray(np.zeros(count, dtype=np.uint32))
+
+    #: Threads one launch should keep busy: small here, so the tests cross several chunks.
+    parallel_items = 64
 
     def download(self, array: CpuArray) -> np.ndarray:
         """The array's contents as numpy uint32."""
@@ -262,6 +280,15 @@ class GpuBackend:  # pragma: no cover - exercised on the GPU machine (scripts/gp
         self._bind()
         nbytes = max(4, 4 * int(count))
         return GpuArray(self._check(self.cu.cuMemAlloc(nbytes), f"cuMemAlloc({nbytes})"), nbytes, self)
+
+    def zeros(self, count: int) -> GpuArray:
+        """A zeroed array of ``count`` uint32."""
+        out = self.empty(count)
+        self._check(self.cu.cuMemsetD32Async(out.ptr, 0, max(1, int(count)), self.stream), "memset")
+        return out
+
+    #: Threads one launch should keep busy (132 SMs of an H100 at a few hundred threads each).
+    parallel_items = 1 << 16
 
     def upload(self, array: np.ndarray) -> GpuArray:
         """A backend copy of a uint32 array."""

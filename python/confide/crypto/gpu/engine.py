@@ -27,6 +27,10 @@ MIN_CHUNK = 256
 MAX_CHUNK = 1 << 17
 DEFAULT_WINDOW = 8
 POW_WINDOW = 4
+#: Device bytes a histogram call may take for its partial products (and at most a quarter of what is free).
+HISTOGRAM_BUDGET = 2 << 30
+#: Partials multiplied per thread in each reduction step of a histogram.
+HISTOGRAM_FANIN = 8
 
 
 def limbs_of(modulus: int) -> int:
@@ -343,6 +347,89 @@ class PaillierKernels:
             return [int(gmpy2.mpz(xq_i) + s["q2"] * hi) for xq_i, hi in zip(x_q[start:stop], hs, strict=False)]
 
         return _run_chunked(len(x_p), run, self.chunk)
+
+    # ---------------------------------------------------------------------------------------
+    # SecureBoost host histograms: products of the guest's ciphertexts per (node, feature, bin)
+    # ---------------------------------------------------------------------------------------
+    def gradients_to_device(self, rows: np.ndarray) -> Any:
+        """The guest's ciphertexts (big-endian rows, count x width bytes) on the backend, Montgomery form."""
+        mod, be = self.mod_n2, self.backend
+        limbs = be_rows_to_limbs(rows, mod.limbs)
+        count = limbs.shape[1]
+        device = be.upload(limbs)
+        be.launch("cf_mul_shared", count, device, count, mod.r2, mod.m, mod.minv)
+        return device
+
+    def bins_to_device(self, bins: np.ndarray) -> Any:
+        """A holder's bins ((features, rows) uint8) on the backend, row-major (one row's features together)."""
+        flat = np.ascontiguousarray(np.asarray(bins, dtype=np.uint8).T).ravel()
+        padded = np.zeros(-(-max(1, flat.size) // 4) * 4, dtype=np.uint8)
+        padded[: flat.size] = flat
+        return self.backend.upload(padded.view("<u4"))
+
+    def histograms(
+        self, gh: Any, n_rows: int, bins: Any, features: int, slot: np.ndarray, slots: int, n_bins: int
+    ) -> np.ndarray:
+        """Limb-major (NL x G) histogram sums in normal form, group g = (slot · n_bins + bin) · features + f.
+
+        ``gh`` and ``bins`` come from :meth:`gradients_to_device` and :meth:`bins_to_device`;
+        ``slot[r]`` is row r's node (0 .. slots - 1) or 0xFFFFFFFF for none. A group no row falls in
+        is the ciphertext 1, as on the CPU engine. Partials are cut to the device's memory; out of
+        memory halves them, down to one chunk, then :class:`GpuUnavailable`.
+        """
+        mod, be = self.mod_n2, self.backend
+        limbs = mod.limbs
+        groups = slots * n_bins * features
+        per_partial = 4 * (limbs + 1)
+        budget = min(be.free_bytes() // 4, HISTOGRAM_BUDGET)
+        if groups * per_partial * 2 > budget:
+            raise GpuUnavailable(f"GPU memory: {groups} histogram sums do not fit {budget} bytes")
+        chunks = max(1, min(n_rows, -(-be.parallel_items // max(1, features))))
+        chunks = max(1, min(chunks, budget // (groups * per_partial * 2)))
+        slot_device = be.upload(np.asarray(slot, dtype=np.uint32))
+        while True:
+            rows_per = max(1, -(-n_rows // chunks))
+            chunks = max(1, -(-n_rows // rows_per))
+            try:
+                part = be.empty(limbs * chunks * groups)
+                flag = be.zeros(chunks * groups)
+                be.launch(
+                    "cf_hist_partial", chunks * features, part, flag, gh, n_rows, bins, features, slot_device, slots,
+                    n_bins, rows_per, chunks, mod.m, mod.minv,
+                )  # fmt: skip
+                while chunks > 1:
+                    out_chunks = -(-chunks // HISTOGRAM_FANIN)
+                    out = be.empty(limbs * out_chunks * groups)
+                    out_flag = be.empty(out_chunks * groups)
+                    be.launch(
+                        "cf_hist_reduce", out_chunks * groups, out, out_flag, part, flag, groups, chunks,
+                        HISTOGRAM_FANIN, mod.m, mod.minv,
+                    )  # fmt: skip
+                    part, flag, chunks = out, out_flag, out_chunks
+                result = be.empty(limbs * groups)
+                be.launch("cf_hist_finish", groups, result, part, flag, groups, mod.m, mod.minv)
+                return be.download(result)[: limbs * groups].reshape(limbs, groups)
+            except MemoryError:
+                if chunks == 1:
+                    raise GpuUnavailable(f"GPU out of memory for {groups} histogram sums") from None
+                chunks = max(1, chunks // 2)
+
+    def fold_limbs(self, ciphertexts: np.ndarray, width: int, per: int) -> np.ndarray:
+        """Folded ciphertexts (limb-major, ceil(count / per) items) of limb-major ``ciphertexts``.
+
+        Group g of ``per`` ciphertexts becomes prod_j c_j^(2^(width·j)), the first in the lowest slot
+        (:meth:`CiphertextVector.fold`'s definition; the same residues).
+        """
+        mod, be = self.mod_n2, self.backend
+        count = ciphertexts.shape[1]
+        groups = -(-count // per)
+        try:
+            x = be.upload(np.ascontiguousarray(ciphertexts, dtype=np.uint32))
+            out = be.empty(mod.limbs * groups)
+            be.launch("cf_fold", groups, out, x, count, per, width, mod.r2, mod.m, mod.minv)
+            return be.download(out)[: mod.limbs * groups].reshape(mod.limbs, groups)
+        except MemoryError:
+            raise GpuUnavailable(f"GPU out of memory folding {count} ciphertexts") from None
 
 
 def _pow(mod: Modulus, bases: Sequence[int], exponent: int | Sequence[int], chunk: int) -> list[int]:

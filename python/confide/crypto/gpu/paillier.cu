@@ -271,3 +271,112 @@ CF_KERNEL cf_garner(u32 *h, const u32 *xp, const u32 *xq, u32 count, const u32 *
         cf_montmul(h + i, count, h + i, count, qinv_m, 1, m, minv);
     }
 }
+
+/*
+ * SecureBoost host histograms (docs/crypto.md, "GPU engine"), in three steps. The guest's
+ * ciphertexts gh are limb-major in Montgomery form (n_rows items); bins are row-major
+ * (bins[r * features + f], one byte each), so the threads of a warp (consecutive features of the
+ * same rows) read one ciphertext together. A row r belongs to node slot[r] < slots of this call
+ * (0xFFFFFFFF: to none). Keys k = slot * n_bins + bin; groups g = k * features + f.
+ *
+ * Step 1: thread t = c * features + f multiplies, per key, the ciphertexts of rows
+ * [c * rows_per, (c + 1) * rows_per) of feature f into partial (c, g) at index e = c * G + g
+ * (G = slots * n_bins * features groups, chunks * G partials, limb-major). flag[e] marks a
+ * partial that holds a product; one no row reached stays unmarked and counts as 1.
+ */
+CF_KERNEL cf_hist_partial(u32 *part, u32 *flag, const u32 *gh, u32 n_rows, const unsigned char *bins,
+                          u32 features, const u32 *slot, u32 slots, u32 n_bins, u32 rows_per, u32 chunks,
+                          const u32 *CF_RESTRICT m, u32 minv) {
+    const u32 groups = slots * n_bins * features;
+    const u32 total = (u32)((u64)chunks * groups);
+    for (u32 t = CF_START; t < chunks * features; t += CF_STRIDE) {
+        const u32 c = t / features, f = t % features;
+        const u32 start = c * rows_per;
+        const u32 stop = start < n_rows && n_rows - start > rows_per ? start + rows_per : n_rows;
+        for (u32 r = start; r < stop; r++) {
+            const u32 s = slot[r];
+            if (s >= slots) continue;
+            const u32 e = c * groups + (s * n_bins + bins[(u64)r * features + f]) * features + f;
+            if (flag[e]) {
+                cf_montmul(part + e, total, gh + r, n_rows, part + e, total, m, minv);
+            } else {
+                cf_copy(part + e, total, gh + r, n_rows);
+                flag[e] = 1;
+            }
+        }
+    }
+}
+
+/*
+ * Step 2, repeated until one chunk is left: out (c2, g) = the product of the marked partials
+ * (c, g), c in [c2 * per, (c2 + 1) * per), for chunks partials per group; out_flag marks it.
+ */
+CF_KERNEL cf_hist_reduce(u32 *out, u32 *out_flag, const u32 *part, const u32 *flag, u32 groups, u32 chunks,
+                         u32 per, const u32 *CF_RESTRICT m, u32 minv) {
+    const u32 out_chunks = (chunks + per - 1) / per;
+    const u32 total = chunks * groups, out_total = out_chunks * groups;
+    for (u32 t = CF_START; t < out_total; t += CF_STRIDE) {
+        const u32 c2 = t / groups, g = t % groups;
+        const u32 stop = chunks - c2 * per > per ? (c2 + 1) * per : chunks;
+        u32 started = 0;
+        for (u32 c = c2 * per; c < stop; c++) {
+            const u32 e = c * groups + g;
+            if (!flag[e]) continue;
+            if (started)
+                cf_montmul(out + t, out_total, part + e, total, out + t, out_total, m, minv);
+            else
+                cf_copy(out + t, out_total, part + e, total);
+            started = 1;
+        }
+        out_flag[t] = started;
+    }
+}
+
+/*
+ * Step 3: the histogram in normal form: a marked group's product times 1 (leaving Montgomery
+ * form), an unmarked one the ciphertext 1 (an encryption of 0, as the CPU engine gives).
+ */
+CF_KERNEL cf_hist_finish(u32 *out, const u32 *part, const u32 *flag, u32 groups, const u32 *CF_RESTRICT m,
+                         u32 minv) {
+    for (u32 g = CF_START; g < groups; g += CF_STRIDE) {
+        if (flag[g]) {
+            u32 unit[NL];
+            CF_UNROLL
+            for (int k = 0; k < NL; k++) unit[k] = k == 0;
+            cf_montmul(out + g, groups, part + g, groups, unit, 1, m, minv);
+        } else {
+            CF_UNROLL
+            for (int k = 0; k < NL; k++) out[(u64)k * groups + g] = k == 0;
+        }
+    }
+}
+
+/*
+ * Cipher compression (SecureBoost's fold): out_g = prod_j c_(g per + j)^(2^(width j)) over the
+ * ciphertexts of group g (the last group may be shorter), so slot j of the plaintext holds m_j.
+ * Horner from the top slot: acc = c_top, then acc = acc^(2^width) * c_j down to the group's
+ * first. In and out are normal form, limb-major (count and ceil(count / per) items); r2 = R^2.
+ * One thread per group: the chain is (per - 1) * width squarings long.
+ */
+CF_KERNEL cf_fold(u32 *out, const u32 *in, u32 count, u32 per, u32 width, const u32 *CF_RESTRICT r2,
+                  const u32 *CF_RESTRICT m, u32 minv) {
+    const u32 groups = (count + per - 1) / per;
+    for (u32 g = CF_START; g < groups; g += CF_STRIDE) {
+        const u32 first = g * per;
+        const u32 top = (count - first > per ? first + per : count) - 1;
+        u32 *acc = out + g;
+        cf_montmul(acc, groups, in + top, count, r2, 1, m, minv); /* Montgomery form */
+        CF_NO_UNROLL
+        for (u32 j = top; j-- > first;) {
+            CF_NO_UNROLL
+            for (u32 s = 0; s < width; s++) cf_montmul(acc, groups, acc, groups, acc, groups, m, minv);
+            /* acc * c_j * R^-1 is the product in normal form; times R^2 * R^-1 back to Montgomery. */
+            cf_montmul(acc, groups, in + j, count, acc, groups, m, minv);
+            cf_montmul(acc, groups, acc, groups, r2, 1, m, minv);
+        }
+        u32 unit[NL];
+        CF_UNROLL
+        for (int k = 0; k < NL; k++) unit[k] = k == 0;
+        cf_montmul(acc, groups, acc, groups, unit, 1, m, minv);
+    }
+}

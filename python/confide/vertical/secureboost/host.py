@@ -9,6 +9,7 @@ import numpy as np
 
 from confide import _native
 from confide._checks import is_int
+from confide.crypto import gpu
 from confide.errors import ConfideError, ProtocolError
 from confide.vertical.binning import Binner
 from confide.vertical.secureboost.params import FIELD_BITS, SecureBoostParams
@@ -54,7 +55,10 @@ class MatrixRows:
     def layer(self, node_of_row: np.ndarray, nodes: list[int], n_bins: int, key, threads: int = 0):
         """The nodes' encrypted histograms and their row counts per (feature, bin)."""
         members = [np.flatnonzero(node_of_row == node) for node in nodes]
-        if self.remote is not None:
+        on_gpu = gpu.histograms(key, self.gh, self.bins, node_of_row, nodes, n_bins) if self.rows else None
+        if on_gpu is not None:  # all rows in one pass on this process's GPU (the same ciphertexts)
+            hists = [type(self.gh).from_bytes(block, key) for block in on_gpu]
+        elif self.remote is not None:
             hists = self.remote.histograms(node_of_row, nodes, n_bins, key)
         else:
             hists = [self.gh.histogram(self.bins, rows.astype(np.uint32), n_bins, threads) for rows in members]
@@ -192,8 +196,10 @@ def _host_layer(channel, guest, tag, message, state, threads) -> None:
     # randomness the guest could test which rows a sum combines (e.g. a bin holding one row).
     fields = state.get("fields", 1)
     per = params.cells_per_ciphertext(fields)
+    key = state["key"]
     folded = [
-        (h.fold(2 * FIELD_BITS * fields, per, threads) if per > 1 else h).rerandomize(threads).to_bytes() for h in hists
+        (gpu.fold(key, h, 2 * FIELD_BITS * fields, per, threads) if per > 1 else h).rerandomize(threads).to_bytes()
+        for h in hists
     ]
     state["stats"]["fold_s"] += time.perf_counter() - started
     channel.send(guest, tag + "/reply", {"hist": folded, "counts": np.asarray(counts).astype(np.int32)})
