@@ -526,24 +526,5 @@ def test_histograms_on_the_gpu(monkeypatch):
         on_gpu, members = node_histograms(gh, bins, node_of_row, [0, 2, 3], n_bins, public)
         assert gpu.engine_report()["gpu_batches"] == 1
         assert on_gpu == [gh.histogram(bins, m, n_bins, 0).to_bytes() for m in members]
-        hist = type(gh).from_bytes(on_gpu[0], public)
-        assert gpu.fold(public, hist, 90, 20).to_bytes() == hist.fold(90, 20, 0).to_bytes()
-        assert gpu.engine_report()["gpu_batches"] == 2
     finally:
         gpu.reset_engine()
-
-
-def test_fold_equals_the_native_fold(reference_engine, monkeypatch):
-    """SecureBoost's cipher compression on the engine: the native fold's ciphertexts, short last group too."""
-    native = fixed_native_key()
-    public = native.encryption_key
-    monkeypatch.setattr(reference_engine, "GPU_MIN_FOLD_GROUPS", 2)
-    values = np.random.default_rng(14).integers(0, 2**40, 23, dtype=np.int64)
-    vector = public.encrypt_i64(values, "fixed_base", 0)
-    folded = reference_engine.fold(public, vector, 45, 5)
-    assert reference_engine._STATE["gpu_batches"] == 1
-    assert folded.to_bytes() == vector.fold(45, 5, 0).to_bytes()
-    plain = [int.from_bytes(b, "big") for b in native.decrypt_raw(folded, 0)]
-    assert plain == [sum(int(v) << (45 * j) for j, v in enumerate(values[g : g + 5])) for g in range(0, 23, 5)]
-    with pytest.raises(ValueError, match="per"):  # the native call names the limit
-        reference_engine.fold(public, vector, 1000, 5)

@@ -407,39 +407,3 @@ def histograms(key, gh, bins, node_of_row, nodes: list[int], n_bins: int) -> lis
     table = limbs_to_be_rows(sums, width).reshape(len(nodes), n_bins, features, width).transpose(0, 2, 1, 3)
     _STATE["gpu_batches"] += 1
     return [_raw_block(key, np.ascontiguousarray(table[i]).tobytes(), features * n_bins) for i in range(len(nodes))]
-
-
-#: Fewer folded ciphertexts than this stay on the CPU (one thread per group: a handful of long chains).
-GPU_MIN_FOLD_GROUPS = 64
-
-
-def fold(key, vector, width: int, per: int, threads: int = 0):
-    """``vector.fold(width, per, threads)`` on the selected engine (the same ciphertexts).
-
-    SecureBoost's cipher compression: ``per`` histogram sums into one ciphertext, ``width`` bits a
-    slot. ``key`` is the vector's native EncryptionKey.
-    """
-    count = len(vector)
-    groups = -(-count // per) if per > 0 else 0
-    if (
-        groups < GPU_MIN_FOLD_GROUPS
-        or current_engine().gpu is None
-        or vector.key_id != key.key_id
-        or not 1 <= width <= 1024
-        or per * width >= key.ciphertext_bytes * 4 - 1  # key bits - 1, as the native call requires
-    ):
-        _STATE["cpu_batches"] += 1
-        return vector.fold(width, per, threads)  # it names any field that is wrong
-    import numpy as np
-
-    from confide.crypto.gpu.engine import be_rows_to_limbs
-
-    kern = _kernels_for(key, False)
-    size = key.ciphertext_bytes
-    rows = np.frombuffer(vector.to_bytes()[-count * size :], dtype=np.uint8).reshape(count, size)
-    try:
-        folded = kern.fold_limbs(be_rows_to_limbs(rows, kern.mod_n2.limbs), width, per)
-    except GpuUnavailable as exc:
-        note_fallback(str(exc))
-        return vector.fold(width, per, threads)
-    return _vector_from_limbs(kern, key, folded)

@@ -34,7 +34,6 @@ KERNELS = (
     "cf_hist_partial",
     "cf_hist_reduce",
     "cf_hist_finish",
-    "cf_fold",
 )
 # Threads per block: the CIOS accumulator holds CF_LIMBS + 2 registers per thread.
 BLOCK = 128

@@ -414,23 +414,6 @@ class PaillierKernels:
                     raise GpuUnavailable(f"GPU out of memory for {groups} histogram sums") from None
                 chunks = max(1, chunks // 2)
 
-    def fold_limbs(self, ciphertexts: np.ndarray, width: int, per: int) -> np.ndarray:
-        """Folded ciphertexts (limb-major, ceil(count / per) items) of limb-major ``ciphertexts``.
-
-        Group g of ``per`` ciphertexts becomes prod_j c_j^(2^(width·j)), the first in the lowest slot
-        (:meth:`CiphertextVector.fold`'s definition; the same residues).
-        """
-        mod, be = self.mod_n2, self.backend
-        count = ciphertexts.shape[1]
-        groups = -(-count // per)
-        try:
-            x = be.upload(np.ascontiguousarray(ciphertexts, dtype=np.uint32))
-            out = be.empty(mod.limbs * groups)
-            be.launch("cf_fold", groups, out, x, count, per, width, mod.r2, mod.m, mod.minv)
-            return be.download(out)[: mod.limbs * groups].reshape(mod.limbs, groups)
-        except MemoryError:
-            raise GpuUnavailable(f"GPU out of memory folding {count} ciphertexts") from None
-
 
 def _pow(mod: Modulus, bases: Sequence[int], exponent: int | Sequence[int], chunk: int) -> list[int]:
     be = mod.backend

@@ -350,33 +350,3 @@ CF_KERNEL cf_hist_finish(u32 *out, const u32 *part, const u32 *flag, u32 groups,
         }
     }
 }
-
-/*
- * Cipher compression (SecureBoost's fold): out_g = prod_j c_(g per + j)^(2^(width j)) over the
- * ciphertexts of group g (the last group may be shorter), so slot j of the plaintext holds m_j.
- * Horner from the top slot: acc = c_top, then acc = acc^(2^width) * c_j down to the group's
- * first. In and out are normal form, limb-major (count and ceil(count / per) items); r2 = R^2.
- * One thread per group: the chain is (per - 1) * width squarings long.
- */
-CF_KERNEL cf_fold(u32 *out, const u32 *in, u32 count, u32 per, u32 width, const u32 *CF_RESTRICT r2,
-                  const u32 *CF_RESTRICT m, u32 minv) {
-    const u32 groups = (count + per - 1) / per;
-    for (u32 g = CF_START; g < groups; g += CF_STRIDE) {
-        const u32 first = g * per;
-        const u32 top = (count - first > per ? first + per : count) - 1;
-        u32 *acc = out + g;
-        cf_montmul(acc, groups, in + top, count, r2, 1, m, minv); /* Montgomery form */
-        CF_NO_UNROLL
-        for (u32 j = top; j-- > first;) {
-            CF_NO_UNROLL
-            for (u32 s = 0; s < width; s++) cf_montmul(acc, groups, acc, groups, acc, groups, m, minv);
-            /* acc * c_j * R^-1 is the product in normal form; times R^2 * R^-1 back to Montgomery. */
-            cf_montmul(acc, groups, in + j, count, acc, groups, m, minv);
-            cf_montmul(acc, groups, acc, groups, r2, 1, m, minv);
-        }
-        u32 unit[NL];
-        CF_UNROLL
-        for (int k = 0; k < NL; k++) unit[k] = k == 0;
-        cf_montmul(acc, groups, acc, groups, unit, 1, m, minv);
-    }
-}

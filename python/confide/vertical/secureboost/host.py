@@ -196,10 +196,8 @@ def _host_layer(channel, guest, tag, message, state, threads) -> None:
     # randomness the guest could test which rows a sum combines (e.g. a bin holding one row).
     fields = state.get("fields", 1)
     per = params.cells_per_ciphertext(fields)
-    key = state["key"]
     folded = [
-        (gpu.fold(key, h, 2 * FIELD_BITS * fields, per, threads) if per > 1 else h).rerandomize(threads).to_bytes()
-        for h in hists
+        (h.fold(2 * FIELD_BITS * fields, per, threads) if per > 1 else h).rerandomize(threads).to_bytes() for h in hists
     ]
     state["stats"]["fold_s"] += time.perf_counter() - started
     channel.send(guest, tag + "/reply", {"hist": folded, "counts": np.asarray(counts).astype(np.int32)})
