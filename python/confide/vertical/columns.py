@@ -154,6 +154,7 @@ class ColumnRows:
         """Keep the tree's encrypted gradients of the view's rows (``gh``: theirs, in view order)."""
         view = self._view(name, "bins")
         view["gh"] = received_gradients(view, public_key, gh, len(view["rows"]), f"partition {self.index}")
+        view["gh_block"] = gh
         return len(view["gh"])
 
     def layer(
@@ -164,7 +165,9 @@ class ColumnRows:
 
         view = self._view(name, "bins", "gh")
         bins = view["bins"]
-        hists, members = node_histograms(view["gh"], bins, node_of_row, nodes, n_bins, view.get("key"))
+        hists, members = node_histograms(
+            view["gh"], bins, node_of_row, nodes, n_bins, view.get("key"), view.get("gh_block")
+        )
         counts = np.stack([counts_histogram(bins, rows, n_bins) for rows in members]).astype(np.int64)
         return hists, counts
 
@@ -365,8 +368,8 @@ class ColumnView:
                             lo[j][i] = mid[j][i] + 1
         return [np.array(row, dtype=np.int64) for row in lo]
 
-    def set_gradients(self, key, gh) -> None:
-        """Each holder gets the ciphertexts of its own rows of the view."""
+    def set_gradients(self, key, gh, block: bytes | None = None) -> None:
+        """Each holder gets the ciphertexts of its own rows of the view (``block``: unused, the holders re-slice)."""
         public = key.to_bytes()
         self._gradients = [(self.name, public, gh.take(m.astype(np.uint32)).to_bytes()) for m in self.members]
         self._call_each("set_gradients", self._gradients)

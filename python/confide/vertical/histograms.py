@@ -38,17 +38,20 @@ def received_gradients(cache: dict, public_key: bytes, gh: bytes, rows: int, whe
     return vector
 
 
-def node_histograms(gh, bins: np.ndarray, node_of_row: np.ndarray, nodes: list[int], n_bins: int, key=None):
+def node_histograms(
+    gh, bins: np.ndarray, node_of_row: np.ndarray, nodes: list[int], n_bins: int, key=None, block: bytes | None = None
+):
     """``(histograms, members)``: each node's encrypted histogram over a holder's rows, and its rows there.
 
     With the guest's ``key`` (a native EncryptionKey) and the GPU engine selected, the products run
-    on the GPU (:func:`confide.crypto.gpu.histograms`, the same bytes); else the Rust kernel.
+    on the GPU (:func:`confide.crypto.gpu.histograms`, the same bytes; ``block``: the bytes ``gh``
+    was parsed from); else the Rust kernel.
     """
     from confide.crypto import gpu
 
     local = np.asarray(node_of_row)
     members = [np.flatnonzero(local == node).astype(np.uint32) for node in nodes]
-    on_gpu = None if key is None else gpu.histograms(key, gh, bins, local, nodes, n_bins)
+    on_gpu = None if key is None else gpu.histograms(key, gh, bins, local, nodes, n_bins, block)
     if on_gpu is not None:
         return on_gpu, members
     return [gh.histogram(bins, rows, n_bins, 1).to_bytes() for rows in members], members
@@ -72,6 +75,7 @@ class HistogramRows:
         self.start, self.stop = int(start), int(start) + self.bins.shape[1]
         self.keys: dict = {}
         self.gh: Any = None
+        self.gh_block: bytes | None = None
 
     def pid(self) -> int:
         """The process id of the worker holding these rows."""
@@ -82,6 +86,7 @@ class HistogramRows:
         self.gh = received_gradients(
             self.keys, public_key, gh, self.stop - self.start, f"rows {self.start}..{self.stop}"
         )
+        self.gh_block = gh
         return len(self.gh)
 
     def histograms(self, node_of_row: np.ndarray, nodes: list[int], n_bins: int) -> list[bytes]:
@@ -90,7 +95,7 @@ class HistogramRows:
             from confide.errors import ProtocolError
 
             raise ProtocolError(f"rows {self.start}..{self.stop} hold no encrypted gradients (restarted)")
-        return node_histograms(self.gh, self.bins, node_of_row, nodes, n_bins, self.keys.get("key"))[0]
+        return node_histograms(self.gh, self.bins, node_of_row, nodes, n_bins, self.keys.get("key"), self.gh_block)[0]
 
 
 class HostHistograms:

@@ -456,8 +456,14 @@ def test_histograms_equal_the_native_kernel(reference_engine, monkeypatch):
             np.add.at(plain, bins[f, member], values[member])
             assert node_sums[f * n_bins : (f + 1) * n_bins].tolist() == plain.tolist()
     # the device copies are reused for the next layer of the same tree
-    again, _ = node_histograms(gh, bins, node_of_row, [5], n_bins, public)
+    again, _ = node_histograms(gh, bins, node_of_row, [5], n_bins, public, block=b"not read again")
     assert again == [gh.histogram(bins, np.flatnonzero(node_of_row == 5).astype(np.uint32), n_bins, 1).to_bytes()]
+    assert len(reference_engine._HISTOGRAM_INPUTS) == 1
+    # the next tree's gradients, handed over as the bytes they came in, replace the last tree's
+    block = public.encrypt_i64(values[::-1].copy(), "fixed_base", 0).to_bytes()
+    gh2 = type(gh).from_bytes(block, public)
+    nxt, members2 = node_histograms(gh2, bins, node_of_row, nodes, n_bins, public, block)
+    assert nxt == [gh2.histogram(bins, m, n_bins, 1).to_bytes() for m in members2]
     assert len(reference_engine._HISTOGRAM_INPUTS) == 1
     # bad input is left to the native kernel, which names it
     with pytest.raises(ValueError, match="bin"):
@@ -528,3 +534,24 @@ def test_histograms_on_the_gpu(monkeypatch):
         assert on_gpu == [gh.histogram(bins, m, n_bins, 0).to_bytes() for m in members]
     finally:
         gpu.reset_engine()
+
+
+def test_wire_bytes_in_and_out_equal_the_limb_path():
+    """encrypt_be turns the byte order on the device: the same ciphertexts as the limb path, m < n enforced."""
+    ref, kern = _kernels(512, 3)
+    rng = random.Random(31)
+    plaintexts = _edge_plaintexts(ref.n, rng, 40)
+    exponents = _edge_exponents(ref.rand_bits, rng, 40)
+    width = kern.mod_n2.limbs * 2
+    rows = np.frombuffer(b"".join(m.to_bytes(width, "big") for m in plaintexts), dtype=np.uint8).reshape(40, width)
+    e_limbs = gpu_engine.to_limbs(exponents, (ref.rand_bits + 31) // 32)
+    body = kern.encrypt_be(rows, e_limbs)
+    assert [int.from_bytes(body[i * 2 * width : (i + 1) * 2 * width], "big") for i in range(40)] == [
+        ref.encrypt(m, a) for m, a in zip(plaintexts, exponents, strict=True)
+    ]
+    too_big = rows.copy()
+    too_big[7] = np.frombuffer(ref.n.to_bytes(width, "big"), dtype=np.uint8)  # m = n exactly
+    with pytest.raises(ValueError, match=r"plaintexts\[7\] must satisfy 0 <= m < n"):
+        kern.encrypt_be(too_big)
+    with pytest.raises(ValueError, match="rows of"):
+        kern.encrypt_be(rows[:, 1:])

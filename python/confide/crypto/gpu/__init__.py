@@ -146,11 +146,8 @@ def encrypt_hook(native_key, holder: bool, plaintexts: int):
         return None
     import numpy as np
 
-    from confide.crypto.gpu.engine import limbs_to_be_rows
-
     kern = _kernels_for(native_key, holder)
     half = kern.mod_n2.limbs // 2
-    width = 4 * kern.mod_n2.limbs  # ciphertext bytes (n^2)
 
     def encrypt(limbs, per: int, _holder: bool) -> bytes:
         count = limbs.size // per
@@ -162,7 +159,7 @@ def encrypt_hook(native_key, holder: bool, plaintexts: int):
         plain = np.zeros((half, count), dtype=np.uint32)
         plain[: words.shape[1]] = words.T
         _STATE["gpu_batches"] += 1
-        return limbs_to_be_rows(kern.encrypt_limbs(plain), width).tobytes()
+        return kern.encrypt_limbs(plain, as_bytes=True)
 
     return encrypt
 
@@ -226,13 +223,11 @@ def _raw_block(public, ciphertexts: bytes, count: int) -> bytes:
     return header + b"\x00" + (0).to_bytes(2, "big") + b"\x00" + ciphertexts
 
 
-def _vector_from_limbs(kern, public, limbs):
+def _vector_from_body(public, body: bytes, count: int):
     from confide import _native
-    from confide.crypto.gpu.engine import limbs_to_be_rows
 
-    rows = limbs_to_be_rows(limbs, public.ciphertext_bytes)
     _STATE["gpu_batches"] += 1
-    return _native.CiphertextVector.from_bytes(_raw_block(public, rows.tobytes(), rows.shape[0]), public)
+    return _native.CiphertextVector.from_bytes(_raw_block(public, body, count), public)
 
 
 def _split_ints(data: bytes, count: int, width: int) -> list[int]:
@@ -259,16 +254,14 @@ def encrypt_raw(key, plaintexts: list[bytes], randomizer: str = "fixed_base", th
     if kern is not None:
         import numpy as np
 
-        from confide.crypto.gpu.engine import be_rows_to_limbs
-
         public = key.encryption_key if _is_holder(key) else key
         width = public.ciphertext_bytes // 2
         try:
             if any(len(p) > width for p in plaintexts):
                 raise ValueError(f"plaintexts: each must be below n ({width} bytes)")
             rows = np.frombuffer(b"".join(p.rjust(width, b"\0") for p in plaintexts), dtype=np.uint8)
-            limbs = be_rows_to_limbs(rows.reshape(len(plaintexts), width), kern.mod_n2.limbs // 2)
-            return _vector_from_limbs(kern, public, kern.encrypt_limbs(limbs))
+            body = kern.encrypt_be(rows.reshape(len(plaintexts), width))
+            return _vector_from_body(public, body, len(plaintexts))
         except GpuUnavailable as exc:
             note_fallback(str(exc))
         except ValueError:
@@ -297,7 +290,7 @@ def encrypt_i64(key, values, randomizer: str = "fixed_base", threads: int = 0):
             borrow = (d < 0).astype(np.int64)
             limbs[k] = np.where(negative, d + (borrow << 32), low if k == 0 else high if k == 1 else 0)
         try:
-            return _vector_from_limbs(kern, public, kern.encrypt_limbs(limbs))
+            return _vector_from_body(public, kern.encrypt_limbs(limbs, as_bytes=True), values.size)
         except GpuUnavailable as exc:
             note_fallback(str(exc))
     return key.encrypt_i64(values, randomizer, threads)
@@ -346,33 +339,35 @@ def power(public, vector, exponent: int) -> list[int] | None:
 #: Device copies of the last few holders' gradients and bins: (gh, bins, kernels, gh on device,
 #: bins on device), newest last. The objects are held so their ids stay theirs while cached.
 _HISTOGRAM_INPUTS: list[tuple[Any, Any, Any, Any, Any]] = []
-_HISTOGRAM_HOLDERS = 4
+_HISTOGRAM_HOLDERS = 64
 
 
-def _histogram_inputs(key, gh, bins):
+def _histogram_inputs(key, gh, bins, block: bytes | None):
     for entry in _HISTOGRAM_INPUTS:
         if entry[0] is gh and entry[1] is bins:
             return entry
-    import numpy as np
-
     kern = _kernels_for(key, False)
-    width = key.ciphertext_bytes
-    body = gh.to_bytes()[-len(gh) * width :] if len(gh) else b""
-    rows = np.frombuffer(body, dtype=np.uint8).reshape(len(gh), width)
-    entry = (gh, bins, kern, kern.gradients_to_device(rows), kern.bins_to_device(bins))
+    body_bytes = len(gh) * key.ciphertext_bytes
+    body = (block if block is not None else gh.to_bytes())[-body_bytes:] if body_bytes else b""
+    # a holder's next tree replaces its last one
+    _HISTOGRAM_INPUTS[:] = [entry for entry in _HISTOGRAM_INPUTS if entry[1] is not bins]
+    entry = (gh, bins, kern, kern.gradients_to_device(body, len(gh)), kern.bins_to_device(bins))
     _HISTOGRAM_INPUTS.append(entry)
     del _HISTOGRAM_INPUTS[:-_HISTOGRAM_HOLDERS]
     return entry
 
 
-def histograms(key, gh, bins, node_of_row, nodes: list[int], n_bins: int) -> list[bytes] | None:
+def histograms(
+    key, gh, bins, node_of_row, nodes: list[int], n_bins: int, block: bytes | None = None
+) -> list[bytes] | None:
     """Each node's encrypted histogram on the GPU, or None (run ``gh.histogram`` natively).
 
     The same bytes as ``gh.histogram(bins, rows_of_node, n_bins).to_bytes()`` for every node
     (a test checks it): per feature and bin, the product mod n² of the ciphertexts of the node's
     rows in that bin, the ciphertext 1 where none falls. ``key`` is the guest's native
     EncryptionKey; ``gh`` a raw native vector of one ciphertext per row of ``bins`` (features x rows,
-    uint8); ``node_of_row`` each row's node.
+    uint8); ``node_of_row`` each row's node; ``block`` the bytes ``gh`` was parsed from, if at hand
+    (it saves serializing the vector again for the upload).
     """
     import numpy as np
 
@@ -396,7 +391,7 @@ def histograms(key, gh, bins, node_of_row, nodes: list[int], n_bins: int) -> lis
         slot[node_of_row == node] = index
     features = bins.shape[0]
     try:
-        _gh, _bins, kern, gh_device, bins_device = _histogram_inputs(key, gh, bins)
+        _gh, _bins, kern, gh_device, bins_device = _histogram_inputs(key, gh, bins, block)
         sums = kern.histograms(gh_device, rows, bins_device, features, slot, len(nodes), n_bins)
     except GpuUnavailable as exc:
         note_fallback(str(exc))

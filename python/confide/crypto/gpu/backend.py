@@ -34,6 +34,8 @@ KERNELS = (
     "cf_hist_partial",
     "cf_hist_reduce",
     "cf_hist_finish",
+    "cf_from_be",
+    "cf_to_be",
 )
 # Threads per block: the CIOS accumulator holds CF_LIMBS + 2 registers per thread.
 BLOCK = 128

@@ -108,6 +108,21 @@ def limbs_to_be_rows(limb_major: np.ndarray, width: int) -> np.ndarray:
     return np.ascontiguousarray(little[:, :width][:, ::-1])
 
 
+def _upload_bytes(backend, data) -> Any:
+    """Bytes (any shape of uint8, or bytes) on the backend as a uint32 array, zero-padded to whole words."""
+    flat = np.frombuffer(data, dtype=np.uint8) if isinstance(data, bytes | bytearray) else np.asarray(data).ravel()
+    padded = np.zeros(-(-max(1, flat.size) // 4) * 4, dtype=np.uint8)
+    padded[: flat.size] = flat
+    return backend.upload(padded.view("<u4"))
+
+
+def _download_be(backend, limbs_device, count: int, width: int) -> bytes:
+    """``count`` items of limb-major ``limbs_device`` as big-endian rows of ``width`` bytes (turned on the device)."""
+    out = backend.empty(-(-count * width // 4))
+    backend.launch("cf_to_be", count * width, out, limbs_device, count, width)
+    return backend.download(out).view(np.uint8)[: count * width].tobytes()
+
+
 def _chunks(count: int, chunk: int):
     for start in range(0, count, chunk):
         yield start, min(count, start + chunk)
@@ -248,30 +263,58 @@ class PaillierKernels:
             exps[-1] &= np.uint32((1 << (32 - spare)) - 1)
         return exps
 
-    def encrypt_limbs(self, plain: np.ndarray, exponents: np.ndarray | None = None) -> np.ndarray:
+    def encrypt_limbs(self, plain: np.ndarray, exponents: np.ndarray | None = None, as_bytes: bool = False):
         """Ciphertexts (limb-major, NL x count) of limb-major plaintexts (NL/2 x count), each < n.
 
         Fresh exponents come from the OS's CSPRNG unless given (limb-major, ⌈rand_bits/32⌉ x count).
+        ``as_bytes``: big-endian rows of 4·NL bytes instead, turned on the device.
         """
-        mod = self.mod_n2
-        limbs, half = mod.limbs, mod.limbs // 2
+        half = self.mod_n2.limbs // 2
         plain = np.asarray(plain, dtype=np.uint32)
         if plain.ndim != 2 or plain.shape[0] != half:
             raise ValueError(f"plaintexts must be limb-major with {half} limbs, got shape {plain.shape}")
-        count = plain.shape[1]
         if not np.all(_less_than(plain, self._n_limbs)):
             bad = int(np.argmin(_less_than(plain, self._n_limbs)))
             raise ValueError(f"plaintexts[{bad}] must satisfy 0 <= m < n")
+        return self._encrypt(plain, plain.shape[1], exponents, as_bytes=as_bytes, bytes_in=False)
+
+    def encrypt_be(self, rows: np.ndarray, exponents: np.ndarray | None = None) -> bytes:
+        """Ciphertexts as big-endian bytes (count x 2·width) of big-endian plaintext rows (count x width).
+
+        The wire form in and out: the byte order is turned on the device (``cf_from_be``,
+        ``cf_to_be``), so the host only checks each plaintext against n.
+        """
+        rows = np.asarray(rows, dtype=np.uint8)
+        width = self.mod_n2.limbs * 2
+        if rows.ndim != 2 or rows.shape[1] != width:
+            raise ValueError(f"plaintexts must be rows of {width} big-endian bytes, got shape {rows.shape}")
+        n_row = np.frombuffer(int(self.n).to_bytes(width, "big"), dtype=np.uint8)
+        differs = rows != n_row
+        first = np.argmax(differs, axis=1)
+        below = differs[np.arange(len(rows)), first] & (rows[np.arange(len(rows)), first] < n_row[first])
+        if not np.all(below):
+            raise ValueError(f"plaintexts[{int(np.argmin(below))}] must satisfy 0 <= m < n")
+        return self._encrypt(rows, rows.shape[0], exponents, as_bytes=True, bytes_in=True)
+
+    def _encrypt(self, plain: np.ndarray, count: int, exponents: np.ndarray | None, as_bytes: bool, bytes_in: bool):
+        mod = self.mod_n2
+        limbs, half = mod.limbs, mod.limbs // 2
         if exponents is None:
             exponents = self.random_exponent_limbs(count)
         e_limbs = exponents.shape[0]
         table = self.table()
         be = self.backend
-        out = np.empty((limbs, count), dtype=np.uint32)
+        width = 4 * limbs  # ciphertext bytes
+        out = bytearray(count * width) if as_bytes else np.empty((limbs, count), dtype=np.uint32)
 
         def run(start: int, stop: int) -> list[int]:
             k = stop - start
-            m = be.upload(np.ascontiguousarray(plain[:, start:stop]))
+            if bytes_in:
+                m = be.empty(half * k)
+                source = _upload_bytes(be, plain[start:stop])
+                be.launch("cf_from_be", half * k, m, source, k, 2 * limbs, half)
+            else:
+                m = be.upload(np.ascontiguousarray(plain[:, start:stop]))
             e = be.upload(np.ascontiguousarray(exponents[:, start:stop]))
             f = be.empty(limbs * k)
             acc = be.empty(limbs * k)
@@ -280,11 +323,14 @@ class PaillierKernels:
                 "cf_fixed_base", k, acc, acc, f, e, e_limbs, k, table.device, table.rows, table.window,
                 mod.one, mod.m, mod.minv,
             )  # fmt: skip
-            out[:, start:stop] = be.download(acc)[: limbs * k].reshape(limbs, k)
+            if as_bytes:
+                out[start * width : stop * width] = _download_be(be, acc, k, width)
+            else:
+                out[:, start:stop] = be.download(acc)[: limbs * k].reshape(limbs, k)
             return [k]
 
         _run_chunked(count, run, self.chunk)
-        return out
+        return bytes(out) if as_bytes else out
 
     def mul_many(self, a: Sequence[int], b: Sequence[int]) -> list[int]:
         """a_i · b_i mod n² (the homomorphic sum of two ciphertext vectors)."""
@@ -351,21 +397,26 @@ class PaillierKernels:
     # ---------------------------------------------------------------------------------------
     # SecureBoost host histograms: products of the guest's ciphertexts per (node, feature, bin)
     # ---------------------------------------------------------------------------------------
-    def gradients_to_device(self, rows: np.ndarray) -> Any:
-        """The guest's ciphertexts (big-endian rows, count x width bytes) on the backend, Montgomery form."""
+    def gradients_to_device(self, body: bytes, count: int) -> Any:
+        """The guest's ciphertexts on the backend, limb-major in Montgomery form.
+
+        ``body``: ``count`` big-endian rows of 2·|n| bytes (a raw block's body); the byte order is
+        turned on the device.
+        """
         mod, be = self.mod_n2, self.backend
-        limbs = be_rows_to_limbs(rows, mod.limbs)
-        count = limbs.shape[1]
-        device = be.upload(limbs)
+        width = 4 * mod.limbs
+        if len(body) != count * width:
+            raise ValueError(f"gradients: {len(body)} bytes for {count} ciphertexts of {width}")
+        if count * mod.limbs >= 1 << 32:  # the kernels index items with 32 bits
+            raise GpuUnavailable(f"{count} ciphertexts are more than one device call takes")
+        device = be.empty(mod.limbs * count)
+        be.launch("cf_from_be", mod.limbs * count, device, _upload_bytes(be, body), count, width, mod.limbs)
         be.launch("cf_mul_shared", count, device, count, mod.r2, mod.m, mod.minv)
         return device
 
     def bins_to_device(self, bins: np.ndarray) -> Any:
         """A holder's bins ((features, rows) uint8) on the backend, row-major (one row's features together)."""
-        flat = np.ascontiguousarray(np.asarray(bins, dtype=np.uint8).T).ravel()
-        padded = np.zeros(-(-max(1, flat.size) // 4) * 4, dtype=np.uint8)
-        padded[: flat.size] = flat
-        return self.backend.upload(padded.view("<u4"))
+        return _upload_bytes(self.backend, np.ascontiguousarray(np.asarray(bins, dtype=np.uint8).T))
 
     def histograms(
         self, gh: Any, n_rows: int, bins: Any, features: int, slot: np.ndarray, slots: int, n_bins: int

@@ -350,3 +350,27 @@ CF_KERNEL cf_hist_finish(u32 *out, const u32 *part, const u32 *flag, u32 groups,
         }
     }
 }
+
+/*
+ * Byte order on the device, so the host hands over wire bytes untouched: count big-endian rows of
+ * width bytes (row i at in[i * width]) to limb-major little-endian limbs (limbs per item; bytes
+ * beyond the row are zero), and back. One thread per output word or byte, so writes coalesce.
+ */
+CF_KERNEL cf_from_be(u32 *out, const unsigned char *in, u32 count, u32 width, u32 limbs) {
+    for (u32 t = CF_START; t < count * limbs; t += CF_STRIDE) {
+        const u32 k = t / count, i = t % count;
+        u32 v = 0;
+        for (u32 b = 0; b < 4; b++) {
+            const u32 from_end = 4 * k + b; /* byte index counted from the row's least significant end */
+            if (from_end < width) v |= (u32)in[(u64)i * width + (width - 1 - from_end)] << (8 * b);
+        }
+        out[t] = v;
+    }
+}
+
+CF_KERNEL cf_to_be(unsigned char *out, const u32 *in, u32 count, u32 width) {
+    for (u32 t = CF_START; t < count * width; t += CF_STRIDE) {
+        const u32 i = t / width, from_end = width - 1 - t % width;
+        out[t] = (unsigned char)(in[(u64)(from_end / 4) * count + i] >> (8 * (from_end % 4)));
+    }
+}

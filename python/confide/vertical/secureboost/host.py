@@ -35,6 +35,7 @@ class MatrixRows:
         self.bins: np.ndarray | None = None
         self.remote = None
         self.gh = None
+        self.gh_block: bytes | None = None
 
     def fit(self, n_bins: int, party: str) -> Binner:
         """Quantile cut points of every column; the rows binned with them."""
@@ -46,16 +47,18 @@ class MatrixRows:
             self.remote = HostHistograms(self.engine, self.bins)
         return self.binner
 
-    def set_gradients(self, key, gh) -> None:
-        """The tree's encrypted gradients, one ciphertext per row."""
-        self.gh = gh
+    def set_gradients(self, key, gh, block: bytes | None = None) -> None:
+        """The tree's encrypted gradients, one ciphertext per row (``block``: the bytes they came as)."""
+        self.gh, self.gh_block = gh, block
         if self.remote is not None:
             self.remote.set_gradients(key, gh)
 
     def layer(self, node_of_row: np.ndarray, nodes: list[int], n_bins: int, key, threads: int = 0):
         """The nodes' encrypted histograms and their row counts per (feature, bin)."""
         members = [np.flatnonzero(node_of_row == node) for node in nodes]
-        on_gpu = gpu.histograms(key, self.gh, self.bins, node_of_row, nodes, n_bins) if self.rows else None
+        on_gpu = (
+            gpu.histograms(key, self.gh, self.bins, node_of_row, nodes, n_bins, self.gh_block) if self.rows else None
+        )
         if on_gpu is not None:  # all rows in one pass on this process's GPU (the same ciphertexts)
             hists = [type(self.gh).from_bytes(block, key) for block in on_gpu]
         elif self.remote is not None:
@@ -145,7 +148,8 @@ def _serve(channel, guest, session, lookup, state, threads, on_tree) -> SecureBo
             state["fields"] = fields
             if "gh" in message:
                 state["gh"] = True
-                rows.set_gradients(state["key"], _native.CiphertextVector.from_bytes(message["gh"], state["key"]))
+                block = message["gh"]
+                rows.set_gradients(state["key"], _native.CiphertextVector.from_bytes(block, state["key"]), block)
             elif "gh" not in state:
                 raise ProtocolError(f"tree {message.get('tree')}: no encrypted gradients to reuse")
             state["stats"] = {"hist_s": 0.0, "fold_s": 0.0}
