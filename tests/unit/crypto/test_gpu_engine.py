@@ -187,6 +187,7 @@ def test_out_of_memory_halves_the_chunk_then_gives_up(monkeypatch):
         return real(self, kernel, count, *args)
 
     monkeypatch.setattr(gpu_backend.CpuBackend, "launch", tight)
+    monkeypatch.setattr(gpu_backend.CpuBackend, "parallel_items", 1)  # one thread an item: launches count items
     monkeypatch.setattr(gpu_engine, "MIN_CHUNK", 8)
     kern.chunk = 64
     plaintexts = list(range(50))
@@ -555,3 +556,16 @@ def test_wire_bytes_in_and_out_equal_the_limb_path():
         kern.encrypt_be(too_big)
     with pytest.raises(ValueError, match="rows of"):
         kern.encrypt_be(rows[:, 1:])
+
+
+@pytest.mark.parametrize("parallel_items", [64, 120, 600])
+def test_small_batches_split_the_table_product_with_the_same_ciphertexts(monkeypatch, parallel_items):
+    """One thread per item, or up to 16 threads per item for a small batch: the same residues as GMP."""
+    monkeypatch.setattr(gpu_backend.CpuBackend, "parallel_items", parallel_items)
+    ref, kern = _kernels(512, 3)
+    rng = random.Random(33)
+    plaintexts = _edge_plaintexts(ref.n, rng, 37)
+    exponents = _edge_exponents(ref.rand_bits, rng, 36) + [0]  # every digit zero: h_s^0 = 1
+    assert kern.encrypt_raw(plaintexts, exponents) == [
+        ref.encrypt(m, a) for m, a in zip(plaintexts, exponents, strict=True)
+    ]

@@ -36,6 +36,8 @@ KERNELS = (
     "cf_hist_finish",
     "cf_from_be",
     "cf_to_be",
+    "cf_fixed_base_part",
+    "cf_times_factor",
 )
 # Threads per block: the CIOS accumulator holds CF_LIMBS + 2 registers per thread.
 BLOCK = 128

@@ -29,8 +29,11 @@ DEFAULT_WINDOW = 8
 POW_WINDOW = 4
 #: Device bytes a histogram call may take for its partial products (and at most a quarter of what is free).
 HISTOGRAM_BUDGET = 2 << 30
-#: Partials multiplied per thread in each reduction step of a histogram.
+#: Partials multiplied per thread in each reduction step of a histogram (and of a split table product).
 HISTOGRAM_FANIN = 8
+#: At most this many threads share one item's fixed-base product when a batch is too small to fill
+#: the device (one thread per item leaves most of it idle and the chain's latency is the time).
+MAX_TABLE_PARTS = 16
 
 
 def limbs_of(modulus: int) -> int:
@@ -319,10 +322,14 @@ class PaillierKernels:
             f = be.empty(limbs * k)
             acc = be.empty(limbs * k)
             be.launch("cf_factor", k, f, m, k, self._n_device)
-            be.launch(
-                "cf_fixed_base", k, acc, acc, f, e, e_limbs, k, table.device, table.rows, table.window,
-                mod.one, mod.m, mod.minv,
-            )  # fmt: skip
+            parts = min(MAX_TABLE_PARTS, table.rows, be.parallel_items // k)
+            if parts > 1:  # too few items to fill the device: several threads per item, then a product
+                self._fixed_base_parts(acc, f, e, e_limbs, k, parts)
+            else:
+                be.launch(
+                    "cf_fixed_base", k, acc, acc, f, e, e_limbs, k, table.device, table.rows, table.window,
+                    mod.one, mod.m, mod.minv,
+                )  # fmt: skip
             if as_bytes:
                 out[start * width : stop * width] = _download_be(be, acc, k, width)
             else:
@@ -331,6 +338,27 @@ class PaillierKernels:
 
         _run_chunked(count, run, self.chunk)
         return bytes(out) if as_bytes else out
+
+    def _fixed_base_parts(self, out: Any, factor: Any, exps: Any, e_limbs: int, count: int, parts: int) -> None:
+        """``out`` = factor · h_s^e for ``count`` items with the table's rows cut into ``parts`` per item."""
+        mod, be, table = self.mod_n2, self.backend, self.table()
+        rows_per = -(-table.rows // parts)
+        parts = -(-table.rows // rows_per)
+        part = be.empty(mod.limbs * parts * count)
+        flag = be.empty(parts * count)
+        be.launch(
+            "cf_fixed_base_part", parts * count, part, flag, exps, e_limbs, count, table.device, table.rows,
+            table.window, rows_per, parts, mod.m, mod.minv,
+        )  # fmt: skip
+        while parts > 1:
+            out_parts = -(-parts // HISTOGRAM_FANIN)
+            reduced, reduced_flag = be.empty(mod.limbs * out_parts * count), be.empty(out_parts * count)
+            be.launch(
+                "cf_hist_reduce", out_parts * count, reduced, reduced_flag, part, flag, count, parts, HISTOGRAM_FANIN,
+                mod.m, mod.minv,
+            )  # fmt: skip
+            part, flag, parts = reduced, reduced_flag, out_parts
+        be.launch("cf_times_factor", count, out, part, flag, factor, count, mod.m, mod.minv)
 
     def mul_many(self, a: Sequence[int], b: Sequence[int]) -> list[int]:
         """a_i · b_i mod n² (the homomorphic sum of two ciphertext vectors)."""

@@ -374,3 +374,46 @@ CF_KERNEL cf_to_be(unsigned char *out, const u32 *in, u32 count, u32 width) {
         out[t] = (unsigned char)(in[(u64)(from_end / 4) * count + i] >> (8 * (from_end % 4)));
     }
 }
+
+/*
+ * cf_fixed_base cut across threads, for batches too small to fill the device: the rows of the
+ * table product are split into parts (rows_per rows each), thread t = c * count + i takes part c
+ * of item i into partial (c, i) (Montgomery form; flag[c * count + i] set unless every digit of
+ * the part was zero). cf_hist_reduce then multiplies the parts of an item together, and
+ * cf_times_factor finishes: out_i = partial_i * factor_i * R^-1 (normal form), or factor_i where
+ * no part held a digit (B^0 = 1). The same residues as cf_fixed_base.
+ */
+CF_KERNEL cf_fixed_base_part(u32 *part, u32 *flag, const u32 *exps, u32 e_limbs, u32 count,
+                             const u32 *CF_RESTRICT table, u32 rows, u32 w, u32 rows_per, u32 parts,
+                             const u32 *CF_RESTRICT m, u32 minv) {
+    const u32 per_row = (1u << w) - 1;
+    const u32 total = parts * count;
+    for (u32 t = CF_START; t < total; t += CF_STRIDE) {
+        const u32 c = t / count, i = t % count;
+        const u32 first = c * rows_per;
+        const u32 stop = first < rows && rows - first > rows_per ? first + rows_per : rows;
+        u32 started = 0;
+        CF_NO_UNROLL
+        for (u32 j = first; j < stop; j++) {
+            const u32 d = cf_bits(exps + i, count, e_limbs, j * w, w);
+            if (d == 0) continue;
+            const u32 *entry = table + ((u64)j * per_row + (d - 1)) * NL;
+            if (started)
+                cf_montmul(part + t, total, part + t, total, entry, 1, m, minv);
+            else
+                cf_copy(part + t, total, entry, 1);
+            started = 1;
+        }
+        flag[t] = started;
+    }
+}
+
+CF_KERNEL cf_times_factor(u32 *out, const u32 *part, const u32 *flag, const u32 *factor, u32 count,
+                          const u32 *CF_RESTRICT m, u32 minv) {
+    for (u32 i = CF_START; i < count; i += CF_STRIDE) {
+        if (flag[i])
+            cf_montmul(out + i, count, part + i, count, factor + i, count, m, minv);
+        else
+            cf_copy(out + i, count, factor + i, count);
+    }
+}
