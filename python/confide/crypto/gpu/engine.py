@@ -126,6 +126,20 @@ def _download_be(backend, limbs_device, count: int, width: int) -> bytes:
     return backend.download(out).view(np.uint8)[: count * width].tobytes()
 
 
+def _reduce_parts(mod: Modulus, part: Any, flag: Any, groups: int, parts: int) -> tuple[Any, Any]:
+    """One product per group of the ``parts`` marked partials per group (``cf_hist_reduce``, repeated)."""
+    be = mod.backend
+    while parts > 1:
+        out_parts = -(-parts // HISTOGRAM_FANIN)
+        out, out_flag = be.empty(mod.limbs * out_parts * groups), be.empty(out_parts * groups)
+        be.launch(
+            "cf_hist_reduce", out_parts * groups, out, out_flag, part, flag, groups, parts, HISTOGRAM_FANIN,
+            mod.m, mod.minv,
+        )  # fmt: skip
+        part, flag, parts = out, out_flag, out_parts
+    return part, flag
+
+
 def _chunks(count: int, chunk: int):
     for start in range(0, count, chunk):
         yield start, min(count, start + chunk)
@@ -350,14 +364,7 @@ class PaillierKernels:
             "cf_fixed_base_part", parts * count, part, flag, exps, e_limbs, count, table.device, table.rows,
             table.window, rows_per, parts, mod.m, mod.minv,
         )  # fmt: skip
-        while parts > 1:
-            out_parts = -(-parts // HISTOGRAM_FANIN)
-            reduced, reduced_flag = be.empty(mod.limbs * out_parts * count), be.empty(out_parts * count)
-            be.launch(
-                "cf_hist_reduce", out_parts * count, reduced, reduced_flag, part, flag, count, parts, HISTOGRAM_FANIN,
-                mod.m, mod.minv,
-            )  # fmt: skip
-            part, flag, parts = reduced, reduced_flag, out_parts
+        part, flag = _reduce_parts(mod, part, flag, count, parts)
         be.launch("cf_times_factor", count, out, part, flag, factor, count, mod.m, mod.minv)
 
     def mul_many(self, a: Sequence[int], b: Sequence[int]) -> list[int]:
@@ -476,15 +483,7 @@ class PaillierKernels:
                     "cf_hist_partial", chunks * features, part, flag, gh, n_rows, bins, features, slot_device, slots,
                     n_bins, rows_per, chunks, mod.m, mod.minv,
                 )  # fmt: skip
-                while chunks > 1:
-                    out_chunks = -(-chunks // HISTOGRAM_FANIN)
-                    out = be.empty(limbs * out_chunks * groups)
-                    out_flag = be.empty(out_chunks * groups)
-                    be.launch(
-                        "cf_hist_reduce", out_chunks * groups, out, out_flag, part, flag, groups, chunks,
-                        HISTOGRAM_FANIN, mod.m, mod.minv,
-                    )  # fmt: skip
-                    part, flag, chunks = out, out_flag, out_chunks
+                part, flag = _reduce_parts(mod, part, flag, groups, chunks)
                 result = be.empty(limbs * groups)
                 be.launch("cf_hist_finish", groups, result, part, flag, groups, mod.m, mod.minv)
                 return be.download(result)[: limbs * groups].reshape(limbs, groups)
