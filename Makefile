@@ -120,18 +120,16 @@ fuzz: setup
 
 # The controller's store tests also run against a real PostgreSQL server that the suite
 # starts itself; its binaries are installed here when missing. Every test runs: first all but the
-# `serial` and `heavy` ones on both cores (pytest-xdist, whole files per worker so module fixtures are
-# built once, in xdist's order: the files with the most tests first. The hang guard is doubled since a
-# neighbour shares the cores), then the `heavy` multi-process files one at a time (two side by side ran
-# 2-3x slower each, so pairing them gained nothing), then `serial` alone.
+# `serial` ones on both cores (pytest-xdist, whole files per worker so module fixtures are built once,
+# in xdist's order: the files with the most tests first. Longest files first (tests/fixtures/ordering.py
+# with --no-loadscope-reorder) measured slower: two multi-process integration files side by side run
+# 2-3x slower each. The hang guard is doubled since a neighbour shares the cores), then `serial` alone.
 test-python: setup $(WHEEL_STAMP)
 	./scripts/ensure-postgres.sh
 	./scripts/ensure-chromium.sh
 	./scripts/ensure-toxiproxy.sh
 	@status=0; \
-	$(PYTHON) -m pytest -n 2 --dist loadfile --timeout 600 -m "not serial and not heavy" tests || status=$$?; \
-	echo "== the multi-process files, one at a time (tests/conftest.py HEAVY_FILES) =="; \
-	$(PYTHON) -m pytest --timeout 600 -m "heavy and not serial" tests || status=$$?; \
+	$(PYTHON) -m pytest -n 2 --dist loadfile --timeout 600 -m "not serial" tests || status=$$?; \
 	echo "== the serial tests, alone (tests/conftest.py SERIAL_FILES) =="; \
 	$(PYTHON) -m pytest -m serial tests || status=$$?; \
 	exit $$status

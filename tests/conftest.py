@@ -63,28 +63,8 @@ SERIAL_FILES = {
 }
 
 
-#: Test files that run one at a time in their own phase of `make test`, between the parallel run and
-#: the serial files: each starts several processes (parties, aggregators, a controller, Ray workers)
-#: that keep both cores busy by themselves. Two of them side by side ran 2-3x slower each, so the
-#: parallel phase gained nothing from pairing them and slowed the unit files beside them.
-HEAVY_FILES = {
-    "integration/test_compute.py": "Ray clusters and partitioned jobs of several processes",
-    "integration/test_models.py": "three-party model jobs, one process per party",
-    "integration/test_models_modes.py": "model jobs under every protection mode",
-    "integration/test_models_sessions.py": "model jobs in controller sessions",
-    "integration/test_vertical.py": "vertical jobs of guest and host processes",
-    "integration/test_vertical_sessions.py": "vertical jobs through the controller",
-    "integration/test_dp.py": "DP jobs of several parties",
-    "integration/test_controller.py": "controller with agents and jobs",
-    "integration/test_faults.py": "jobs with parties killed and restarted",
-    "integration/test_modes.py": "jobs under every protection mode",
-    "integration/test_model_artifact.py": "trained jobs whose artifacts are checked",
-}
-
-
 def pytest_collection_modifyitems(config, items):
-    """Marks the tiers: ``integration`` for tests/integration and tests/e2e, ``serial`` for ``SERIAL_FILES``,
-    ``heavy`` for ``HEAVY_FILES``.
+    """Marks the tiers: ``integration`` for tests/integration and tests/e2e, ``serial`` for ``SERIAL_FILES``.
 
     ``make test`` distributes whole files over both cores (``--dist loadfile``): a file's tests
     share its module-scoped fixtures (a trained job, a venv, a Ray cluster) on one worker, which
@@ -101,5 +81,3 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.integration)
         if relative.as_posix() in SERIAL_FILES:
             item.add_marker(pytest.mark.serial)
-        if relative.as_posix() in HEAVY_FILES:
-            item.add_marker(pytest.mark.heavy)
