@@ -140,6 +140,29 @@ CF_KERNEL cf_mulmod(u32 *out, const u32 *a, const u32 *b, u32 count, const u32 *
 }
 
 /*
+ * acc = the product of T[j][d_j - 1] over the rows j in [first, stop) whose digit d_j of the
+ * exponent e (limb k at e[k * se]) is not zero (Montgomery form, acc strided by sacc). Returns
+ * whether any row held a digit; acc is left untouched when none did.
+ */
+CF_FN u32 cf_table_product(u32 *acc, u32 sacc, const u32 *e, u32 se, u32 e_limbs, const u32 *CF_RESTRICT table,
+                           u32 first, u32 stop, u32 w, const u32 *CF_RESTRICT m, u32 minv) {
+    const u32 per_row = (1u << w) - 1;
+    u32 started = 0;
+    CF_NO_UNROLL
+    for (u32 j = first; j < stop; j++) {
+        const u32 d = cf_bits(e, se, e_limbs, j * w, w);
+        if (d == 0) continue;
+        const u32 *entry = table + ((u64)j * per_row + (d - 1)) * NL;
+        if (started)
+            cf_montmul(acc, sacc, acc, sacc, entry, 1, m, minv);
+        else
+            cf_copy(acc, sacc, entry, 1);
+        started = 1;
+    }
+    return started;
+}
+
+/*
  * Fixed-base ("stair") exponentiation times a factor, algorithms.md §1.5:
  *   out_i = factor_i * B^(a_i) mod m,  B^a = prod_{j : a_j != 0} T[j][a_j]
  * for the base-2^w digits a_j of a_i (exponent limbs limb-major, e_limbs of them). The table
@@ -151,21 +174,9 @@ CF_KERNEL cf_mulmod(u32 *out, const u32 *a, const u32 *b, u32 count, const u32 *
 CF_KERNEL cf_fixed_base(u32 *out, u32 *acc, const u32 *factor, const u32 *exps, u32 e_limbs, u32 count,
                         const u32 *CF_RESTRICT table, u32 rows, u32 w, const u32 *CF_RESTRICT one,
                         const u32 *CF_RESTRICT m, u32 minv) {
-    const u32 per_row = (1u << w) - 1;
     for (u32 i = CF_START; i < count; i += CF_STRIDE) {
-        u32 started = 0;
-        CF_NO_UNROLL
-        for (u32 j = 0; j < rows; j++) {
-            const u32 d = cf_bits(exps + i, count, e_limbs, j * w, w);
-            if (d == 0) continue;
-            const u32 *entry = table + ((u64)j * per_row + (d - 1)) * NL;
-            if (started)
-                cf_montmul(acc + i, count, acc + i, count, entry, 1, m, minv);
-            else
-                cf_copy(acc + i, count, entry, 1);
-            started = 1;
-        }
-        if (!started) cf_copy(acc + i, count, one, 1);
+        if (!cf_table_product(acc + i, count, exps + i, count, e_limbs, table, 0, rows, w, m, minv))
+            cf_copy(acc + i, count, one, 1);
         cf_montmul(out + i, count, acc + i, count, factor + i, count, m, minv);
     }
 }
@@ -386,25 +397,12 @@ CF_KERNEL cf_to_be(unsigned char *out, const u32 *in, u32 count, u32 width) {
 CF_KERNEL cf_fixed_base_part(u32 *part, u32 *flag, const u32 *exps, u32 e_limbs, u32 count,
                              const u32 *CF_RESTRICT table, u32 rows, u32 w, u32 rows_per, u32 parts,
                              const u32 *CF_RESTRICT m, u32 minv) {
-    const u32 per_row = (1u << w) - 1;
     const u32 total = parts * count;
     for (u32 t = CF_START; t < total; t += CF_STRIDE) {
         const u32 c = t / count, i = t % count;
         const u32 first = c * rows_per;
         const u32 stop = first < rows && rows - first > rows_per ? first + rows_per : rows;
-        u32 started = 0;
-        CF_NO_UNROLL
-        for (u32 j = first; j < stop; j++) {
-            const u32 d = cf_bits(exps + i, count, e_limbs, j * w, w);
-            if (d == 0) continue;
-            const u32 *entry = table + ((u64)j * per_row + (d - 1)) * NL;
-            if (started)
-                cf_montmul(part + t, total, part + t, total, entry, 1, m, minv);
-            else
-                cf_copy(part + t, total, entry, 1);
-            started = 1;
-        }
-        flag[t] = started;
+        flag[t] = cf_table_product(part + t, total, exps + i, count, e_limbs, table, first, stop, w, m, minv);
     }
 }
 
