@@ -12,6 +12,12 @@ Records per key size B (2048, 3072):
 - ``paillier.gpu.decrypt.B``: CRT decryption, plaintexts/s end to end; anchor the CPU engine's.
 - ``paillier.gpu.mul.B``: ciphertext products (the aggregator's sum of two vectors), products/s;
   anchor the CPU engine's ``sum`` of two vectors.
+
+``--parts vertical`` (vertical_gpu.json): ``vertical.secureboost.synthetic_100k.gpu.seconds_per_tree``
+(all cores) and ``....2_threads``, each against the CPU engine on as many threads in the same run.
+``--parts hetero_nn`` (vertical_hetero_nn_gpu.json): ``vertical.hetero_nn.synthetic_100k_10k.gpu.
+seconds_per_epoch`` against FLBooster's reported 71.8 s, and ``....gpu.vs_cpu``, the CPU engine's
+epoch on every core in the same run over the GPU's.
 """
 
 from __future__ import annotations
