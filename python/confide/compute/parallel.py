@@ -96,10 +96,10 @@ class DataParallel:
             scores = np.concatenate([r["scores"] for r in results if r["rows"]])
             labels = np.concatenate([r["labels"] for r in results if r["rows"]])
             if len(np.unique(labels)) == 2:
-                from sklearn.metrics import roc_auc_score
+                from confide.ml.metrics import roc_auc
 
                 column = scores if scores.ndim == 1 else scores[:, 0] if scores.shape[1] == 1 else scores[:, -1]
-                out["auc"] = float(roc_auc_score(labels, column))
+                out["auc"] = roc_auc(labels, column)
         return out
 
     def predict(self, X: Any) -> np.ndarray:

@@ -149,9 +149,9 @@ def _parse_summary_ranges(descr: str, feature_names: list[str]) -> tuple[np.ndar
 
 
 def _load_breast_cancer() -> Any:
-    from sklearn.datasets import load_breast_cancer
+    from confide.data.embedded import breast_cancer
 
-    return load_breast_cancer()
+    return breast_cancer()
 
 
 def breast_cancer_feature_ranges() -> tuple[list[str], np.ndarray, np.ndarray]:
@@ -331,10 +331,10 @@ def digits_federation(
     Federation
         ``parts`` and ``test`` hold float32 images ``(n, 8, 8, 1)`` and int64 labels 0..9.
     """
-    from sklearn.datasets import load_digits
+    from confide.data.embedded import digits
 
     parties, skew, test_fraction, seed = _check_dealing(parties, split, skew, test_fraction, seed)
-    data = load_digits()
+    data = digits()
     X = (np.asarray(data.images, dtype=np.float32) / 16.0)[..., None]
     y = np.asarray(data.target, dtype=np.int64)
     rng = np.random.default_rng(seed)

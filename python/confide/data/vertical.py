@@ -60,15 +60,15 @@ def column_split(total: int, parties: list[str], guest: str, columns: dict[str, 
 
 def _pooled(dataset: str, samples: int, features: int, seed: int, objective: str):
     if dataset == "breast_cancer":
-        from sklearn.datasets import load_breast_cancer
+        from confide.data.embedded import breast_cancer
 
-        data = load_breast_cancer()
+        data = breast_cancer()
         y = data.target.astype(np.float64)
         return data.data.astype(np.float64), y, list(data.feature_names)
     if dataset == "digits":
-        from sklearn.datasets import load_digits
+        from confide.data.embedded import digits
 
-        data = load_digits()
+        data = digits()
         return data.data.astype(np.float64), data.target.astype(np.float64), [f"p{j}" for j in range(64)]
     if dataset == "synthetic":
         if objective == "regression":

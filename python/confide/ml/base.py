@@ -265,8 +265,7 @@ def classification_metrics(scores: np.ndarray, y: np.ndarray, metrics: list[str]
         predicted = (scores > 0).astype(y.dtype) if scores.ndim == 1 else np.argmax(scores, axis=1)
         out["accuracy"] = float(np.mean(predicted == y))
     if "auc" in metrics and len(np.unique(y)) == 2:
-        from sklearn.metrics import roc_auc_score
+        from confide.ml.metrics import roc_auc
 
-        score = scores if scores.ndim == 1 else scores[:, -1]
-        out["auc"] = float(roc_auc_score(y, score))
+        out["auc"] = roc_auc(y, scores if scores.ndim == 1 else scores[:, -1])
     return out

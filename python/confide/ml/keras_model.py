@@ -312,9 +312,9 @@ class KerasModel:
             predicted = (scores[:, 0] > 0.5).astype(np.int64) if self._binary else np.argmax(scores, axis=1)
             out["accuracy"] = float(np.mean(predicted == y.astype(np.int64)))
         if "auc" in metrics and len(np.unique(y)) == 2:
-            from sklearn.metrics import roc_auc_score
+            from confide.ml.metrics import roc_auc
 
-            out["auc"] = float(roc_auc_score(y, scores[:, 0] if self._binary else scores[:, -1]))
+            out["auc"] = roc_auc(y, scores[:, 0] if self._binary else scores[:, -1])
         return out
 
 

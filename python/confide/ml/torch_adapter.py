@@ -273,7 +273,7 @@ class TorchModel:
         if "accuracy" in metrics and len(y):
             out["accuracy"] = float(np.mean(predicted == np.asarray(y)))
         if "auc" in metrics and len(np.unique(y)) == 2:
-            from sklearn.metrics import roc_auc_score
+            from confide.ml.metrics import roc_auc
 
-            out["auc"] = float(roc_auc_score(y, scores if scores.ndim == 1 else scores[:, -1]))
+            out["auc"] = roc_auc(y, scores if scores.ndim == 1 else scores[:, -1])
         return out

@@ -69,11 +69,11 @@ def evaluate(objective: str, y: np.ndarray, predictions: np.ndarray) -> dict:
         from sklearn.metrics import r2_score
 
         return {"rmse": float(np.sqrt(np.mean((predictions - y) ** 2))), "r2": float(r2_score(y, predictions))}
-    from sklearn.metrics import roc_auc_score
+    from confide.ml.metrics import roc_auc
 
     out = {"accuracy": float(np.mean((predictions >= 0.5) == (y == 1)))}
     if len(np.unique(y)) == 2:
-        out["auc"] = float(roc_auc_score(y, predictions))
+        out["auc"] = roc_auc(y, predictions)
     return out
 
 
