@@ -128,19 +128,24 @@ fuzz: setup
 	$(PYTHON) fuzz/run.py --seconds $(FUZZ_SECONDS) --jobs 2
 
 # The controller's store tests also run against a real PostgreSQL server that the suite
-# starts itself; its binaries are installed here when missing. Every test runs: first all but the
-# `serial` ones on both cores (pytest-xdist, whole files per worker so module fixtures are built once,
-# in xdist's order: the files with the most tests first. Longest files first (tests/fixtures/ordering.py
-# with --no-loadscope-reorder) measured slower: two multi-process integration files side by side run
-# 2-3x slower each. The hang guard is doubled since a neighbour shares the cores), then `serial` alone.
+# starts itself; its binaries are installed here when missing. Every test runs, in three phases:
+# 1. all but `serial` and `exclusive` on both cores (pytest-xdist, whole files per worker so module
+#    fixtures are built once, in xdist's order: the files with the most tests first. Longest files
+#    first (tests/fixtures/ordering.py with --no-loadscope-reorder) measured slower. This phase keeps
+#    both cores 96% busy: a third worker did not shorten it. The hang guard is doubled since a
+#    neighbour shares the cores);
+# 2. `serial` two at a time: they mostly wait on paced rounds (31% of the CPU one at a time);
+# 3. `exclusive` alone. tests/conftest.py says why each file is in 2 or 3.
 test-python: setup $(WHEEL_STAMP)
 	./scripts/ensure-postgres.sh
 	./scripts/ensure-chromium.sh
 	./scripts/ensure-toxiproxy.sh
 	@status=0; \
-	$(PYTHON) -m pytest -n 2 --dist loadfile --timeout 600 -m "not serial" tests || status=$$?; \
-	echo "== the serial tests, alone (tests/conftest.py SERIAL_FILES) =="; \
-	$(PYTHON) -m pytest -m serial tests || status=$$?; \
+	$(PYTHON) -m pytest -n 2 --dist loadfile --timeout 600 -m "not serial and not exclusive" tests || status=$$?; \
+	echo "== the serial tests, two at a time (tests/conftest.py SERIAL_FILES) =="; \
+	$(PYTHON) -m pytest -n 2 --dist loadfile -m serial tests || status=$$?; \
+	echo "== the exclusive tests, alone (tests/conftest.py EXCLUSIVE_FILES) =="; \
+	$(PYTHON) -m pytest -m exclusive tests || status=$$?; \
 	exit $$status
 
 # The edit loop: the unit tier without the tests marked slow, on both cores (pytest-xdist).

@@ -41,30 +41,37 @@ def key() -> DecryptionKey:
 
 _INTEGRATION = ("integration", "e2e")
 
-#: Test files that run alone, after the parallel run (`make test`): each bounds a wall-clock time or
-#: paces rounds against timeouts, or owns a fixed network resource, so a neighbour test on the other
-#: core would turn its margin into a flake. The reason is recorded next to each one.
+#: Test files that run after the parallel run (`make test`), two at a time: each paces rounds against
+#: timeouts or bounds a wall-clock time, so a CPU-bound neighbour (a multi-process training job on
+#: the other core) would turn its margin into a flake. Beside each other they mostly wait: this
+#: phase kept the CPU 31% busy when its files ran one at a time. The reason is next to each one.
 SERIAL_FILES = {
     "integration/test_cluster.py": "times how fast a lost node is noticed",
     "integration/test_supervision.py": "paced rounds against restart and rejoin deadlines",
-    "integration/test_wan.py": "one fixed subnet and namespaces; measures shaped-link throughput",
     "integration/test_upload_resets.py": "times uploads across connection resets",
     "integration/test_revocation.py": "revokes in the middle of paced rounds",
     "integration/test_hospitals.py": "paced rounds against a stop grace period",
     "e2e/test_console.py": "a browser watching paced rounds",
-    "unit/runtime/test_pool.py": "bounds how long a pool waits",
-    "unit/runtime/test_rejoin.py": "bounds how long a rejoin waits",
-    "unit/runtime/test_slicing.py": "threads given fixed sleeps to reach a state; pipelined against serial time",
-    "unit/crypto/test_native_boundary.py": "counts GIL ticks while native code runs",
-    "unit/transport/test_revocation.py": "a refusal within 1 s of revocation",
     # tests/integration/test_compute.py stops its Ray clusters with `ray stop --force`, which stops
     # every Ray cluster on the machine: no other Ray test may run beside it.
     "unit/compute/test_ray.py": "its Ray cluster would be stopped by test_compute.py's teardown on the other worker",
 }
 
+#: Test files that run last, alone: they measure time against time (a throughput, GIL ticks,
+#: pipelined against serial), own a fixed network resource, or bound a wait at about a second.
+EXCLUSIVE_FILES = {
+    "integration/test_wan.py": "one fixed subnet and namespaces; measures shaped-link throughput",
+    "unit/runtime/test_pool.py": "bounds how long a pool waits",
+    "unit/runtime/test_rejoin.py": "bounds how long a rejoin waits",
+    "unit/runtime/test_slicing.py": "threads given fixed sleeps to reach a state; pipelined against serial time",
+    "unit/crypto/test_native_boundary.py": "counts GIL ticks while native code runs",
+    "unit/transport/test_revocation.py": "a refusal within 1 s of revocation",
+}
+
 
 def pytest_collection_modifyitems(config, items):
-    """Marks the tiers: ``integration`` for tests/integration and tests/e2e, ``serial`` for ``SERIAL_FILES``.
+    """Marks the tiers: ``integration`` for tests/integration and tests/e2e, ``serial`` for
+    ``SERIAL_FILES``, ``exclusive`` for ``EXCLUSIVE_FILES``.
 
     ``make test`` distributes whole files over both cores (``--dist loadfile``): a file's tests
     share its module-scoped fixtures (a trained job, a venv, a Ray cluster) on one worker, which
@@ -81,3 +88,5 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.integration)
         if relative.as_posix() in SERIAL_FILES:
             item.add_marker(pytest.mark.serial)
+        if relative.as_posix() in EXCLUSIVE_FILES:
+            item.add_marker(pytest.mark.exclusive)

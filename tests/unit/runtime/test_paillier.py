@@ -292,7 +292,7 @@ def test_share_holding_foreign_slices_is_refused(federation):
         session.run(vectors)
 
 
-@pytest.mark.serial  # 20 keys within 60 s: a bound on wall-clock time
+@pytest.mark.exclusive  # 20 keys within 60 s: a bound on wall-clock time
 def test_native_key_generation_meets_its_documented_bounds_without_a_heavy_tail():
     result: list = []
 
