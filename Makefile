@@ -134,7 +134,9 @@ fuzz: setup
 #    first (tests/fixtures/ordering.py with --no-loadscope-reorder) measured slower. This phase keeps
 #    both cores 96% busy: a third worker did not shorten it. The hang guard is doubled since a
 #    neighbour shares the cores);
-# 2. `serial` two at a time: they mostly wait on paced rounds (31% of the CPU one at a time);
+# 2. `serial` two at a time, longest first (tests/durations.json; --no-loadscope-reorder keeps that
+#    order): they mostly wait on paced rounds (31% of the CPU one at a time). 132 s here, 147 s in
+#    xdist's order, 243 s one at a time;
 # 3. `exclusive` alone. tests/conftest.py says why each file is in 2 or 3.
 test-python: setup $(WHEEL_STAMP)
 	./scripts/ensure-postgres.sh
@@ -143,7 +145,7 @@ test-python: setup $(WHEEL_STAMP)
 	@status=0; \
 	$(PYTHON) -m pytest -n 2 --dist loadfile --timeout 600 -m "not serial and not exclusive" tests || status=$$?; \
 	echo "== the serial tests, two at a time (tests/conftest.py SERIAL_FILES) =="; \
-	$(PYTHON) -m pytest -n 2 --dist loadfile -m serial tests || status=$$?; \
+	$(PYTHON) -m pytest -n 2 --dist loadfile --no-loadscope-reorder -m serial tests || status=$$?; \
 	echo "== the exclusive tests, alone (tests/conftest.py EXCLUSIVE_FILES) =="; \
 	$(PYTHON) -m pytest -m exclusive tests || status=$$?; \
 	exit $$status
