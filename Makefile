@@ -135,8 +135,9 @@ fuzz: setup
 #    both cores 96% busy: a third worker did not shorten it. The hang guard is doubled since a
 #    neighbour shares the cores);
 # 2. `serial` two at a time, longest first (tests/durations.json; --no-loadscope-reorder keeps that
-#    order): they mostly wait on paced rounds (31% of the CPU one at a time). 132 s here, 147 s in
-#    xdist's order, 243 s one at a time;
+#    order): they mostly wait on paced rounds (31% of the CPU one at a time). With test_console and
+#    test_upload_resets among them: 132 s, 147 s in xdist's order, 243 s one at a time; those two
+#    now run in 3 (99 s + 66 s here, Toxiproxy's test_wan skipped);
 # 3. `exclusive` alone. tests/conftest.py says why each file is in 2 or 3.
 test-python: setup $(WHEEL_STAMP)
 	./scripts/ensure-postgres.sh

@@ -48,10 +48,8 @@ _INTEGRATION = ("integration", "e2e")
 SERIAL_FILES = {
     "integration/test_cluster.py": "times how fast a lost node is noticed",
     "integration/test_supervision.py": "paced rounds against restart and rejoin deadlines",
-    "integration/test_upload_resets.py": "times uploads across connection resets",
     "integration/test_revocation.py": "revokes in the middle of paced rounds",
     "integration/test_hospitals.py": "paced rounds against a stop grace period",
-    "e2e/test_console.py": "a browser watching paced rounds",
     # tests/integration/test_compute.py stops its Ray clusters with `ray stop --force`, which stops
     # every Ray cluster on the machine: no other Ray test may run beside it.
     "unit/compute/test_ray.py": "its Ray cluster would be stopped by test_compute.py's teardown on the other worker",
@@ -61,6 +59,10 @@ SERIAL_FILES = {
 #: pipelined against serial), own a fixed network resource, or bound a wait at about a second.
 EXCLUSIVE_FILES = {
     "integration/test_wan.py": "one fixed subnet and namespaces; measures shaped-link throughput",
+    # These two failed beside two serial files at once (-n 3): a resume refused, an upload's
+    # slices not delivered within 20 s. They passed beside one, but they are kept alone.
+    "integration/test_upload_resets.py": "times uploads across connection resets",
+    "e2e/test_console.py": "a browser watching paced rounds and a resume",
     "unit/runtime/test_pool.py": "bounds how long a pool waits",
     "unit/runtime/test_rejoin.py": "bounds how long a rejoin waits",
     "unit/runtime/test_slicing.py": "threads given fixed sleeps to reach a state; pipelined against serial time",
