@@ -27,7 +27,8 @@ help:
 setup: $(NATIVE) $(PROTO) $(CONSOLE) bytecode
 
 # Our own modules' .pyc (python/, and tests/ whose fixtures the party processes import), for the
-# reason above: compiled once here rather than in every process. Files already compiled are skipped.
+# reason given at $(STAMP) below: compiled once here rather than in every process. Files already
+# compiled are skipped.
 bytecode: $(NATIVE) $(PROTO)
 	@$(PYTHON) -m compileall -q -j 0 python tests benchmarks examples >/dev/null
 
