@@ -140,7 +140,9 @@ impl Drop for DataPlane {
 fn worker_loop(id: usize, jobs: Receiver<Job>, mut tracker: Tracker, enclave: Option<Arc<dyn Enclave>>, shared: Arc<Shared>) {
     let mut last_staged = 0u64;
     while let Ok(job) = jobs.recv() {
-        match job {
+        // The reply goes out after this worker's stats are published: a caller that reads
+        // `stats()` once its call returned sees what the call did (it read the previous job's).
+        let reply: Box<dyn FnOnce()> = match job {
             Job::Ingest { spec, participant, index, batch, offset, len, position, reply } => {
                 let payload = &(*batch).as_ref()[offset..offset + len];
                 let result = if spec.kind.is_tee() {
@@ -154,26 +156,41 @@ fn worker_loop(id: usize, jobs: Receiver<Job>, mut tracker: Tracker, enclave: Op
                 if matches!(result, Ok(Outcome::Accepted | Outcome::Completed(_))) {
                     shared.aggregated[id].fetch_add(1, Ordering::Relaxed);
                 }
-                let _ = reply.send((position, index, result));
+                Box::new(move || {
+                    let _ = reply.send((position, index, result));
+                })
             }
             Job::Checkpoint { spec, reply } => {
-                let _ = reply.send(tracker.checkpoint_parts(&spec));
+                let parts = tracker.checkpoint_parts(&spec);
+                Box::new(move || {
+                    let _ = reply.send(parts);
+                })
             }
             Job::Restore { spec, part, reply } => {
-                let _ = reply.send(tracker.restore_parts(&spec, &part));
+                let restored = tracker.restore_parts(&spec, &part);
+                Box::new(move || {
+                    let _ = reply.send(restored);
+                })
             }
             Job::Missing { spec, reply } => {
-                let _ = reply.send(tracker.missing(&spec));
+                let missing = tracker.missing(&spec);
+                Box::new(move || {
+                    let _ = reply.send(missing);
+                })
             }
             Job::Close { round_id, reply } => {
                 tracker.close_round(round_id);
-                let _ = reply.send(());
+                Box::new(move || {
+                    let _ = reply.send(());
+                })
             }
             Job::ResetPeak { reply } => {
                 tracker.reset_peak();
-                let _ = reply.send(());
+                Box::new(move || {
+                    let _ = reply.send(());
+                })
             }
-        }
+        };
         let stats = tracker.stats();
         if stats.staged_bytes != last_staged {
             let now = if stats.staged_bytes > last_staged {
@@ -185,6 +202,7 @@ fn worker_loop(id: usize, jobs: Receiver<Job>, mut tracker: Tracker, enclave: Op
             last_staged = stats.staged_bytes;
         }
         *lock(&shared.snapshots[id]) = stats;
+        reply();
     }
 }
 
