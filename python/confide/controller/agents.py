@@ -279,17 +279,19 @@ class AgentSync:
         if checkpoint is None:
             return
         leaves = checkpoint.checkpoint["leaves"]
-        pending = [n for n, p in recipients.items() if n in leaves and p.verification.get("run") != session.run]
-        if pending:
-            return
+        holders = sorted(name for name in leaves if name in recipients)
+        if any(recipients[name].verification.get("run") != session.run for name in holders):
+            return  # every owner of checkpoint files still in this run proves them first
         problems: list[str] = []
-        actual = {}
-        for name, expected in sorted(leaves.items()):
-            if name not in recipients:
-                continue
+        # An owner no longer a recipient (removed by tuning) resumes nothing: its recorded files
+        # stand for themselves in the root, and only the others' reports are checked.
+        actual = {name: files for name, files in leaves.items() if name not in recipients}
+        if not holders:
+            problems.append(f"no recipient of run {session.run} holds a file of it (its owners: {', '.join(leaves)})")
+        for name in holders:
             reported = recipients[name].verification.get("files", [])
             actual[name] = reported
-            for problem in checkpoints.compare(expected, reported):
+            for problem in checkpoints.compare(leaves[name], reported):
                 problems.append(f"{name}/{problem['name']}: {problem['problem']}")
         root = checkpoints.root_of(actual)
         if not problems and root != checkpoint.checkpoint["root"]:

@@ -304,6 +304,27 @@ def _sqlite_pragmas(dbapi_connection, _record) -> None:
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.execute("PRAGMA busy_timeout=30000")
     cursor.close()
+    # The driver's own transaction control (Python's "legacy" mode) is off: it sends BEGIN only
+    # before the first INSERT/UPDATE/DELETE, so a transaction's reads saw whatever was committed
+    # meanwhile and its writes were judged on them. _sqlite_begin starts every transaction.
+    dbapi_connection.isolation_level = None
+
+
+def _sqlite_begin(connection: Connection) -> None:
+    """BEGIN IMMEDIATE: a transaction takes SQLite's one write lock when it starts.
+
+    What PostgreSQL's row locks give the controller, for a store that has one writer at a time:
+    a transaction sees one state of the store from its first read to its commit (a heartbeat that
+    read a session before a resume cannot apply its report to the resumed run), and none fails
+    half-way for a snapshot another writer made stale (a deferred BEGIN upgrading to a writer
+    gets SQLITE_BUSY at once, without the busy timeout). Readers in WAL mode are not blocked;
+    autocommit connections (heartbeats without reports, the reserved reader) send no BEGIN.
+    """
+    if connection.get_execution_options().get("isolation_level") == "AUTOCOMMIT":
+        return
+    # Returning from AUTOCOMMIT, SQLAlchemy put the driver back in its legacy mode: off again.
+    connection.connection.dbapi_connection.isolation_level = None
+    connection.exec_driver_sql("BEGIN IMMEDIATE")
 
 
 #: A pooled PostgreSQL connection unused for this long (seconds) is pinged before it is handed out.
@@ -438,6 +459,7 @@ def open_store(url: str, *, migrate: bool = True) -> Store:
             Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
         engine = create_engine(parsed, connect_args={"timeout": 30, "check_same_thread": False})
         event.listen(engine, "connect", _sqlite_pragmas)
+        event.listen(engine, "begin", _sqlite_begin)
     else:
         # Kept open: 30 (the API's worker threads reach that under load). An overflow connection
         # is closed when returned and the next one opened anew (a PostgreSQL backend process

@@ -12,7 +12,7 @@ from confide.controller import sessions as cfg
 from confide.controller.service import Controller
 from confide.errors import InvalidParameterError, NotFoundError, PermissionDeniedError
 
-from .conftest import AGG, DEV, PARTIES, party
+from .conftest import AGG, DEV, PARTIES, job, party
 
 RECIPIENTS = (*PARTIES, "aggregator")
 
@@ -159,6 +159,68 @@ def test_resume_verifies_the_checkpoint_then_runs(controller, running):
     assert instruction["resume_files"] == _leaves("hospital-b", 5)
 
 
+def test_a_verification_racing_a_second_resume_is_not_counted_for_it(controller, running, monkeypatch):
+    """A heartbeat read the session before an operator resumed it again, and writes after.
+
+    The console e2e test met this on SQLite: the heartbeat's reads ran outside its transaction,
+    so its verification of run 2 was judged against run 3's members (none of run 2 remained), the
+    Merkle root of no files was compared and the resume refused; the resume's reset of the
+    verifications was lost too. A transaction now sees one state of the store from its start.
+    """
+    token, agents = running
+    _resume(controller, token, agents)  # run 2 is verifying
+    racing = {}
+    recipients = controller._recipients
+
+    def resume_meanwhile(db, session):
+        if not racing:
+            racing["thread"] = threading.Thread(
+                target=lambda: racing.setdefault("answer", controller.resume(DEV, token))
+            )
+            racing["thread"].start()
+            racing["thread"].join(1.0)  # completes at once unless this heartbeat holds the store
+        return recipients(db, session)
+
+    monkeypatch.setattr(controller, "_recipients", resume_meanwhile)
+    agents["hospital-a"].sync(token, run=2, status="verified", verification=_leaves("hospital-a", 5))
+    racing["thread"].join(30.0)
+    monkeypatch.undo()
+    assert racing["answer"]["run"] == 3
+    status = controller.status(DEV, token)
+    assert status["state"] == "verifying" and status["run"] == 3, status["message"]
+    assert {p["name"]: p["status"] for p in status["participants"]} == dict.fromkeys(RECIPIENTS, "pending")
+    # Run 3 needs every recipient's proof again; with it, the run goes on.
+    for name in RECIPIENTS:
+        assert agents[name].sync(token, run=2, status="verified")["command"] == "verify"
+    for name in RECIPIENTS[:-1]:
+        agents[name].sync(token, run=3, status="verified", verification=_leaves(name, 5))
+        assert controller.status(DEV, token)["state"] == "verifying"
+    agents["aggregator"].sync(token, run=3, status="verified", verification=_leaves("aggregator", 5))
+    status = controller.status(DEV, token)
+    assert status["state"] == "running", status["message"]
+
+
+def test_a_party_removed_by_tuning_is_not_waited_for_when_resuming(controller, fed):
+    three = (*PARTIES, "hospital-c")
+    fed.setup(three)
+    token = fed.submit(job(three))
+    agents = {name: Agent(controller, name) for name in (*three, "aggregator")}
+    _start(token, agents)
+    assert agents["hospital-c"].sync(token, run=1, status="running")["command"] == "run"
+    _checkpoint(token, agents, 5, names=agents)
+    controller.cancel(DEV, token)
+    fl_data = controller.entry(DEV, token, 1)["spec"]["fl_data"]
+    kept = {name: fl_data["participants"][name] for name in PARTIES}
+    controller.tune(DEV, token, fl_data={**fl_data, "participants": kept})
+    assert controller.resume(DEV, token)["state"] == "verifying"
+    assert agents["hospital-c"].sync(token, run=1, status="stopped")["command"] == "stop"
+    for name in RECIPIENTS:
+        assert controller.status(DEV, token)["state"] == "verifying"
+        agents[name].sync(token, run=2, status="verified", verification=_leaves(name, 5))
+    status = controller.status(DEV, token)
+    assert status["state"] == "running", status["message"]
+
+
 def test_resume_with_a_changed_file_is_refused_naming_it(controller, running):
     token, agents = running
     _resume(controller, token, agents)
@@ -230,7 +292,7 @@ def test_concurrent_last_checkpoint_reports_record_the_checkpoint(
 ):
     """The last two recipients report the same round at the same moment: the entry must still be appended."""
     if store_kind == "sqlite":
-        pytest.skip("SQLite serialises writers, the interleaving below cannot happen there")
+        pytest.skip("on SQLite each transaction holds the write lock from BEGIN: the reports cannot interleave")
     token, agents = running
     _start(token, agents)
     _checkpoint(token, agents, 5, names=["aggregator"])
