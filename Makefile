@@ -139,17 +139,18 @@ fuzz: setup
 #    order): they mostly wait on paced rounds (31% of the CPU one at a time). With test_console and
 #    test_upload_resets among them: 132 s, 147 s in xdist's order, 243 s one at a time; those two
 #    now run in 3 (99 s + 66 s here, Toxiproxy's test_wan skipped);
-# 3. `exclusive` alone. tests/conftest.py says why each file is in 2 or 3.
+# 3. `exclusive` alone. tests/groups.py says why each file is in 2 or 3; phases 2 and 3 collect
+#    only their files.
 test-python: setup $(WHEEL_STAMP)
 	./scripts/ensure-postgres.sh
 	./scripts/ensure-chromium.sh
 	./scripts/ensure-toxiproxy.sh
 	@status=0; \
 	$(PYTHON) -m pytest -n 2 --dist loadfile --timeout 600 -m "not serial and not exclusive" tests || status=$$?; \
-	echo "== the serial tests, two at a time (tests/conftest.py SERIAL_FILES) =="; \
-	$(PYTHON) -m pytest -n 2 --dist loadfile --no-loadscope-reorder -m serial tests || status=$$?; \
-	echo "== the exclusive tests, alone (tests/conftest.py EXCLUSIVE_FILES) =="; \
-	$(PYTHON) -m pytest -m exclusive tests || status=$$?; \
+	echo "== the serial tests, two at a time (tests/groups.py SERIAL_FILES) =="; \
+	$(PYTHON) -m pytest -n 2 --dist loadfile --no-loadscope-reorder -m serial $$($(PYTHON) tests/groups.py serial) || status=$$?; \
+	echo "== the exclusive tests, alone (tests/groups.py EXCLUSIVE_FILES) =="; \
+	$(PYTHON) -m pytest -m exclusive $$($(PYTHON) tests/groups.py exclusive) || status=$$?; \
 	exit $$status
 
 # The edit loop: the unit tier without the tests marked slow, on both cores (pytest-xdist).

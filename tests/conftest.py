@@ -6,6 +6,7 @@ import pytest
 from confide.crypto import DecryptionKey
 from tests.fixtures import ordering
 from tests.fixtures.keys import fixed_key
+from tests.groups import EXCLUSIVE_FILES, EXCLUSIVE_IN_PLACE, SERIAL_FILES
 
 # JAX's persistent compilation cache, shared by every process of the run (party processes inherit
 # the variables): a Keras-on-JAX party compiles the same train and eval steps as the previous job's,
@@ -41,39 +42,10 @@ def key() -> DecryptionKey:
 
 _INTEGRATION = ("integration", "e2e")
 
-#: Test files that run after the parallel run (`make test`), two at a time: each paces rounds against
-#: timeouts or bounds a wall-clock time, so a CPU-bound neighbour (a multi-process training job on
-#: the other core) would turn its margin into a flake. Beside each other they mostly wait: this
-#: phase kept the CPU 31% busy when its files ran one at a time. The reason is next to each one.
-SERIAL_FILES = {
-    "integration/test_cluster.py": "times how fast a lost node is noticed",
-    "integration/test_supervision.py": "paced rounds against restart and rejoin deadlines",
-    "integration/test_revocation.py": "revokes in the middle of paced rounds",
-    "integration/test_hospitals.py": "paced rounds against a stop grace period",
-    # tests/integration/test_compute.py stops its Ray clusters with `ray stop --force`, which stops
-    # every Ray cluster on the machine: no other Ray test may run beside it.
-    "unit/compute/test_ray.py": "its Ray cluster would be stopped by test_compute.py's teardown on the other worker",
-}
-
-#: Test files that run last, alone: they measure time against time (a throughput, GIL ticks,
-#: pipelined against serial), own a fixed network resource, or bound a wait at about a second.
-EXCLUSIVE_FILES = {
-    "integration/test_wan.py": "one fixed subnet and namespaces; measures shaped-link throughput",
-    # These two failed beside two serial files at once (-n 3): a resume refused, an upload's
-    # slices not delivered within 20 s. They passed beside one, but they are kept alone.
-    "integration/test_upload_resets.py": "times uploads across connection resets",
-    "e2e/test_console.py": "a browser watching paced rounds and a resume",
-    "unit/runtime/test_pool.py": "bounds how long a pool waits",
-    "unit/runtime/test_rejoin.py": "bounds how long a rejoin waits",
-    "unit/runtime/test_slicing.py": "threads given fixed sleeps to reach a state; pipelined against serial time",
-    "unit/crypto/test_native_boundary.py": "counts GIL ticks while native code runs",
-    "unit/transport/test_revocation.py": "a refusal within 1 s of revocation",
-}
-
 
 def pytest_collection_modifyitems(config, items):
     """Marks the tiers: ``integration`` for tests/integration and tests/e2e, ``serial`` for
-    ``SERIAL_FILES``, ``exclusive`` for ``EXCLUSIVE_FILES``.
+    ``SERIAL_FILES``, ``exclusive`` for ``EXCLUSIVE_FILES`` (tests/groups.py).
 
     ``make test`` distributes whole files over both cores (``--dist loadfile``): a file's tests
     share its module-scoped fixtures (a trained job, a venv, a Ray cluster) on one worker, which
@@ -92,3 +64,8 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.serial)
         if relative.as_posix() in EXCLUSIVE_FILES:
             item.add_marker(pytest.mark.exclusive)
+        elif item.get_closest_marker("exclusive") and relative.as_posix() not in EXCLUSIVE_IN_PLACE:
+            # Phase 1 leaves it out and phase 3 collects only the files tests/groups.py names.
+            raise pytest.UsageError(
+                f"{item.nodeid} is marked exclusive: name its file in tests/groups.py EXCLUSIVE_IN_PLACE"
+            )
