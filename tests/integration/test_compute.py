@@ -198,7 +198,7 @@ def _run_capped(tmp_path, name, catalogs, compute, group):
     from confide.local.federation import LocalFederation, _follow
 
     job = {**_job(), "job_id": f"capped-{name}", "rounds": 1, "metrics": ["loss", "auc"]}
-    job["model"] = {**job["model"], "local_epochs": 2}
+    job["model"] = {**job["model"], "local_epochs": 1}
     job["fl_data"] = {
         **job["fl_data"],
         "participants": {p: {"dataset": "rows", "test_fraction": 0.01} for p in PARTIES},
