@@ -222,20 +222,30 @@ def test_relay_keeps_a_resent_envelope_once_and_frees_what_its_recipient_release
     assert b.pending(0, "dkg/") == [("dkg/modulus/2/shares", "party-a")]
     a.release(0, "dkg/modulus/1/")
     assert [key[1] for key in a._sent] == ["dkg/modulus/2/shares"], "released: no longer re-sent"
-    # A new stream of party-b (its process restarted) is replayed what its mailbox still holds, once.
+    # party-b's process ends (acknowledging what it filed); what reaches its mailbox meanwhile
+    # waits for the next process, which is replayed that and not what the first one had filed.
+    b.close()
+    a.send(0, "dkg/modulus/3/shares", b"\x03" * 1000, ["party-b"])
     again = client("party-b")
     again.connect(timeout=5)
-    assert again.recv(0, "dkg/modulus/2/shares", "party-a", timeout=5) == b"\x02" * 1000
-    one = pb.Delivery(job_id="job-1", envelope=a._sent[(0, "dkg/modulus/2/shares", ("party-b",))]).ByteSize()
-    assert again.bytes_received[0] == one
-    assert again.pending(0, "dkg/") == [("dkg/modulus/2/shares", "party-a")]
+    assert again.recv(0, "dkg/modulus/3/shares", "party-a", timeout=5) == b"\x03" * 1000
+    assert again.pending(0, "dkg/") == [("dkg/modulus/3/shares", "party-a")]
 
     # A party frees only its own mailbox.
     theft = pb.Envelope(job_id="job-1", round=2**32 - 1, tag="release/0/dkg/", sender="party-b", recipients=["party-a"])
     with pytest.raises(ProtocolError, match="only recipient"):
-        b._call(lambda timeout: b._relay_send(theft, timeout), "releasing")
+        again._call(lambda timeout: again._relay_send(theft, timeout), "releasing")
     malformed = pb.Envelope(
         job_id="job-1", round=2**32 - 1, tag="release/x/dkg/", sender="party-b", recipients=["party-b"]
     )
     with pytest.raises(ProtocolError, match="release/<round>/<tag prefix>"):
-        b._call(lambda timeout: b._relay_send(malformed, timeout), "releasing")
+        again._call(lambda timeout: again._relay_send(malformed, timeout), "releasing")
+    # The same for acknowledgements: only one's own mailbox, and in the form ack/<epoch>/<seq>.
+    for tag, recipients, problem in (
+        ("ack/1/5", ["party-a"], "only recipient"),
+        ("ack/5", ["party-b"], "ack/<epoch>/<sequence number>"),
+        ("ack/x/5", ["party-b"], "ack/<epoch>/<sequence number>"),
+    ):
+        bad = pb.Envelope(job_id="job-1", round=2**32 - 1, tag=tag, sender="party-b", recipients=recipients)
+        with pytest.raises(ProtocolError, match=problem):
+            again._call(lambda timeout, bad=bad: again._relay_send(bad, timeout), "acknowledging")

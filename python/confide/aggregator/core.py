@@ -48,8 +48,10 @@ class AggregatorConfig:
         A participant whose slice stream broke with slices missing may reconnect within this time.
     state_dir : str or None
         Where completed rounds are stored (None: memory only; a restart then loses them).
-    mailbox_cap_bytes : int
-        Cap on relay/delivery bytes retained for all parties together.
+    mailbox_memory_bytes : int
+        Deliveries the relay's mailboxes hold in memory (each once, however many recipients);
+        beyond it they wait for their readers in spill files (``<state_dir>/mailboxes``, or a
+        temporary directory). Nothing is refused for want of room.
     max_workers : int
         gRPC worker threads; every connected party holds two streams.
     workers : int
@@ -74,7 +76,7 @@ class AggregatorConfig:
     round_timeout_s: float = 120.0
     dropout_grace_s: float = 5.0
     state_dir: str | None = None
-    mailbox_cap_bytes: int = 2 * 1024**3
+    mailbox_memory_bytes: int = 512 * 1024**2
     max_workers: int = 128
     workers: int = 0
     max_staged_bytes: int = 256 * 1024**2
@@ -89,7 +91,9 @@ class AggregatorCore:
 
     def __init__(self, config: AggregatorConfig, observer: Observer | None = None) -> None:
         self.config = config
-        self.mailboxes = Mailboxes(config.mailbox_cap_bytes)
+        self.mailboxes = Mailboxes(
+            config.mailbox_memory_bytes, Path(config.state_dir) / "mailboxes" if config.state_dir else None
+        )
         self.store = ResultStore(config.state_dir)
         self.observer = observer
         self.slices_aggregated = 0
@@ -350,8 +354,7 @@ class AggregatorCore:
         if not recipients:
             return
         delivery = pb.Delivery(job_id=header.job_id, aggregate=self._aggregated(header, index, payload))
-        for party in recipients:
-            self.mailboxes.deliver(header.job_id, party, header.round, delivery)
+        self.mailboxes.deliver_to(header.job_id, recipients, header.round, delivery)
 
     def party_restarted(self, job_id: str, party: str, incarnation: int) -> None:
         """``party``'s process was replaced: abort the open attempts it had not sent its share of.
@@ -458,8 +461,9 @@ class AggregatorCore:
             reason=reason,
         )
         delivery = pb.Delivery(job_id=header.job_id, control=control)
-        for party in header.participants if only is None else [only]:
-            self.mailboxes.deliver(header.job_id, party, header.round, delivery)
+        self.mailboxes.deliver_to(
+            header.job_id, header.participants if only is None else [only], header.round, delivery
+        )
 
     def _watch(self) -> None:
         while not self._stopped.wait(0.2):

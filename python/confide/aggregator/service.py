@@ -21,7 +21,7 @@ from confide.aggregator.rounds import RoundState
 from confide.crypto.identity import Identity, name_from_der
 from confide.errors import ConfideError, ProtocolError, RoundClosedError
 from confide.transport import status, tls
-from confide.transport.client import ADMIT_PREFIX, CONTROL_ROUND, REJOIN_PREFIX, RELEASE_PREFIX
+from confide.transport.client import ACK_PREFIX, ADMIT_PREFIX, CONTROL_ROUND, REJOIN_PREFIX, RELEASE_PREFIX
 from confide.transport.revocation import RevocationGate, RevocationList
 from confide.v1 import runtime_pb2 as pb
 from confide.v1 import runtime_pb2_grpc as rpc
@@ -201,6 +201,8 @@ class RelayServicer(rpc.RelayServicer):
         recipients = list(request.recipients)
         if not recipients or any(not 0 < len(r) <= MAX_NAME for r in recipients):
             raise ProtocolError(f"envelope.recipients must list 1.. names of 1..{MAX_NAME} characters")
+        if request.round == CONTROL_ROUND and request.tag.startswith(ACK_PREFIX):
+            return self._ack(request)
         if request.round == CONTROL_ROUND and request.tag.startswith(RELEASE_PREFIX):
             return self._release(request)
         self._core.observe("envelope", request.sender, request)
@@ -213,9 +215,19 @@ class RelayServicer(rpc.RelayServicer):
             # Relay-only jobs (vertical) never push slices: retire by the envelopes' rounds too.
             self._core.mailboxes.retire(request.job_id, request.round - 1)
         delivery = pb.Delivery(job_id=request.job_id, envelope=request)
-        for party in recipients:
-            self._core.mailboxes.deliver(request.job_id, party, request.round, delivery)
+        self._core.mailboxes.deliver_to(request.job_id, recipients, request.round, delivery)
         return pb.RelayReply(delivered=len(recipients))
+
+    def _ack(self, request: pb.Envelope) -> pb.RelayReply:
+        """A party filed its mailbox's deliveries up to a sequence number (``ack/<epoch>/<seq>``): dropped."""
+        if list(request.recipients) != [request.sender]:
+            raise ProtocolError("an ack names its sender as its only recipient: it frees that party's own mailbox")
+        epoch, _, seq = request.tag[len(ACK_PREFIX) :].partition("/")
+        if not (epoch.isdigit() and seq.isdigit() and len(epoch) <= 20 and len(seq) <= 20):
+            raise ProtocolError(f"envelope.tag {request.tag!r} must read ack/<epoch>/<sequence number>")
+        if int(epoch) == self._core.mailboxes.epoch:  # else about an earlier process's mailboxes
+            self._core.mailboxes.ack(request.job_id, request.sender, int(seq))
+        return pb.RelayReply(delivered=0)
 
     def _release(self, request: pb.Envelope) -> pb.RelayReply:
         """A party is done with part of its own mailbox (``release/<round>/<tag prefix>``): nothing is delivered."""
@@ -233,7 +245,9 @@ class RelayServicer(rpc.RelayServicer):
             tls.require_caller(context, request.party_id, "subscribe.party_id")
         except ConfideError as error:
             status.abort(context, error)
-        yield from self._core.mailboxes.subscribe(request.job_id, request.party_id, context.is_active)
+        yield from self._core.mailboxes.subscribe(
+            request.job_id, request.party_id, context.is_active, acked=request.acked, epoch=request.epoch
+        )
 
 
 def add_aggregation_service(servicer: AggregationServicer, server: grpc.Server) -> None:
@@ -254,6 +268,21 @@ def add_aggregation_service(servicer: AggregationServicer, server: grpc.Server) 
         ),
     }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("confide.v1.Aggregation", handlers),))
+
+
+def add_relay_service(servicer: RelayServicer, server: grpc.Server) -> None:
+    """The Relay service, with Subscribe sending the mailbox's serialized deliveries as they are."""
+    handlers = {
+        "Send": grpc.unary_unary_rpc_method_handler(
+            servicer.Send,
+            request_deserializer=pb.Envelope.FromString,
+            response_serializer=pb.RelayReply.SerializeToString,
+        ),
+        "Subscribe": grpc.unary_stream_rpc_method_handler(
+            servicer.Subscribe, request_deserializer=pb.SubscribeRequest.FromString, response_serializer=None
+        ),
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("confide.v1.Relay", handlers),))
 
 
 def _push_message(raw: bytes) -> pb.PushMessage:
@@ -316,7 +345,7 @@ def serve(
         identity, address, max_workers=config.max_workers, interceptors=[gate] if gate is not None else []
     )
     add_aggregation_service(AggregationServicer(core, identity.name), server)
-    rpc.add_RelayServicer_to_server(RelayServicer(core), server)
+    add_relay_service(RelayServicer(core), server)
     if config.data_port is not None:
         host = address.rpartition(":")[0] or "0.0.0.0"
         core.data_path = NativeDataPath(core)

@@ -36,6 +36,7 @@ to the node again from the same round on, and never changes routing mid-round.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -56,6 +57,7 @@ from confide.v1 import runtime_pb2_grpc as rpc
 
 __all__ = [
     "AGGREGATOR",
+    "ACK_PREFIX",
     "ADMIT_PREFIX",
     "CONTROL_ROUND",
     "REJOIN_PREFIX",
@@ -77,6 +79,11 @@ ADMIT_PREFIX = "admit/"
 #: Tag prefix of a party's word to the relay that it is done with some of its mailbox (at
 #: ``CONTROL_ROUND``, to itself; never delivered): ``release/<round>/<tag prefix>``.
 RELEASE_PREFIX = "release/"
+#: Tag prefix of a party's acknowledgement of its mailbox up to a sequence number (at
+#: ``CONTROL_ROUND``, to itself; never delivered): ``ack/<seq>``. The relay drops what it acknowledges.
+ACK_PREFIX = "ack/"
+#: How often a party acknowledges what it filed (seconds), per aggregator node.
+ACK_INTERVAL_S = 0.2
 #: Slices per push message: up to this many bytes or slices, whichever comes first.
 BATCH_BYTES = 1 << 20
 BATCH_SLICES = 64
@@ -169,6 +176,32 @@ class _Node:
         self.thread: threading.Thread | None = None
         self.subscribed = threading.Event()
         self.broken_since: float | None = None
+        #: The node's mailbox: its epoch, the newest delivery filed, the newest acknowledged.
+        self.epoch = 0
+        self.filed = 0
+        self.acked = 0
+
+    def filed_delivery(self, delivery: pb.Delivery) -> None:
+        """``delivery`` is in the message pool: the node may drop it once told (see ``acknowledge``)."""
+        if delivery.epoch != self.epoch:  # the node's process started anew: its numbering too
+            self.epoch, self.filed, self.acked = delivery.epoch, 0, 0
+        self.filed = max(self.filed, delivery.seq)
+
+    def acknowledge(self, party_id: str, job_id: str, timeout: float) -> None:
+        """Tell the node what was filed since the last time, if anything (``ack/<epoch>/<seq>``)."""
+        epoch, filed = self.epoch, self.filed
+        if filed <= self.acked or not epoch:
+            return
+        envelope = pb.Envelope(
+            job_id=job_id,
+            round=CONTROL_ROUND,
+            tag=f"{ACK_PREFIX}{epoch}/{filed}",
+            sender=party_id,
+            recipients=[party_id],
+        )
+        self.relay.Send(envelope, timeout=timeout, wait_for_ready=False)
+        if self.epoch == epoch:
+            self.acked = max(self.acked, filed)
 
     def use_data_port(self, port: int, timeout: float) -> None:
         """Push slices to the node's data port; stay on the control port if it is unreachable."""
@@ -311,6 +344,7 @@ class AggregatorClient:
             node.thread = threading.Thread(
                 target=self._subscribe_loop, args=(node,), name=f"confide-subscribe-{node.index}", daemon=True
             )
+        self._acker = threading.Thread(target=self._ack_loop, name="confide-ack", daemon=True)
 
     @property
     def _relay(self) -> rpc.RelayStub:
@@ -337,6 +371,7 @@ class AggregatorClient:
         for node in self._nodes:
             assert node.thread is not None
             node.thread.start()
+        self._acker.start()
         for node in self._nodes:
             if not node.subscribed.wait(timeout):
                 raise TransportUnavailableError(
@@ -354,8 +389,16 @@ class AggregatorClient:
         )
 
     def close(self) -> None:
-        """Stop the delivery streams and close the channels."""
+        """Acknowledge what was filed, stop the delivery streams and close the channels (once)."""
+        if self._closed.is_set():
+            return
         self._closed.set()
+        if self._acker.is_alive():
+            self._acker.join(timeout=5)
+        for node in self._nodes:
+            if node.index not in self.lost_nodes:
+                with contextlib.suppress(grpc.RpcError):  # best effort: the relay drops them two rounds on
+                    node.acknowledge(self.party_id, self.job_id, timeout=1.0)
         for node in self._nodes:
             if node.stream is not None:
                 node.stream.cancel()
@@ -389,7 +432,8 @@ class AggregatorClient:
                 # On a cluster a dead node must fail fast (no wait_for_ready), so that it can be
                 # declared lost; a single aggregator is waited for (it may be restarting).
                 stream = node.relay.Subscribe(
-                    pb.SubscribeRequest(job_id=self.job_id, party_id=self.party_id), wait_for_ready=not cluster
+                    pb.SubscribeRequest(job_id=self.job_id, party_id=self.party_id, acked=node.filed, epoch=node.epoch),
+                    wait_for_ready=not cluster,
                 )
                 node.stream = stream
                 node.subscribed.set()
@@ -405,6 +449,7 @@ class AggregatorClient:
                         if node.index == self._relay_index():
                             self._replay()
                     self._file(delivery)
+                    node.filed_delivery(delivery)
             except grpc.RpcError as error:
                 if self._closed.is_set():
                     return
@@ -515,6 +560,22 @@ class AggregatorClient:
                 target=self._subscribe_loop, args=(node,), name=f"confide-subscribe-{node.index}", daemon=True
             )
             node.thread.start()
+
+    def _ack_loop(self) -> None:
+        """Acknowledge what each node delivered and this party filed, every ``ACK_INTERVAL_S``.
+
+        Apart from the delivery streams, so a slow acknowledgement (a far-away aggregator) never
+        holds up receiving. A failed one is sent again with the next (an acknowledgement covers
+        everything before it); a node that never hears one still drops its deliveries two rounds on.
+        """
+        while not self._closed.wait(ACK_INTERVAL_S):
+            for node in list(self._nodes):
+                if node.index in self.lost_nodes:
+                    continue
+                try:
+                    node.acknowledge(self.party_id, self.job_id, timeout=max(1.0, 10 * ACK_INTERVAL_S))
+                except grpc.RpcError as error:
+                    log.debug("acknowledging deliveries to %s failed (%s)", node.target, error.code())
 
     def _file(self, delivery: pb.Delivery) -> None:
         body = delivery.WhichOneof("body")

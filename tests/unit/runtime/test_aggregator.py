@@ -10,11 +10,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from confide.aggregator.mailbox import Mailboxes
+from confide.aggregator.mailbox import Mailboxes, with_seq
 from confide.aggregator.rounds import RoundState, expected_length, validate_header
 from confide.aggregator.store import ResultStore
 from confide.crypto import BatchCryptCodec, EncryptedVector, decrypt_packed, encrypt_packed, sum_encrypted
-from confide.errors import ConfideError, ProtocolError, ResourceLimitError, RoundClosedError
+from confide.errors import ConfideError, ProtocolError, RoundClosedError
+from confide.transport.client import CONTROL_ROUND
 from confide.v1 import runtime_pb2 as pb
 
 from .harness import fast_decryption_key, run_parallel
@@ -278,7 +279,8 @@ def _core(tmp_path):
 
 
 def _box(core, party: str) -> list[pb.Delivery]:
-    return [delivery for _, delivery, _ in core.mailboxes._boxes.get(("j", party), [])]
+    """What ``party``'s mailbox holds, as a fresh subscriber receives it."""
+    return [pb.Delivery.FromString(item) for item in core.mailboxes.subscribe("j", party, lambda: False)]
 
 
 def _recover_header(party: str, participants=PARTIES) -> pb.RoundHeader:
@@ -492,8 +494,13 @@ def delivery(tag: str, size: int = 10) -> pb.Delivery:
     return pb.Delivery(job_id="j", envelope=pb.Envelope(job_id="j", tag=tag, payload=bytes(size)))
 
 
+def parsed(item) -> pb.Delivery:
+    """A delivery as a subscriber receives it (the mailbox streams serialized bytes)."""
+    return pb.Delivery.FromString(item) if isinstance(item, bytes) else item
+
+
 def tags(items) -> list[str]:
-    return [d.envelope.tag for d in items]
+    return [parsed(d).envelope.tag for d in items]
 
 
 def test_subscribe_replays_retained_then_streams_new():
@@ -540,7 +547,7 @@ def _drain(boxes: Mailboxes, job: str, party: str) -> list[pb.Delivery]:
     out = []
     stream = boxes.subscribe(job, party, lambda: False)
     try:
-        out.extend(stream)
+        out.extend(parsed(item) for item in stream)
     finally:
         stream.close()
     return out
@@ -581,19 +588,79 @@ def test_retire_drops_old_rounds_and_frees_bytes():
     assert _drain(boxes, "j", "a") == []
 
 
-def test_cap_raises_resource_limit_and_retire_makes_room():
+def test_beyond_its_memory_budget_a_mailbox_spills_to_disk_and_refuses_nothing(tmp_path):
     one = delivery("x0", size=100)
-    boxes = Mailboxes(cap_bytes=3 * one.ByteSize())
-    for number, round_number in enumerate((1, 1, 2)):
+    boxes = Mailboxes(memory_bytes=3 * one.ByteSize(), spill_dir=tmp_path / "spill")
+    for number, round_number in enumerate((1, 1, 2, 2, 2)):
         boxes.deliver("j", "a", round_number, delivery(f"x{number}", size=100))
-    with pytest.raises(ResourceLimitError, match="cap"):
-        boxes.deliver("j", "a", 2, delivery("x3", size=100))
     assert boxes.retained_bytes == 3 * one.ByteSize()
-    assert len(_drain(boxes, "j", "a")) == 3  # the refused delivery was not kept
-    boxes.retire("j", 2)
-    boxes.deliver("j", "a", 2, delivery("x4", size=100))
-    boxes.deliver("j", "a", 2, delivery("x5", size=100))
-    assert boxes.retained_bytes == 3 * one.ByteSize()
+    assert boxes.spilled_bytes == 2 * one.ByteSize()
+    assert len(list((tmp_path / "spill").iterdir())) == 2
+    assert tags(_drain(boxes, "j", "a")) == ["x0", "x1", "x2", "x3", "x4"]  # in order, from memory and disk
+    boxes.retire("j", 3)
+    assert (boxes.retained_bytes, boxes.spilled_bytes) == (0, 0)
+    assert list((tmp_path / "spill").iterdir()) == []
+    assert boxes.peak_bytes == 3 * one.ByteSize()
+
+
+def test_one_delivery_to_many_recipients_is_held_once():
+    boxes = Mailboxes()
+    item = delivery("sum", size=1000)
+    boxes.deliver_to("j", [f"p{i}" for i in range(50)], 1, item)
+    assert boxes.retained_bytes == item.ByteSize()
+    for i in range(49):
+        assert boxes.ack("j", f"p{i}", 1) == 1
+    assert boxes.retained_bytes == item.ByteSize()  # p49 has not filed it yet
+    assert boxes.ack("j", "p49", 1) == 1
+    assert boxes.retained_bytes == 0
+
+
+def test_acknowledged_deliveries_go_and_a_resubscriber_gets_only_the_rest():
+    boxes = Mailboxes()
+    for number in range(5):
+        boxes.deliver("j", "a", 1, delivery(f"d{number}"))
+    boxes.deliver("j", "a", CONTROL_ROUND, delivery("membership"))
+    stream = boxes.subscribe("j", "a", lambda: False)
+    first = [parsed(next(stream)) for _ in range(3)]
+    stream.close()
+    assert [d.seq for d in first] == [1, 2, 3] and {d.epoch for d in first} == {boxes.epoch}
+    # It filed three, then its stream broke: it subscribes again saying so.
+    again = [parsed(item) for item in boxes.subscribe("j", "a", lambda: False, acked=3, epoch=boxes.epoch)]
+    assert tags(again) == ["d3", "d4", "membership"]
+    assert boxes.unacknowledged("j", "a") == 3
+    # An acknowledgement about another aggregator process's mailboxes drops nothing.
+    stale = [parsed(item) for item in boxes.subscribe("j", "a", lambda: False, acked=5, epoch=boxes.epoch + 1)]
+    assert tags(stale) == ["d3", "d4", "membership"]
+    # Membership messages outlive acknowledgements (a restarted process needs them).
+    assert boxes.ack("j", "a", 6) == 2
+    assert tags(_drain(boxes, "j", "a")) == ["membership"]
+
+
+def test_a_slow_reader_holds_its_deliveries_on_disk_and_its_peers_go_on(tmp_path):
+    """One party reads nothing while a round's sum goes to three: memory stays within the budget."""
+    slices = [delivery(f"slice{i}", size=1000) for i in range(40)]
+    budget = 5 * slices[0].ByteSize()
+    boxes = Mailboxes(memory_bytes=budget, spill_dir=tmp_path)
+    readers = {p: boxes.subscribe("j", p, lambda: True) for p in ("fast-1", "fast-2")}
+    for index, item in enumerate(slices):
+        boxes.deliver_to("j", ["fast-1", "fast-2", "slow"], 1, item)
+        for party, stream in readers.items():
+            got = parsed(next(stream))
+            assert got.envelope.tag == f"slice{index}"
+            boxes.ack("j", party, got.seq)
+        assert boxes.retained_bytes <= budget
+    assert boxes.peak_bytes <= budget
+    for stream in readers.values():
+        stream.close()
+    assert boxes.spilled_bytes == sum(item.ByteSize() for item in slices[5:])  # the first 5 fit in memory
+    assert tags(_drain(boxes, "j", "slow")) == [f"slice{i}" for i in range(40)]
+
+
+def test_with_seq_appends_fields_protobuf_reads():
+    item = delivery("x", size=10)
+    for seq, epoch in ((1, 1), (300, 2**64 - 1), (2**40, 12345)):
+        read = pb.Delivery.FromString(with_seq(item.SerializeToString(), seq, epoch))
+        assert (read.seq, read.epoch, read.envelope.tag) == (seq, epoch, "x")
 
 
 def envelope(tag: str, payload: bytes, *, round_number: int = 0, sender: str = "b") -> pb.Delivery:

@@ -174,7 +174,7 @@ def test_relay_keeps_membership_messages_past_the_rounds_it_retires():
     for number in (3, CONTROL_ROUND):
         boxes.deliver("job", "alpha", number, pb.Delivery(job_id="job", envelope=pb.Envelope(round=number)))
     boxes.retire("job", 10)
-    kept = list(boxes.subscribe("job", "alpha", lambda: False))
+    kept = [pb.Delivery.FromString(item) for item in boxes.subscribe("job", "alpha", lambda: False)]
     assert [d.envelope.round for d in kept] == [CONTROL_ROUND]
 
 
