@@ -187,11 +187,11 @@ class _Node:
             self.epoch, self.filed, self.acked = delivery.epoch, 0, 0
         self.filed = max(self.filed, delivery.seq)
 
-    def acknowledge(self, party_id: str, job_id: str, timeout: float) -> None:
-        """Tell the node what was filed since the last time, if anything (``ack/<epoch>/<seq>``)."""
+    def acknowledge(self, party_id: str, job_id: str, timeout: float) -> int:
+        """Tell the node what was filed since the last time, if anything (``ack/<epoch>/<seq>``); bytes sent."""
         epoch, filed = self.epoch, self.filed
         if filed <= self.acked or not epoch:
-            return
+            return 0
         envelope = pb.Envelope(
             job_id=job_id,
             round=CONTROL_ROUND,
@@ -202,6 +202,7 @@ class _Node:
         self.relay.Send(envelope, timeout=timeout, wait_for_ready=False)
         if self.epoch == epoch:
             self.acked = max(self.acked, filed)
+        return envelope.ByteSize()
 
     def use_data_port(self, port: int, timeout: float) -> None:
         """Push slices to the node's data port; stay on the control port if it is unreachable."""
@@ -573,7 +574,10 @@ class AggregatorClient:
                 if node.index in self.lost_nodes:
                     continue
                 try:
-                    node.acknowledge(self.party_id, self.job_id, timeout=max(1.0, 10 * ACK_INTERVAL_S))
+                    # Counted with the membership messages: no training round's bytes.
+                    self.bytes_sent[CONTROL_ROUND] += node.acknowledge(
+                        self.party_id, self.job_id, timeout=max(1.0, 10 * ACK_INTERVAL_S)
+                    )
                 except grpc.RpcError as error:
                     log.debug("acknowledging deliveries to %s failed (%s)", node.target, error.code())
 
