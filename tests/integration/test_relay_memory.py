@@ -86,12 +86,12 @@ def _all_acknowledged(core) -> bool:
 
 
 def test_threshold_key_generations_of_six_parties_leave_the_relay_holding_little(relay):
-    """Small candidate batches, and generations in turn until 100 batches ran (each needs a random number)."""
+    """Small candidate batches; generations in turn until 30 batches (480 candidates) ran: the count is random."""
     core, clients = relay
     errors, samples, done, batches = [], [], threading.Event(), []
     watcher = _watch(core, samples, done)
     generation = 0
-    while len(batches) < 100 and generation < 30:
+    while len(batches) < 30 and generation < 30:
         generation += 1
         keys = {}
 
@@ -111,7 +111,7 @@ def test_threshold_key_generations_of_six_parties_leave_the_relay_holding_little
         assert len({key.public.n for key in keys.values()}) == 1
     done.set()
     watcher.join(5)
-    assert len(batches) >= 100
+    assert len(batches) >= 30
     # What the relay holds is what went out within about one acknowledgement interval (tens of
     # KB), however many batches ran; nothing went to disk (1 MiB memory budget).
     assert max(samples) <= 256 * 1024
