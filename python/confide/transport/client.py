@@ -80,7 +80,7 @@ ADMIT_PREFIX = "admit/"
 #: ``CONTROL_ROUND``, to itself; never delivered): ``release/<round>/<tag prefix>``.
 RELEASE_PREFIX = "release/"
 #: Tag prefix of a party's acknowledgement of its mailbox up to a sequence number (at
-#: ``CONTROL_ROUND``, to itself; never delivered): ``ack/<seq>``. The relay drops what it acknowledges.
+#: ``CONTROL_ROUND``, to itself; never delivered): ``ack/<epoch>/<seq>``. The relay drops what it covers.
 ACK_PREFIX = "ack/"
 #: How often a party acknowledges what it filed (seconds), per aggregator node.
 ACK_INTERVAL_S = 0.2
