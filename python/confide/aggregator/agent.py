@@ -16,6 +16,7 @@ import json
 import logging
 import shutil
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 
 from confide import checkpoints as ckpt
@@ -74,7 +75,7 @@ class AggregatorWorker:
                 return None
             return RunState(run=run["run"], status="running", round=run["round"], error="")
 
-    def _completed(self, header: pb.RoundHeader, done: dict[int, bytes]) -> None:
+    def _completed(self, header: pb.RoundHeader, done: Mapping[int, bytes]) -> None:
         with self._lock:
             match = [(s, r) for s, r in self._runs.items() if r["job"] == header.job_id]
             if not match:

@@ -17,7 +17,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -106,7 +106,8 @@ class AggregatorCore:
             spill = str(spill_path)
         self.dataplane = _native.DataPlane(config.workers, config.max_staged_bytes, spill, self.enclave)
         self._rounds: dict[RoundKey, RoundState] = {}
-        self._completed: dict[RoundKey, tuple[pb.RoundHeader, dict[int, bytes]]] = {}
+        #: Completed attempts of each job's last three rounds: headers here, slices on disk.
+        self._completed: dict[RoundKey, tuple[pb.RoundHeader, Mapping[int, bytes]]] = {}
         self._latest: dict[str, int] = {}
         self._job_keys: dict[str, bytes] = self.store.load_keys()
         self._lock = threading.Lock()
@@ -120,7 +121,7 @@ class AggregatorCore:
         #: Job -> the round from which this node serves its shares again (after parties found it lost).
         self._admissions: dict[str, int] = {}
         #: Called with (header, combined slices by index) after a round completes and is stored.
-        self.completion_listeners: list[Callable[[pb.RoundHeader, dict[int, bytes]], None]] = []
+        self.completion_listeners: list[Callable[[pb.RoundHeader, Mapping[int, bytes]], None]] = []
         for header, done in self.store.load():
             key = (header.job_id, header.round, header.attempt, header.share)
             self._completed[key] = (header, done)
@@ -170,7 +171,13 @@ class AggregatorCore:
             state = self._rounds.get(key)
             if state is None:
                 encryption_key = validate_header(header)
-                state = RoundState(key=key, header=header, encryption_key=encryption_key, plane=self.dataplane)
+                state = RoundState(
+                    key=key,
+                    header=header,
+                    encryption_key=encryption_key,
+                    plane=self.dataplane,
+                    results=self.store.writer(header),
+                )
                 self._rounds[key] = state
                 self._latest[header.job_id] = max(latest, header.round)
                 self.mailboxes.retire(header.job_id, header.round - 1)
@@ -323,16 +330,16 @@ class AggregatorCore:
         # Stored before the last slice goes out: whoever sees the round complete can get it again.
         state.close()
         stored = state.stored_header()
-        self.store.save(stored, state.done)
+        done = state.results.finish(stored)
         with self._lock:
-            self._completed[state.key] = (stored, state.done)
+            self._completed[state.key] = (stored, done)
             self._rounds.pop(state.key, None)
             old = [k for k in self._completed if k[0] == state.key[0] and k[1] + 2 < state.key[1]]
             for key in old:
                 del self._completed[key]
         for listener in list(self.completion_listeners):
             try:
-                listener(state.header, state.done)
+                listener(state.header, done)
             except Exception:  # noqa: BLE001 - a listener must not break the data path
                 log.exception("completion listener failed for %s", state.key)
 
@@ -536,6 +543,7 @@ class AggregatorCore:
         if self.revocation_gate is not None:
             self.revocation_gate.stop()
         self._stopped.set()
+        self.store.close()
 
     def admitted_round(self, job_id: str, round_number: int) -> int:
         """The round from which this node serves ``job_id`` again, asked by a party about to push ``round_number``.

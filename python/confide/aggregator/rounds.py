@@ -20,12 +20,14 @@ import itertools
 import re
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from confide import _native
 from confide._checks import require
+from confide.aggregator.store import MemoryResults, RoundWriter
 from confide.crypto import EncryptionKey
 from confide.errors import ProtocolError, RoundClosedError
 from confide.transport.routing import share_indices
@@ -149,7 +151,9 @@ class RoundState:
     round_id: int = field(default_factory=lambda: next(_round_ids))
     created: float = field(default_factory=time.monotonic)
     owned: frozenset[int] = frozenset()
-    done: dict[int, bytes] = field(default_factory=dict)
+    #: Where the combined slices go as they complete: the aggregator's store (a file per attempt,
+    #: :class:`~confide.aggregator.store.RoundWriter`), or memory for a state made on its own.
+    results: RoundWriter | MemoryResults = field(default_factory=MemoryResults)
     joined: set[str] = field(default_factory=set)
     broken: dict[str, float] = field(default_factory=dict)
     status: str = "open"
@@ -190,6 +194,11 @@ class RoundState:
             # On a cluster the data plane refuses slices of other shares.
             (header.share, header.cluster_nodes, sorted(self.owned)) if header.cluster_nodes > 1 else None,
         )
+
+    @property
+    def done(self) -> Mapping[int, bytes]:
+        """Combined slices completed so far, by index (read from the round's file on access)."""
+        return self.results.view
 
     @property
     def participants(self) -> list[str]:
@@ -373,6 +382,8 @@ class RoundState:
             self.checkpoint = None
             if self._final_contributions is None:
                 self._final_contributions = list(self.plane.contributions(self.round_id))
+            if self.status != "complete":
+                self.results.discard()
         self.plane.close_round(self.round_id)
 
     @property
@@ -391,7 +402,7 @@ class RoundState:
         """Book completed indices; True when the share of the round just completed."""
         with self.lock:
             for index, payload in completed:
-                self.done[index] = payload
+                self.results.add(index, payload)
             if self.status == "open" and len(self.done) == len(self.owned):
                 self.status = "complete"
                 return True

@@ -99,6 +99,12 @@ def _parser() -> argparse.ArgumentParser:
     aggregator.add_argument("--advertise", default=None, help="address parties dial (default: the bound one)")
     aggregator.add_argument("--workers", type=int, default=0, help="data-plane workers (0: one per core)")
     aggregator.add_argument("--max-staged-mb", type=int, default=256, help="partial sums held in memory, MiB")
+    aggregator.add_argument(
+        "--mailbox-memory-mb",
+        type=int,
+        default=512,
+        help="deliveries the relay holds in memory, MiB (beyond it they wait on disk for their readers)",
+    )
     aggregator.add_argument("--max-streams", type=int, default=128, help="gRPC threads (two per connected party)")
     aggregator.add_argument(
         "--data-port",
@@ -325,6 +331,7 @@ def _aggregator(args) -> int:
         state_dir=args.state,
         workers=args.workers,
         max_staged_bytes=args.max_staged_mb * 1024**2,
+        mailbox_memory_bytes=args.mailbox_memory_mb * 1024**2,
         max_workers=args.max_streams,
         data_port=None if args.data_port < 0 else args.data_port,
         crl_path=str(crl_path_for(args.certs, args.crl)),

@@ -366,6 +366,7 @@ def run_local(
     max_restarts: int = 3,
     resume: bool = False,
     baseline: bool = True,
+    aggregator_args: list[str] | None = None,
 ) -> dict:
     """Run ``spec`` on a local federation in ``workdir``; returns the job report.
 
@@ -376,7 +377,8 @@ def run_local(
     ``max_restarts``: how often each crashed child is started again (0: never). ``resume``: go on
     with the job stopped in ``workdir`` from the last round every party checkpointed. ``baseline``:
     also train the centralized baseline the report shows beside the federated model (embedded
-    data only; off, the report's ``centralized`` is empty).
+    data only; off, the report's ``centralized`` is empty). ``aggregator_args``: more options for
+    ``confide aggregator`` (``--mailbox-memory-mb 64``).
     """
     if spec.fl_data is not None:
         missing = [p for p in spec.parties if p not in (catalogs or {})]
@@ -396,6 +398,7 @@ def run_local(
         compute=dict(compute or {}),
         party_env=dict(party_env or {}),
         max_restarts=0 if spec.vertical else max_restarts,
+        aggregator_args=list(aggregator_args or []),
     )
     earlier: dict[str, dict] = {}
     if resume:

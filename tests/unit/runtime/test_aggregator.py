@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import struct
 import threading
 import time
 
@@ -14,7 +15,7 @@ from confide.aggregator.mailbox import Mailboxes, with_seq
 from confide.aggregator.rounds import RoundState, expected_length, validate_header
 from confide.aggregator.store import ResultStore
 from confide.crypto import BatchCryptCodec, EncryptedVector, decrypt_packed, encrypt_packed, sum_encrypted
-from confide.errors import ConfideError, ProtocolError, RoundClosedError
+from confide.errors import ConfideError, ProtocolError, RoundClosedError, WireFormatError
 from confide.transport.client import CONTROL_ROUND
 from confide.v1 import runtime_pb2 as pb
 
@@ -442,14 +443,57 @@ def test_result_store_round_trip(tmp_path):
     expected.party_id = ""  # who happened to open the round is not stored
     assert stored == expected
     assert slices == done
-    assert not list((tmp_path / "state").rglob("*.tmp"))
+    assert not list((tmp_path / "state").rglob("*.part"))
 
 
-def test_result_store_without_directory_is_a_no_op(tmp_path):
+def test_result_store_without_directory_keeps_slices_in_a_temporary_one_until_closed(tmp_path):
     store = ResultStore(None)
-    store.save(header(), {0: b"x"})
-    assert store.load() == []
+    stored = store.save(header(), {0: b"x"})
+    assert stored[0] == b"x" and stored.path.exists()
+    assert store.load() == []  # nothing survives a restart
+    store.close()
+    assert not stored.path.exists()
     assert ResultStore(tmp_path / "missing").load() == []
+
+
+def test_a_round_is_written_slice_by_slice_and_readable_before_it_completes(tmp_path):
+    store = ResultStore(tmp_path)
+    h = header(kind=UINT, mode="secagg")
+    writer = store.writer(h)
+    writer.add(1, b"\x02" * 4)
+    writer.add(0, b"\x01" * 4)
+    writer.add(1, b"\xff" * 4)  # a repeated index is ignored
+    assert dict(writer.view) == {1: b"\x02" * 4, 0: b"\x01" * 4}
+    assert not list(tmp_path.rglob("*.bin"))  # an open attempt is no stored round
+    stored = writer.finish(h)
+    assert dict(stored) == {0: b"\x01" * 4, 1: b"\x02" * 4}
+    (_, loaded), *rest = ResultStore(tmp_path).load()
+    assert not rest and dict(loaded) == dict(stored)
+
+
+def test_an_attempt_that_does_not_complete_leaves_no_file(tmp_path):
+    store = ResultStore(tmp_path)
+    writer = store.writer(header())
+    writer.add(0, b"x")
+    writer.discard()
+    assert not list(tmp_path.rglob("round-*"))
+    left = store.writer(header(round=2))
+    left.add(0, b"y")  # the aggregator stops here: a restarted one drops the unfinished file
+    assert ResultStore(tmp_path).load() == [] and not list(tmp_path.rglob("round-*"))
+
+
+def test_rounds_stored_in_the_first_layout_still_load(tmp_path):
+    h = header(kind=UINT, mode="secagg")
+    raw = h.SerializeToString()
+    frame = struct.Struct("<IQ")
+    data = frame.pack(2, len(raw)) + raw + frame.pack(0, 3) + b"abc" + frame.pack(1, 1) + b"d"
+    (tmp_path / "j").mkdir()
+    (tmp_path / "j" / "round-1-0.bin").write_bytes(data)
+    ((stored, slices),) = ResultStore(tmp_path).load()
+    assert stored.round == h.round and dict(slices) == {0: b"abc", 1: b"d"}
+    (tmp_path / "j" / "round-1-0.bin").write_bytes(data[:-1])
+    with pytest.raises(WireFormatError, match="round-1-0.bin is damaged"):
+        ResultStore(tmp_path).load()
 
 
 def test_result_store_keeps_the_last_three_rounds_per_job(tmp_path):
@@ -458,15 +502,15 @@ def test_result_store_keeps_the_last_three_rounds_per_job(tmp_path):
         store.save(header(round=round_number, attempt=attempt), {0: bytes([round_number])})
     store.save(header(job_id="other", round=1), {0: b"o"})
     kept = sorted((h.job_id, h.round, h.attempt) for h, _ in ResultStore(tmp_path).load())
-    # numeric order (round 10 and 11 are newer than 9), attempts count as separate rounds
-    assert kept == [("j", 9, 1), ("j", 10, 0), ("j", 11, 0), ("other", 1, 0)]
+    # numeric order (round 10 and 11 are newer than 9); every attempt of a kept round stays
+    assert kept == [("j", 9, 0), ("j", 9, 1), ("j", 10, 0), ("j", 11, 0), ("other", 1, 0)]
 
 
 def test_result_store_overwrites_same_attempt(tmp_path):
     store = ResultStore(tmp_path)
     store.save(header(), {0: b"first"})
     store.save(header(), {0: b"second"})
-    assert [done for _, done in store.load()] == [{0: b"second"}]
+    assert [dict(done) for _, done in store.load()] == [{0: b"second"}]
 
 
 def test_result_store_sanitizes_job_directory(tmp_path):
