@@ -324,6 +324,9 @@ def _aggregator(args) -> int:
     from confide.crypto.identity import Identity
     from confide.transport.revocation import crl_path_for
 
+    for flag, value in (("--max-staged-mb", args.max_staged_mb), ("--mailbox-memory-mb", args.mailbox_memory_mb)):
+        if value < 0:
+            raise InvalidParameterError(f"{flag} must be at least 0 (MiB), got {value}")
     identity = Identity.load(args.certs, args.name)
     config = AggregatorConfig(
         round_timeout_s=args.round_timeout,
