@@ -29,6 +29,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import time
 import zipfile
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -147,13 +148,16 @@ def write_artifact(
         "metrics": metrics or {},
         "checkpoint": checkpoint_leaf,
     }
-    buffer = io.BytesIO()
-    np.savez(buffer, **model.get_weights())
     path = Path(path)
     temporary = path.with_suffix(".tmp")
     with zipfile.ZipFile(temporary, "w", compression=zipfile.ZIP_DEFLATED) as archive:
         archive.writestr("manifest.json", json.dumps(manifest, indent=1, sort_keys=True))
-        archive.writestr("weights.npz", buffer.getvalue())
+        # Streamed into the archive: a large model's artifact holds no second copy of it in memory.
+        # Stored, not deflated: float weights barely compress, and deflating 400 MB takes seconds.
+        info = zipfile.ZipInfo("weights.npz", date_time=time.localtime()[:6])
+        info.compress_type = zipfile.ZIP_STORED
+        with archive.open(info, "w", force_zip64=True) as entry:
+            np.savez(entry, **model.get_weights())
     with open(temporary, "rb+") as handle:
         os.fsync(handle.fileno())
     os.replace(temporary, path)

@@ -24,9 +24,9 @@ import shutil
 import tokenize
 import zipfile
 import zlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from confide._checks import check_int
 from confide.crypto.merkle import merkle_root
@@ -201,8 +201,20 @@ def _fsync_directory(path: Path) -> None:
         os.close(descriptor)
 
 
-def _write_file(path: Path, data: bytes | bytearray | memoryview) -> None:
+#: What a checkpoint file may be given as: its bytes, or a function that writes it to a binary file
+#: (a large model's weights are streamed to disk, never held as one more copy in memory).
+Content = bytes | bytearray | memoryview | Callable[[BinaryIO], None]
+
+
+def _write_file(path: Path, data: Content) -> tuple[str, int]:
+    """Write one file, fsynced; its (sha256, size), read back from disk for streamed content."""
     descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
+    if callable(data):
+        with os.fdopen(descriptor, "wb") as file:
+            data(file)
+            file.flush()
+            os.fsync(file.fileno())
+        return file_sha256(path), path.stat().st_size
     try:
         view = memoryview(data).cast("B")
         while view:
@@ -211,12 +223,14 @@ def _write_file(path: Path, data: bytes | bytearray | memoryview) -> None:
         os.fsync(descriptor)
     finally:
         os.close(descriptor)
+    return hashlib.sha256(data).hexdigest(), memoryview(data).nbytes
 
 
-def write_checkpoint(
-    directory: str | os.PathLike[str], files: Mapping[str, bytes | bytearray | memoryview]
-) -> list[Leaf]:
+def write_checkpoint(directory: str | os.PathLike[str], files: Mapping[str, Content]) -> list[Leaf]:
     """Write ``files`` (relative POSIX name -> content) as checkpoint ``directory``, atomically.
+
+    A content is bytes, or a function that writes the file to the binary file it is given
+    (its digest is then read back from disk, so a large file is never held in memory).
 
     The files go into a sibling ``<directory>.tmp-<random>``; every file and directory
     is fsynced, the temporary directory is renamed to ``directory`` and the parent is
@@ -233,8 +247,10 @@ def write_checkpoint(
         raise InvalidParameterError(f"files must be a mapping of name -> bytes, got {type(files).__name__}")
     names = sorted(_check_file_name(name) for name in files)
     for name in names:
-        if not isinstance(files[name], (bytes, bytearray, memoryview)):
-            raise InvalidParameterError(f"files[{name!r}] must be bytes, got {type(files[name]).__name__}")
+        if not isinstance(files[name], (bytes, bytearray, memoryview)) and not callable(files[name]):
+            raise InvalidParameterError(
+                f"files[{name!r}] must be bytes or a function writing a file, got {type(files[name]).__name__}"
+            )
     name_set = set(names)
     for name in names:
         parts = name.split("/")
@@ -246,10 +262,7 @@ def write_checkpoint(
     if not target.name or target.name in (".", ".."):
         raise InvalidParameterError(f"directory must name a new directory, got {os.fspath(directory)!r}")
 
-    leaves = [
-        {"name": name, "sha256": hashlib.sha256(files[name]).hexdigest(), "size": memoryview(files[name]).nbytes}
-        for name in names
-    ]
+    leaves: list[Leaf] = []
     parent = target.parent
     temporary = parent / f"{target.name}.tmp-{secrets.token_hex(8)}"
     created = False
@@ -263,7 +276,8 @@ def write_checkpoint(
             path = temporary.joinpath(*parts)
             path.parent.mkdir(parents=True, exist_ok=True)
             folders.update(temporary.joinpath(*parts[:depth]) for depth in range(1, len(parts)))
-            _write_file(path, files[name])
+            digest, size = _write_file(path, files[name])
+            leaves.append({"name": name, "sha256": digest, "size": size})
         for folder in sorted(folders, key=lambda p: len(p.parts), reverse=True):
             _fsync_directory(folder)
         if os.path.lexists(target):

@@ -95,6 +95,9 @@ class ModelSpec(_Strict):
     entry: str | None = Field(None, pattern=r"^[^:]+:[A-Za-z_][A-Za-z0-9_.]*$")
     #: Keyword arguments for a custom factory (free-form, JSON-compatible).
     options: dict[str, Any] = {}
+    #: Memory a party's process may use, MiB: a model whose rounds would pass it (the process with
+    #: the model built, plus what a round adds: docs/models.md, "Memory") is refused before round 1.
+    memory_limit_mb: int | None = Field(None, ge=64, le=1 << 24)
     # -- vertical algorithms (ignored by homo_lr) --
     objective: Literal["binary:logistic", "reg:squarederror", "multi:softprob"] = "binary:logistic"
     #: secureboost with objective multi:softprob: the number of classes (one tree per class per round).

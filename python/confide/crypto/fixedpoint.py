@@ -41,7 +41,7 @@ class FixedPoint:
 
     def encode(self, values: np.ndarray) -> np.ndarray:
         """uint32 words of ``values`` (|values| <= bound)."""
-        scaled = np.rint(np.clip(values, -self.bound, self.bound) * self.scale)
+        scaled = np.rint(np.clip(np.asarray(values, dtype=np.float64), -self.bound, self.bound) * self.scale)
         return scaled.astype(np.int64).astype(np.uint32)
 
     def decode(self, words: np.ndarray) -> np.ndarray:

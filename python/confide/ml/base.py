@@ -4,7 +4,8 @@ A horizontal model is a :class:`FederatedModel`: named weight tensors as numpy a
 out, ``fit`` on the party's own rows (returning the number of examples and metrics),
 ``evaluate`` on held-out rows, and its weights saved in checkpoints by the runner. The runner
 never knows which model it drives, and the protection modes never know either: they see one
-float64 vector per round, cut out of the named tensors by a :class:`WeightLayout`.
+flat vector per round (float32, or float64 where a tensor is), cut out of the named tensors by
+a :class:`WeightLayout`.
 
 Round, as the runner drives it (docs/models.md has the whole picture)::
 
@@ -40,7 +41,7 @@ __all__ = ["FederatedModel", "FitConfig", "FitResult", "TensorSpec", "WeightLayo
 #: Named weight tensors, in the model's own order.
 Weights = dict[str, np.ndarray]
 
-#: dtypes a tensor may have: what the codecs accept after the float64 round trip.
+#: dtypes a tensor may have: what the codecs accept (float16 travels widened to float32).
 DTYPES = ("float16", "float32", "float64")
 
 
@@ -146,6 +147,21 @@ class WeightLayout:
         """Length of the flat vector."""
         return self._offsets[-1]
 
+    @property
+    def dtype(self) -> np.dtype:
+        """The flat vector's dtype: float64 if any tensor is, else float32 (float16 tensors widen to it).
+
+        Rounds run in this dtype, so a float32 model's round never holds a float64 copy of it.
+        """
+        if any(t.dtype == "float64" for t in self.tensors):
+            return np.dtype(np.float64)
+        return np.dtype(np.float32)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the model's own tensors, each in its dtype."""
+        return sum(t.size * np.dtype(t.dtype).itemsize for t in self.tensors)
+
     def segments(self) -> list[tuple[int, int]]:
         """(start, stop) of every tensor in the flat vector."""
         return [(self._offsets[i], self._offsets[i + 1]) for i in range(len(self.tensors))]
@@ -171,21 +187,25 @@ class WeightLayout:
             previous = key
         return out
 
-    def flatten(self, weights: Mapping[str, np.ndarray], *, who: str = "model") -> np.ndarray:
-        """One float64 vector of ``weights`` in layout order (checks names and shapes)."""
+    def flatten(self, weights: Mapping[str, np.ndarray], *, who: str = "model", dtype=None) -> np.ndarray:
+        """One vector of ``weights`` in layout order, in :attr:`dtype` unless told (checks names and shapes)."""
         self.check(weights, who=who)
-        out = np.empty(self.size, dtype=np.float64)
+        out = np.empty(self.size, dtype=self.dtype if dtype is None else dtype)
         for tensor, (start, stop) in zip(self.tensors, self.segments(), strict=True):
-            out[start:stop] = np.asarray(weights[tensor.name], dtype=np.float64).ravel()
+            out[start:stop] = np.asarray(weights[tensor.name]).ravel()
         return out
 
-    def unflatten(self, vector: np.ndarray) -> Weights:
-        """Named tensors (in their own dtypes) from a flat vector."""
+    def unflatten(self, vector: np.ndarray, *, copy: bool = True) -> Weights:
+        """Named tensors (in their own dtypes) from a flat vector.
+
+        With ``copy=False`` a tensor whose dtype is the vector's is a view of it (no second copy
+        of the model): for a vector the caller drops, or reads only.
+        """
         vector = np.asarray(vector)
         if vector.shape != (self.size,):
             raise InvalidParameterError(f"weight vector has shape {vector.shape}, the layout needs ({self.size},)")
         return {
-            tensor.name: vector[start:stop].astype(tensor.dtype).reshape(tensor.shape)
+            tensor.name: vector[start:stop].astype(tensor.dtype, copy=copy).reshape(tensor.shape)
             for tensor, (start, stop) in zip(self.tensors, self.segments(), strict=True)
         }
 

@@ -51,12 +51,21 @@ class Strategy:
     proximal_mu: float = 0.0
 
     def contribution(self, delta: np.ndarray, weight: float) -> np.ndarray:
-        """What this party protects and sends: its change weighted by ``n_k / N``."""
-        return delta * weight
+        """What this party protects and sends: its change weighted by ``n_k / N``, scaled in place.
+
+        The round loop holds no second copy of the change: it keeps what it passed and, when a
+        retry changes the weight, passes the ratio of the new weight to the old.
+        """
+        delta *= weight
+        return delta
 
     def apply(self, global_weights: np.ndarray, aggregate: np.ndarray) -> np.ndarray:
-        """The next global model from the current one and the sum of contributions."""
-        return global_weights + aggregate
+        """The next global model from the current one and the sum of contributions.
+
+        Works in place on ``global_weights`` (returned); ``aggregate`` is not changed.
+        """
+        global_weights += aggregate
+        return global_weights
 
     def state(self) -> dict[str, np.ndarray]:
         """State to checkpoint (none by default)."""
@@ -119,16 +128,23 @@ class FedAdam(Strategy):
         self._v: np.ndarray | None = None
 
     def apply(self, global_weights: np.ndarray, aggregate: np.ndarray) -> np.ndarray:
-        """One Adam step on the mean change."""
+        """One Adam step on the mean change, in place (the moments in the model's dtype)."""
         if self._m is None or self._m.shape != aggregate.shape:
-            self._m = np.zeros_like(aggregate, dtype=np.float64)
-            self._v = np.zeros_like(aggregate, dtype=np.float64)
+            self._m = np.zeros_like(aggregate)
+            self._v = np.zeros_like(aggregate)
         m, v = self._m, self._v
         m *= self.beta1
         m += (1 - self.beta1) * aggregate
+        step = np.square(aggregate)  # one scratch vector; the sum itself is left as it is
+        step *= 1 - self.beta2
         v *= self.beta2
-        v += (1 - self.beta2) * np.square(aggregate)
-        return global_weights + self.eta * m / (np.sqrt(v) + self.tau)
+        v += step
+        np.sqrt(v, out=step)  # eta m / (sqrt(v) + tau)
+        step += self.tau
+        np.divide(m, step, out=step)
+        step *= self.eta
+        global_weights += step
+        return global_weights
 
     def state(self) -> dict[str, np.ndarray]:
         """The moments."""
@@ -140,7 +156,8 @@ class FedAdam(Strategy):
             if set(state) != {"m", "v"}:
                 raise InvalidParameterError(f"fedadam state must hold exactly m and v, got {sorted(state)}")
             try:
-                m, v = (np.asarray(state[name], dtype=np.float64).copy() for name in ("m", "v"))
+                raw = [np.asarray(state[name]) for name in ("m", "v")]
+                m, v = (np.array(r, dtype=_moment_dtype(r)) for r in raw)
             except (TypeError, ValueError) as error:
                 raise InvalidParameterError(f"fedadam state: m and v must be float arrays ({error})") from None
             if m.shape != v.shape:
@@ -156,6 +173,11 @@ class FedAdam(Strategy):
             "beta2": self.beta2,
             "tau": self.tau,
         }
+
+
+def _moment_dtype(values) -> np.dtype:
+    """A stored moment keeps its float dtype (float32 for a float32 model), float64 otherwise."""
+    return np.dtype(np.float32) if values.dtype == np.float32 else np.dtype(np.float64)
 
 
 STRATEGIES: dict[str, type[Strategy]] = {

@@ -49,7 +49,8 @@ def write_checkpoint(directory: Path, round_number: int, model, layout: WeightLa
     """``weights.npz`` (the global model by tensor name), the strategy's and the model's local state."""
     state = {"round": round_number, "participants": list(participants), "format": 2, "layout": layout.to_dict()}
     files = {
-        "weights.npz": npz_bytes(model.get_weights()),
+        # Streamed to disk: a large model's checkpoint holds no archive of it in memory.
+        "weights.npz": lambda file: np.savez(file, **model.get_weights()),
         "strategy.npz": npz_bytes(strategy.state()),
         "local.npz": npz_bytes(model.state() if hasattr(model, "state") else {}),
         "state.json": json.dumps(state, sort_keys=True).encode(),

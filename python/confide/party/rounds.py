@@ -26,6 +26,7 @@ from confide.hooks import load_hooks
 from confide.ml import FitConfig, WeightLayout
 from confide.party.context import PartyContext
 from confide.party.data import PartyData
+from confide.party.memory import HeldVector
 from confide.party.rejoin import Membership, request_rejoin
 from confide.party.upload import PartyExchange, RoundUpload
 from confide.protect import RoundContext
@@ -82,28 +83,39 @@ def train_and_aggregate(
     slice_length, party_id = training.slice_length, job.party_id
     timings: dict[str, float] = {}
     round_started = time.perf_counter()
+    # Memory (docs/models.md): the round holds this party's change (scaled in place into its
+    # contribution) and the aggregate, each in the layout's dtype; the global vector of a large model
+    # waits on disk meanwhile (confide.party.memory). Nothing else of the model's size.
     global_vector = layout.flatten(model.get_weights())
+    held = HeldVector.of(global_vector, keep=strategy.proximal_mu > 0)
+    if held.spilled:
+        del global_vector
     config = FitConfig(
         round=round_number,
         seed=(job.seed, job.index, round_number),
         epochs=job.local_epochs,
         proximal_mu=strategy.proximal_mu,
-        global_weights=layout.unflatten(global_vector) if strategy.proximal_mu > 0 else None,
+        global_weights=_read_only(layout.unflatten(global_vector, copy=False)) if strategy.proximal_mu > 0 else None,
         dp_sgd=training.privacy.fit_dp_sgd() if training.privacy is not None else None,
     )
     started = time.perf_counter()
     fitted = model.fit(data.X, data.y, config)
     timings["train_s"] = time.perf_counter() - started
-    delta = layout.flatten(model.get_weights(), who=f"party {party_id!r} after local training") - global_vector
+    delta = layout.flatten(model.get_weights(), who=f"party {party_id!r} after local training")
+    held.subtract_from(delta)
     _check_finite(delta, layout, party_id, round_number)
     if training.membership is not None and not settled:
         participants = training.membership.settle(round_number, participants, client.message_timeout_s)
     attempt = first_attempt
+    scaled = 1.0  # what ``delta`` has been multiplied by so far (without privacy it becomes the contribution in place)
     while True:
         total = sum(float(counts[p][0]) for p in participants)
         private = training.privacy.privatize(delta, participants) if training.privacy else None
         if private is None:
-            vector, clipping = strategy.contribution(delta, float(counts[party_id][0]) / total), None
+            weight = float(counts[party_id][0]) / total
+            vector, clipping = strategy.contribution(delta, weight / scaled), None
+            if vector is delta:
+                scaled = weight
         else:
             vector, clipping = private
         context = RoundContext(
@@ -115,6 +127,7 @@ def train_and_aggregate(
             slice_length=slice_length,
             layers=layout.layers(),
             clipping=clipping,
+            dtype=vector.dtype.name,  # float64 under privacy: its noisy grid must stay exact
         )
         try:
             aggregate, attempt_timings = run_attempt(protection, exchange, client, context, vector, job.transport)
@@ -129,7 +142,7 @@ def train_and_aggregate(
                         f"left, protection.min_parties is {job.min_parties}"
                     )
                 kept = sum(float(counts[p][0]) for p in survivors)
-                aggregate = np.asarray(aggregate, dtype=np.float64) * (total / kept)
+                aggregate *= total / kept
                 log.warning("round %d: %s excluded as dropouts; their masks removed, no retry", round_number, excluded)
                 participants = survivors
             break
@@ -139,7 +152,7 @@ def train_and_aggregate(
             if job.on_dropout == "fail":
                 raise JobFailedError(f"{aborted}; on_dropout is 'fail'") from None
             if len(aborted.survivors) < job.min_parties:
-                members = _readmit(training, aborted, round_number, global_vector, attempt + 1)
+                members = _readmit(training, aborted, round_number, held, attempt + 1)
                 if members is None:
                     raise JobFailedError(
                         f"{aborted}; {len(aborted.survivors)} parties left, protection.min_parties is {job.min_parties}"
@@ -151,14 +164,18 @@ def train_and_aggregate(
             log.warning("%s; retrying round %d with %s", aborted, round_number, aborted.survivors)
             participants = list(aborted.survivors)
             attempt += 1
+    del vector, delta, private  # the contribution is summed: only the global vector and the aggregate remain
     if training.privacy is not None:
-        aggregate = training.privacy.finish(np.asarray(aggregate, dtype=np.float64), participants)
+        aggregate = training.privacy.finish(aggregate, participants)
         steps = fitted.metrics.get("dp_sgd_steps")
         context.stats["privacy"] = training.privacy.record(int(steps) if steps is not None else None)
-    new_global = strategy.apply(global_vector, np.asarray(aggregate, dtype=np.float64))
-    if not np.isfinite(new_global).all():
+    global_vector = held.load()
+    held.close()
+    new_global = strategy.apply(global_vector, np.asarray(aggregate, dtype=global_vector.dtype))
+    del aggregate
+    if not all_finite(new_global):
         raise JobFailedError(f"round {round_number}: the aggregated model is not finite (a participant diverged)")
-    model.set_weights(layout.unflatten(new_global))
+    model.set_weights(layout.unflatten(new_global, copy=False))
     iteration_seconds = time.perf_counter() - round_started
     started = time.perf_counter()
     train_loss = model.evaluate(data.X, data.y, ["loss"])["loss"]
@@ -189,7 +206,7 @@ def train_and_aggregate(
 
 
 def _readmit(
-    training: Training, aborted: RoundAbortedError, round_number: int, global_vector, attempt: int
+    training: Training, aborted: RoundAbortedError, round_number: int, held: HeldVector, attempt: int
 ) -> list[str] | None:
     """A lone survivor's retry with the dropped parties back: the members of ``attempt``, or None.
 
@@ -204,7 +221,7 @@ def _readmit(
     wait = max(60.0, job.transport.round_timeout_s)
     if not membership.await_rejoiners(round_number, aborted.dropped, needed, wait):
         return None
-    round_start = training.layout.unflatten(global_vector)
+    round_start = training.layout.unflatten(held.load())
     members = membership.open_round(
         round_number, [job.party_id], lambda: (round_start, training.strategy.state()), attempt=attempt
     )
@@ -226,12 +243,28 @@ def rejoin_peers(job: PartyContext, protection, exchange, client, model, layout:
     return admission
 
 
+#: Values checked at once by :func:`all_finite` (its boolean scratch stays small).
+_FINITE_CHUNK = 1 << 20
+
+
+def all_finite(vector: np.ndarray) -> bool:
+    """Whether every value is finite, checked a chunk at a time (no boolean copy of the model)."""
+    return all(np.isfinite(vector[i : i + _FINITE_CHUNK]).all() for i in range(0, vector.size, _FINITE_CHUNK))
+
+
+def _read_only(weights: dict) -> dict:
+    """Views of the global vector handed to a model's fit: a model must not write into them."""
+    for tensor in weights.values():
+        tensor.flags.writeable = False
+    return weights
+
+
 def _check_finite(delta: np.ndarray, layout: WeightLayout, party_id: str, round_number: int) -> None:
     """A non-finite update never leaves the party: fail naming the tensor."""
-    if np.isfinite(delta).all():
+    if all_finite(delta):
         return
     for tensor, (start, stop) in zip(layout.tensors, layout.segments(), strict=True):
-        if not np.isfinite(delta[start:stop]).all():
+        if not all_finite(delta[start:stop]):
             raise JobFailedError(
                 f"party {party_id!r}, round {round_number}: local training gave a non-finite update in weight "
                 f"{tensor.name!r} (diverged; lower model.learning_rate); nothing was sent"
@@ -247,8 +280,12 @@ def agree_on_model(protection, party_id: str, parties: list[str], model, layout:
     peer protection in 32 MiB pieces, so every party starts from one model.
     """
     peers = [p for p in parties if p != party_id]
-    initial = layout.flatten(model.get_weights())
-    mine = {"layout": layout.to_dict(), "weights": hashlib.sha256(initial.tobytes()).hexdigest()}
+    weights = model.get_weights()
+    digest = hashlib.sha256()  # of the flat vector's bytes, a tensor at a time (no flat copy unless sent)
+    for tensor in layout.tensors:
+        digest.update(np.ascontiguousarray(weights[tensor.name], dtype=layout.dtype).ravel().data)
+    del weights
+    mine = {"layout": layout.to_dict(), "weights": digest.hexdigest()}
     protection.share(0, "model", json.dumps(mine).encode(), peers)
     digests = {party_id: mine["weights"]}
     for peer in peers:
@@ -261,14 +298,14 @@ def agree_on_model(protection, party_id: str, parties: list[str], model, layout:
     if not distribute or len(set(digests.values())) == 1:
         return
     piece = 32 * 1024 * 1024
-    pieces = max(1, -(-initial.nbytes // piece))
+    pieces = max(1, -(-layout.size * layout.dtype.itemsize // piece))
     if party_id == leader:
-        data = initial.tobytes()
+        data = layout.flatten(model.get_weights()).tobytes()
         for i in range(pieces):
             protection.share(0, f"initial/{i}", data[i * piece : (i + 1) * piece], peers)
         return
     data = b"".join(protection.collect(0, f"initial/{i}", leader) for i in range(pieces))
-    model.set_weights(layout.unflatten(np.frombuffer(data, dtype=np.float64)))
+    model.set_weights(layout.unflatten(np.frombuffer(data, dtype=layout.dtype)))
     log.info("initial weights differ between parties: starting from %s's", leader)
 
 
@@ -331,7 +368,9 @@ def run_attempt(
             span[0], span[1] = min(span[0], began), max(span[1], ended)
         return pb.Slice(index=index, n_valid=stop - start, payload=payload)
 
-    upload = RoundUpload(client, header, produce, context.num_slices, transport, HOOKS)
+    upload = RoundUpload(
+        client, header, produce, context.num_slices, transport, HOOKS, retain_all=not protection.reencodable
+    )
     client.watch_round(context.round, context.attempt)
     exchange.upload = upload
     exchange.header_key = protection.header_key()
@@ -346,7 +385,9 @@ def run_attempt(
         began = time.perf_counter()
 
         def result(index: int) -> pb.Slice:
-            combined = exchange.wait((client.job_id, context.round, f"agg/{context.attempt}/{index}", AGGREGATOR))
+            # Taken out of the pool: a round never holds the whole aggregate as received slices.
+            key = (client.job_id, context.round, f"agg/{context.attempt}/{index}", AGGREGATOR)
+            combined = exchange.wait(key, pop=True)
             if index == 0:
                 HOOKS.round_summed(context.round)
             return combined

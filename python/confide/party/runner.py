@@ -61,6 +61,7 @@ from confide.party.checkpointing import (
 )
 from confide.party.context import PartyContext
 from confide.party.data import PARTITIONED_MODELS, close_compute, load_party_data
+from confide.party.memory import check_memory_limit
 from confide.party.rejoin import Membership
 from confide.party.rounds import (
     HOOKS,
@@ -177,6 +178,8 @@ def run_party(
             model = DataParallel(model, recipe)
         model.build(data.example_shape, data.classes)
         layout = WeightLayout.of(model.get_weights())
+        if spec.model.memory_limit_mb is not None:
+            check_memory_limit(party_id, layout.size, layout.nbytes, spec.model.memory_limit_mb)
         stage = "privacy"
         privacy = None
         if spec.privacy is not None:
@@ -309,10 +312,11 @@ def run_party(
                 vector_length=share.size,
                 slice_length=slice_length,
                 layers=layout.layers(),
+                dtype=share.dtype.name,
             )
             aggregate, _ = run_attempt(protection, exchange, client, context, share, spec.transport)
             if party_id in joining:
-                model.set_weights(layout.unflatten(np.asarray(aggregate, dtype=np.float64)))
+                model.set_weights(layout.unflatten(aggregate))
             report.bootstrap = {"round": resume_round, "joining": joining, "holders": holders}
         training = Training(
             job,
@@ -360,8 +364,7 @@ def run_party(
         report.protection = protection.report()
         if privacy is not None:
             report.protection["privacy"] = privacy.report()
-        final = layout.flatten(model.get_weights())
-        report.weights = final.tolist() if final.size <= MAX_WEIGHTS_IN_REPORT else None
+        report.weights = layout.flatten(model.get_weights()).tolist() if layout.size <= MAX_WEIGHTS_IN_REPORT else None
         save_model(workdir / f"{party_id}.model.npz", model, layout, spec)
         last = report.rounds[-1] if report.rounds else None
         metrics = {

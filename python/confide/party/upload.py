@@ -26,6 +26,9 @@ from confide.v1 import runtime_pb2 as pb
 __all__ = ["PartyExchange", "RoundUpload", "encode_workers"]
 
 log = logging.getLogger("confide.party")
+#: Bytes of produced slices an upload keeps for a re-upload after a reconnect; slices past them are
+#: produced again (a model's upload never holds a second copy of the model).
+RETAIN_BYTES = 8 * 1024 * 1024
 
 
 class RoundUpload:
@@ -39,15 +42,25 @@ class RoundUpload:
         count: int,
         transport: TransportSpec,
         hooks: PartyHooks | None = None,
+        *,
+        retain_all: bool = False,
     ) -> None:
+        """An upload of ``count`` slices from ``produce(index)`` under ``header``.
+
+        ``retain_all``: keep every slice for a re-upload, for a mode whose slices must not be
+        produced twice (``threshold`` decrypts against the very ciphertexts it sent).
+        """
         self._client = client
         self._hooks = hooks or PartyHooks()  # the party process's observers (confide.hooks)
         self._header = header
         self._produce = produce
         self._count = count
         self._transport = transport
-        #: Slices produced so far, ``_cache[i].index == i``: a retried stream sends these again.
+        #: The first slices produced, ``_cache[i].index == i``, up to :data:`RETAIN_BYTES` (all of them
+        #: with ``retain_all``): a retried stream sends these again and produces the rest anew.
         self._cache: list[pb.Slice] = []
+        self._cache_bytes = 0
+        self._retain_bytes = None if retain_all else RETAIN_BYTES
         #: Which push stream owns ``_cache`` (the newest); guarded by ``_lock``.
         self._generation = 0
         self._lock = threading.Lock()
@@ -124,12 +137,18 @@ class RoundUpload:
             workers=encode_workers(transport.pipeline),
         )
         pipeline.append(paced)
+        done = 0
         try:
             for item in paced:
                 with self._lock:
                     if generation != self._generation:
                         return
-                    self._cache.append(item)
+                    if len(self._cache) == start + done and (
+                        self._retain_bytes is None or self._cache_bytes < self._retain_bytes
+                    ):
+                        self._cache.append(item)
+                        self._cache_bytes += len(item.payload)
+                done += 1
                 yield item
         finally:
             paced.close()  # a superseded or abandoned stream stops its producers now
@@ -188,8 +207,8 @@ class PartyExchange:
         """Free relayed messages every party is done with (here, in the relay, and in the re-send cache)."""
         self.client.release(round_number, prefix)
 
-    def wait(self, key: tuple, timeout: float | None = None):
-        """Wait for a pooled message, re-uploading after a reconnect."""
+    def wait(self, key: tuple, timeout: float | None = None, *, pop: bool = False):
+        """Wait for a pooled message, re-uploading after a reconnect; ``pop`` takes it out of the pool."""
         timeout = self.client.message_timeout_s if timeout is None else timeout
         deadline = time.monotonic() + timeout
         started = time.perf_counter()
@@ -216,7 +235,7 @@ class PartyExchange:
                 if remaining <= 0:
                     raise MessageTimeoutError(f"no message {key!r} within {timeout:g} s")
                 try:
-                    return self.client.wait(key, min(1.0, remaining))
+                    return self.client.wait(key, min(1.0, remaining), pop=pop)
                 except MessageTimeoutError:
                     continue
         finally:

@@ -21,10 +21,18 @@ from confide.crypto.identity import Identity
 from confide.errors import ProtocolError
 from confide.v1 import runtime_pb2 as pb
 
-__all__ = ["Exchange", "Protection", "ProtectionParams", "RoundContext", "SETUP_ROUND"]
+__all__ = ["Exchange", "Protection", "ProtectionParams", "RoundContext", "SETUP_ROUND", "chunks"]
 
 #: Round number of job-level setup messages (training rounds count from 1).
 SETUP_ROUND = 0
+#: Values a whole-vector statistic looks at once (its temporaries stay a few MB, whatever the model).
+CHUNK = 1 << 20
+
+
+def chunks(vector: np.ndarray, size: int = CHUNK):
+    """Consecutive views of ``vector`` of at most ``size`` values."""
+    for start in range(0, vector.size, size):
+        yield vector[start : start + size]
 
 
 class Exchange(Protocol):
@@ -118,6 +126,13 @@ class RoundContext:
     #: leak each party's extremes. Modes that clip (``paillier``, ``threshold``) use it instead of
     #: exchanging ranges; the others ignore it. None: the mode picks its own.
     clipping: float | None = None
+    #: The dtype of the vector and of the aggregate ``finish_round`` returns: the model's
+    #: (float32, or float64 where a tensor is), so no round holds a wider copy of the model.
+    dtype: str = "float64"
+
+    def output(self) -> np.ndarray:
+        """An empty aggregate vector in :attr:`dtype`, which ``finish_round`` fills slice by slice."""
+        return np.empty(self.vector_length, dtype=self.dtype)
 
     @property
     def position(self) -> int:
@@ -160,6 +175,10 @@ class Protection(ABC):
     #: Whether a restarted party can take its place again: everything it held can be handed back
     #: to it by a peer (not so for a threshold key share, which dies with its process).
     rejoinable: ClassVar[bool] = True
+    #: Whether a slice may be encoded again for a re-upload (same values, fresh randomness is
+    #: fine): the upload then keeps only its first slices. ``threshold`` decrypts against the
+    #: ciphertexts it sent, so it keeps them all.
+    reencodable: ClassVar[bool] = True
 
     def __init__(self, exchange: Exchange, params: ProtectionParams) -> None:
         self.exchange = exchange
@@ -207,7 +226,7 @@ class Protection(ABC):
 
     @abstractmethod
     def finish_round(self, context: RoundContext, result: Callable[[int], pb.Slice]) -> np.ndarray:
-        """Float64 aggregate from the combined slices (``result(i)`` waits for slice i)."""
+        """The aggregate (in ``context.dtype``) from the combined slices (``result(i)`` waits for slice i)."""
 
     def report(self) -> dict:
         """What ran, for the job report."""

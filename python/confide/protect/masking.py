@@ -36,7 +36,7 @@ import numpy as np
 from confide._checks import require
 from confide.crypto.fixedpoint import FixedPoint
 from confide.errors import ProtocolError
-from confide.protect.base import SETUP_ROUND, Protection, RoundContext
+from confide.protect.base import SETUP_ROUND, Protection, RoundContext, chunks
 from confide.protect.keys import GroupCipher, PeerKeys, decode_fields, encode_fields, prg_words, round_key
 from confide.protect.recovery import RoundRecovery, default_threshold, neighbour_graph
 from confide.v1 import runtime_pb2 as pb
@@ -56,12 +56,13 @@ class _Masking(Protection):
         if self.params.mask_bound is not None:
             bound = self.params.mask_bound
         else:
-            local = float(np.max(np.abs(vector))) if vector.size else 0.0
+            local = max((float(np.max(np.abs(part))) for part in chunks(vector)), default=0.0)
             values = self.exchange_values(context.round, context.tag("bound"), [local], context.peers)
             bound = max(float(v[0]) for v in values.values())
         self._fixed = FixedPoint(bound, len(context.participants))
         context.stats["fraction_bits"] = self._fixed.fraction_bits
-        context.stats["clipped"] = int(np.count_nonzero(np.abs(vector) > self._fixed.bound))
+        bound = self._fixed.bound
+        context.stats["clipped"] = sum(int(np.count_nonzero(np.abs(part) > bound)) for part in chunks(vector))
 
     def _encode_words(self, values: np.ndarray) -> np.ndarray:
         require(self._fixed, "begin_round first")
@@ -162,7 +163,7 @@ class SecAgg(_Masking):
 
     def finish_round(self, context: RoundContext, result: Callable[[int], pb.Slice]) -> np.ndarray:
         """The pairwise masks cancelled at the aggregator (with recovery: remove what is left); decode the sum."""
-        out = np.empty(context.vector_length, dtype=np.float64)
+        out = context.output()
         unmask: list[tuple[int, bytes]] = []
         if self._recovery is not None:
             first = result(0)  # no slice completes before the aggregator has settled who is excluded
@@ -250,7 +251,7 @@ class GroupMask(GroupShared, _Masking):
         """Remove R from each combined slice and decode."""
         require(self._pads, "begin_round first")
         total = self._pads[2]
-        out = np.empty(context.vector_length, dtype=np.float64)
+        out = context.output()
         for index in range(context.num_slices):
             start, stop = context.bounds(index)
             words = np.frombuffer(result(index).payload, dtype="<u4") - prg_words(total, index, stop - start)

@@ -236,7 +236,7 @@ class PaillierProtection(GroupShared, Protection):
         finally:
             # A failed round (aborted, peer cheating) does not wait for the pieces still being sent.
             sender.shutdown(wait=False, cancel_futures=True)
-        out = np.empty(context.vector_length, dtype=np.float64)
+        out = context.output()
         for index in range(context.num_slices):
             start, stop = context.bounds(index)
             if parts[index].size != stop - start:

@@ -33,7 +33,7 @@ class Plain(Protection):
 
     def finish_round(self, context: RoundContext, result: Callable[[int], pb.Slice]) -> np.ndarray:
         """Concatenate the summed slices."""
-        out = np.empty(context.vector_length, dtype=np.float64)
+        out = context.output()
         for index in range(context.num_slices):
             start, stop = context.bounds(index)
             out[start:stop] = np.frombuffer(result(index).payload, dtype="<f4")

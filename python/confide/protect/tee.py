@@ -146,7 +146,7 @@ class TeeProtection(GroupShared, Protection):
     def finish_round(self, context: RoundContext, result: Callable[[int], pb.Slice]) -> np.ndarray:
         """Open every combined slice."""
         require(self._aead, "setup first")
-        out = np.empty(context.vector_length, dtype=np.float64)
+        out = context.output()
         for index in range(context.num_slices):
             start, stop = context.bounds(index)
             aad = slice_aad(self.exchange.job_id, context.round, context.attempt, RESULT_POSITION, index)

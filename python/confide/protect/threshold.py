@@ -99,6 +99,7 @@ class ThresholdProtection(PaillierProtection):
     aggregator_sees = "nothing: Paillier ciphertexts and the public key; the secret key exists only as shares"
     #: A key share lives only in its party's process: no peer can hand it back.
     rejoinable = False
+    reencodable = False  # finish_round decrypts against the very ciphertexts this party sent
 
     def __init__(self, exchange, params, fetch=None):
         super().__init__(exchange, params, fetch=None)

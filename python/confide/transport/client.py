@@ -724,11 +724,13 @@ class AggregatorClient:
         except MessageTimeoutError:
             return
 
-    def wait(self, key: tuple, timeout: float | None = None):
-        """The pooled message under ``key``, honouring the watched round's abort."""
+    def wait(self, key: tuple, timeout: float | None = None, *, pop: bool = False):
+        """The pooled message under ``key``, honouring the watched round's abort; ``pop`` takes it out."""
         self._raise_fatal()
         try:
-            return self.pool.get(key, self.message_timeout_s if timeout is None else timeout, interrupt=self._interrupt)
+            return self.pool.get(
+                key, self.message_timeout_s if timeout is None else timeout, pop=pop, interrupt=self._interrupt
+            )
         except Interrupted as interrupted:
             control = interrupted.value
             raise RoundAbortedError(

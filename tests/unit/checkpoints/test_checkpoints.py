@@ -146,6 +146,16 @@ def test_write_checkpoint_refuses_bad_files_before_writing(tmp_path, files):
     assert leftovers(tmp_path) == []
 
 
+def test_a_streamed_file_gets_the_manifest_its_bytes_would(tmp_path):
+    streamed = {name: (lambda file, data=data: file.write(data)) for name, data in FILES.items()}
+    leaves = write_checkpoint(tmp_path / "round-000002", streamed)
+    assert leaves == write_checkpoint(tmp_path / "round-000003", FILES)
+    assert leaves == manifest(tmp_path / "round-000002")
+    verify(tmp_path / "round-000002", leaves)
+    with pytest.raises(InvalidParameterError, match=r"files\['x'\] must be bytes or a function writing a file"):
+        write_checkpoint(tmp_path / "round-000004", {"x": 3})
+
+
 def test_failed_write_leaves_no_partial_directory(tmp_path, monkeypatch):
     real_write = checkpoints._write_file
     calls = []
@@ -154,7 +164,7 @@ def test_failed_write_leaves_no_partial_directory(tmp_path, monkeypatch):
         calls.append(path)
         if len(calls) == 2:
             raise OSError(28, "No space left on device")
-        real_write(path, data)
+        return real_write(path, data)
 
     monkeypatch.setattr(checkpoints, "_write_file", failing_write)
     with pytest.raises(CheckpointError, match="No space left"):

@@ -71,7 +71,7 @@ def test_fedadam_follows_reddi_et_al_and_its_state_resumes_exactly():
         if i == 0:
             resumed = make_strategy("fedadam", server_learning_rate=0.1, beta1=0.9, beta2=0.99, tau=1e-3)
             resumed.load_state(strategy.state())
-            resumed_out = out
+            resumed_out = out.copy()  # apply works in place on the global weights
     for step in steps[1:]:
         resumed_out = resumed.apply(resumed_out, step)
     np.testing.assert_allclose(out, expected, rtol=1e-12)

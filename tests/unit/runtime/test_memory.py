@@ -1,0 +1,46 @@
+"""The global vector a round holds: in memory for a small model, on disk for a large one."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from confide.errors import InvalidParameterError
+from confide.party import memory
+from confide.party.memory import HeldVector, check_memory_limit, resident_bytes
+
+
+def test_a_large_global_vector_waits_on_disk_and_comes_back_exactly(monkeypatch):
+    monkeypatch.setattr(memory, "_CHUNK", 1000)  # several chunks
+    rng = np.random.default_rng(5)
+    global_vector = rng.standard_normal(4321).astype(np.float32)
+    local = global_vector + rng.standard_normal(4321).astype(np.float32)
+    held = HeldVector(global_vector.copy(), spill=True)
+    assert held.spilled
+    delta = local.copy()
+    held.subtract_from(delta)
+    np.testing.assert_array_equal(delta, local - global_vector)
+    np.testing.assert_array_equal(held.load(), global_vector)
+    assert held.load().dtype == np.float32
+    held.close()
+
+
+def test_only_large_vectors_spill_and_fedprox_keeps_them():
+    small = np.zeros(10, dtype=np.float32)
+    assert not HeldVector.of(small).spilled
+    assert HeldVector.of(small).load() is small
+    large = np.zeros(memory.SPILL_BYTES // 4, dtype=np.float32)
+    assert HeldVector.of(large).spilled
+    assert not HeldVector.of(large, keep=True).spilled
+
+
+def test_a_model_whose_rounds_would_pass_the_memory_limit_is_refused_with_the_numbers():
+    check_memory_limit("hospital-a", 25_000_000, 100 * 2**20, limit_mb=1024, resident=500 * 2**20)  # 800 MiB: fits
+    with pytest.raises(
+        InvalidParameterError,
+        match=r"party 'hospital-a': the model's 25,000,000 values \(100 MiB\) need about 1,100 MiB here \(this "
+        r"process holds 800 MiB with the model built, and a round adds up to 3x the model's bytes\), past "
+        r"model.memory_limit_mb 1024",
+    ):
+        check_memory_limit("hospital-a", 25_000_000, 100 * 2**20, limit_mb=1024, resident=800 * 2**20)
+    assert resident_bytes() > 0
