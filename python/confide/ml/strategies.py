@@ -49,6 +49,9 @@ class Strategy:
 
     #: FedProx's mu (0: no proximal term in the local fit).
     proximal_mu: float = 0.0
+    #: Whether :meth:`apply` is ``global += aggregate``: the round loop may then add a large
+    #: aggregate a chunk at a time from disk instead of calling it.
+    adds_aggregate: ClassVar[bool] = True
 
     def contribution(self, delta: np.ndarray, weight: float) -> np.ndarray:
         """What this party protects and sends: its change weighted by ``n_k / N``, scaled in place.
@@ -104,6 +107,7 @@ class FedAdam(Strategy):
     """Adam applied to the weighted mean change, identically at every party (a server-side optimizer)."""
 
     name = "fedadam"
+    adds_aggregate = False
 
     def __init__(
         self, server_learning_rate: float = 0.01, beta1: float = 0.9, beta2: float = 0.99, tau: float = 1e-3

@@ -15,6 +15,7 @@ memory.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import tempfile
 import weakref
@@ -23,7 +24,15 @@ import numpy as np
 
 from confide.errors import InvalidParameterError
 
-__all__ = ["ROUND_FACTOR", "SPILL_BYTES", "HeldVector", "check_memory_limit", "resident_bytes"]
+__all__ = [
+    "ROUND_FACTOR",
+    "SPILL_BYTES",
+    "HeldVector",
+    "SpilledAggregate",
+    "check_memory_limit",
+    "release_freed_memory",
+    "resident_bytes",
+]
 
 #: Global vectors of at least this many bytes wait on disk during a round.
 SPILL_BYTES = 64 * 1024 * 1024
@@ -32,6 +41,26 @@ _CHUNK = 1 << 20
 #: What a round may add to a party's process, in model sizes (docs/models.md: about 2, and 3 as
 #: the bound a memory limit is checked against).
 ROUND_FACTOR = 3
+
+
+def release_freed_memory() -> None:
+    """Hand freed heap memory back to the system (glibc's ``malloc_trim``; nothing elsewhere).
+
+    A round frees thousands of slice-sized buffers, many from the upload's threads' arenas;
+    glibc keeps them for reuse, so without this a party's resident set carries about a model's
+    size of freed slices into the next round.
+    """
+    global _TRIM
+    if _TRIM is None:
+        try:
+            _TRIM = ctypes.CDLL("libc.so.6").malloc_trim
+        except (OSError, AttributeError):
+            _TRIM = False
+    if _TRIM:
+        _TRIM(0)
+
+
+_TRIM = None
 
 
 def resident_bytes(*, peak: bool = False) -> int:
@@ -64,6 +93,30 @@ def check_memory_limit(
         )
 
 
+def _unnamed_file(owner: object) -> tuple[int, weakref.finalize]:
+    """A descriptor of an unnamed temporary file, closed when ``owner`` goes (or the process dies)."""
+    descriptor, name = tempfile.mkstemp(prefix="confide-round-")
+    os.unlink(name)
+    return descriptor, weakref.finalize(owner, os.close, descriptor)
+
+
+def _pwrite_all(descriptor: int, values: np.ndarray, position: int) -> None:
+    view = memoryview(np.ascontiguousarray(values)).cast("B")
+    offset = 0
+    while offset < len(view):
+        offset += os.pwrite(descriptor, view[offset:], position + offset)
+
+
+def _pread_into(descriptor: int, out: np.ndarray, position: int) -> None:
+    view = memoryview(out).cast("B")
+    offset = 0
+    while offset < len(view):
+        read = os.preadv(descriptor, [view[offset:]], position + offset)
+        if read <= 0:
+            raise OSError(f"a round's temporary file ended after {position + offset} bytes")
+        offset += read
+
+
 class HeldVector:
     """The round-start global vector: in memory, or in a temporary file for a large model."""
 
@@ -72,14 +125,8 @@ class HeldVector:
         self._vector: np.ndarray | None = None
         self._fd: int | None = None
         if spill:
-            descriptor, name = tempfile.mkstemp(prefix="confide-global-")
-            os.unlink(name)  # unnamed: the system frees it when the descriptor closes, or the process dies
-            self._fd = descriptor
-            self._closer = weakref.finalize(self, os.close, descriptor)
-            view = memoryview(np.ascontiguousarray(vector)).cast("B")
-            offset = 0
-            while offset < len(view):
-                offset += os.pwrite(descriptor, view[offset:], offset)
+            self._fd, self._closer = _unnamed_file(self)
+            _pwrite_all(self._fd, vector, 0)
         else:
             self._vector = vector
 
@@ -94,13 +141,7 @@ class HeldVector:
         return self._fd is not None
 
     def _read_into(self, out: np.ndarray, start: int) -> None:
-        view = memoryview(out).cast("B")
-        offset, position = 0, start * self.dtype.itemsize
-        while offset < len(view):
-            read = os.preadv(self._fd, [view[offset:]], position + offset)
-            if read <= 0:
-                raise OSError(f"the held global vector ended after {position + offset} bytes")
-            offset += read
+        _pread_into(self._fd, out, start * self.dtype.itemsize)
 
     def subtract_from(self, out: np.ndarray) -> None:
         """``out -= global``, a chunk at a time from disk."""
@@ -127,3 +168,57 @@ class HeldVector:
             self._closer()
             self._fd = None
         self._vector = None
+
+
+class SpilledAggregate:
+    """A round's aggregate written to an unnamed file slice by slice, as ``finish_round`` decodes it.
+
+    It takes the assignments and the in-place scaling a mode's ``finish_round`` makes of the
+    vector ``RoundContext.output()`` gives it; the round loop then adds it into the global
+    vector a chunk at a time (:meth:`add_into`), so a large model's aggregate never sits in
+    memory beside the contribution.
+    """
+
+    def __init__(self, size: int, dtype) -> None:
+        self.size, self.dtype = size, np.dtype(dtype)
+        self.shape = (size,)
+        self._fd, self._closer = _unnamed_file(self)
+        os.ftruncate(self._fd, size * self.dtype.itemsize)
+
+    def __setitem__(self, key: slice, values) -> None:
+        start, stop, step = key.indices(self.size)
+        if step != 1:
+            raise ValueError("a spilled aggregate takes contiguous slices")
+        values = np.asarray(values, dtype=self.dtype).ravel()
+        if values.size != stop - start:
+            raise ValueError(f"{values.size} values for positions {start}:{stop}")
+        _pwrite_all(self._fd, values, start * self.dtype.itemsize)
+
+    def _chunks(self):
+        chunk = np.empty(min(_CHUNK, self.size), dtype=self.dtype)
+        for start in range(0, self.size, _CHUNK):
+            part = chunk[: min(_CHUNK, self.size - start)]
+            _pread_into(self._fd, part, start * self.dtype.itemsize)
+            yield start, part
+
+    def __imul__(self, factor):
+        factor = np.asarray(factor)
+        for start, part in self._chunks():
+            part *= factor if factor.ndim == 0 else factor[start : start + part.size]
+            _pwrite_all(self._fd, part, start * self.dtype.itemsize)
+        return self
+
+    def add_into(self, out: np.ndarray) -> None:
+        """``out += aggregate``, a chunk at a time."""
+        for start, part in self._chunks():
+            out[start : start + part.size] += part
+
+    def load(self) -> np.ndarray:
+        """The whole aggregate in memory (privacy, or a strategy that needs all of it)."""
+        out = np.empty(self.size, dtype=self.dtype)
+        _pread_into(self._fd, out, 0)
+        return out
+
+    def close(self) -> None:
+        """Free the file."""
+        self._closer()

@@ -26,7 +26,7 @@ from confide.hooks import load_hooks
 from confide.ml import FitConfig, WeightLayout
 from confide.party.context import PartyContext
 from confide.party.data import PartyData
-from confide.party.memory import HeldVector
+from confide.party.memory import HeldVector, SpilledAggregate, release_freed_memory
 from confide.party.rejoin import Membership, request_rejoin
 from confide.party.upload import PartyExchange, RoundUpload
 from confide.protect import RoundContext
@@ -128,6 +128,8 @@ def train_and_aggregate(
             layers=layout.layers(),
             clipping=clipping,
             dtype=vector.dtype.name,  # float64 under privacy: its noisy grid must stay exact
+            # A large model's aggregate goes to disk as it is decoded (privacy reads it whole anyway).
+            output_factory=SpilledAggregate if held.spilled and training.privacy is None else None,
         )
         try:
             aggregate, attempt_timings = run_attempt(protection, exchange, client, context, vector, job.transport)
@@ -171,8 +173,17 @@ def train_and_aggregate(
         context.stats["privacy"] = training.privacy.record(int(steps) if steps is not None else None)
     global_vector = held.load()
     held.close()
-    new_global = strategy.apply(global_vector, np.asarray(aggregate, dtype=global_vector.dtype))
+    if isinstance(aggregate, SpilledAggregate):
+        if strategy.adds_aggregate:
+            aggregate.add_into(global_vector)  # a chunk at a time: the aggregate never sits in memory
+            new_global = global_vector
+        else:
+            new_global = strategy.apply(global_vector, aggregate.load())
+        aggregate.close()
+    else:
+        new_global = strategy.apply(global_vector, np.asarray(aggregate, dtype=global_vector.dtype))
     del aggregate
+    release_freed_memory()  # the round's slices: freed, but held by the allocator until trimmed
     if not all_finite(new_global):
         raise JobFailedError(f"round {round_number}: the aggregated model is not finite (a participant diverged)")
     model.set_weights(layout.unflatten(new_global, copy=False))

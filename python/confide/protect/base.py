@@ -129,9 +129,15 @@ class RoundContext:
     #: The dtype of the vector and of the aggregate ``finish_round`` returns: the model's
     #: (float32, or float64 where a tensor is), so no round holds a wider copy of the model.
     dtype: str = "float64"
+    #: Makes the aggregate ``finish_round`` fills, from (length, dtype); None: a numpy array. The
+    #: party's round loop gives a file-backed one for a large model (it takes slice assignments
+    #: and in-place scaling, all a mode does with it).
+    output_factory: Callable[[int, str], np.ndarray] | None = None
 
     def output(self) -> np.ndarray:
         """An empty aggregate vector in :attr:`dtype`, which ``finish_round`` fills slice by slice."""
+        if self.output_factory is not None:
+            return self.output_factory(self.vector_length, self.dtype)
         return np.empty(self.vector_length, dtype=self.dtype)
 
     @property

@@ -7,7 +7,7 @@ import pytest
 
 from confide.errors import InvalidParameterError
 from confide.party import memory
-from confide.party.memory import HeldVector, check_memory_limit, resident_bytes
+from confide.party.memory import HeldVector, SpilledAggregate, check_memory_limit, resident_bytes
 
 
 def test_a_large_global_vector_waits_on_disk_and_comes_back_exactly(monkeypatch):
@@ -44,3 +44,23 @@ def test_a_model_whose_rounds_would_pass_the_memory_limit_is_refused_with_the_nu
     ):
         check_memory_limit("hospital-a", 25_000_000, 100 * 2**20, limit_mb=1024, resident=800 * 2**20)
     assert resident_bytes() > 0
+
+
+def test_a_spilled_aggregate_takes_what_a_mode_does_with_its_output(monkeypatch):
+    monkeypatch.setattr(memory, "_CHUNK", 700)
+    rng = np.random.default_rng(9)
+    expected = rng.standard_normal(2500).astype(np.float32)
+    scale = rng.uniform(0.5, 2.0, 2500)
+    aggregate = SpilledAggregate(2500, "float32")
+    for start in range(0, 2500, 1000):  # slices, as finish_round assigns them
+        aggregate[start : start + 1000] = expected[start : start + 1000]
+    aggregate *= scale  # paillier's per-value scale
+    aggregate *= 0.5  # a rescale after exclusions
+    expected = (expected * scale).astype(np.float32) * np.float32(0.5)
+    np.testing.assert_allclose(aggregate.load(), expected, rtol=1e-6)
+    global_vector = np.ones(2500, dtype=np.float32)
+    aggregate.add_into(global_vector)
+    np.testing.assert_allclose(global_vector, 1 + expected, rtol=1e-6)
+    with pytest.raises(ValueError, match="3 values for positions 0:4"):
+        aggregate[0:4] = [1, 2, 3]
+    aggregate.close()
