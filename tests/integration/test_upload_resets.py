@@ -117,9 +117,22 @@ def upload_of(federation: Federation) -> tuple[PartyExchange, RoundUpload]:
     return exchange, upload
 
 
-def party_b_pushes(federation: Federation) -> None:
+def party_b_pushes(federation: Federation):
+    """Party b pushes every slice in a thread; returns a wait for that push (True once it is accepted).
+
+    A test resets or hangs party a's connection only after b's push is in: cut too, b (a bare client
+    without the party's retries) would never send the rest, and a slow machine made that likely.
+    """
     slices = [slice_of(i) for i in range(SLICES)]
-    threading.Thread(target=federation.b.push, args=(header("party-b"), slices), daemon=True).start()
+    replies: list = []
+    thread = threading.Thread(target=lambda: replies.append(federation.b.push(header("party-b"), slices)), daemon=True)
+    thread.start()
+
+    def pushed(timeout: float = 30.0) -> bool:
+        thread.join(timeout)
+        return bool(replies)
+
+    return pushed
 
 
 def every_result(exchange: PartyExchange, timeout: float) -> float:
@@ -149,8 +162,9 @@ def test_an_upload_reset_while_it_waits_for_the_scale_still_sends_every_slice(fe
         assert until(lambda accepted=accepted: federation.data.accepted > accepted and federation.a_is_streaming())
         time.sleep(0.3)  # the retried stream's request iterator is waiting for release too
     upload.release()
-    party_b_pushes(federation)
+    b_pushed = party_b_pushes(federation)
     assert until(lambda: len({item.index for item in list(upload._cache)}) > SLICES // 3)
+    assert b_pushed()
     federation.data.reset()  # mid-upload: the retry resends the cache and produces the rest
     federation.control.reset()
 
@@ -165,8 +179,9 @@ def test_a_half_open_upload_moves_to_a_fresh_connection_once_the_party_reconnect
     exchange, upload = upload_of(federation)
     upload.start()
     upload.release()
-    party_b_pushes(federation)
+    b_pushed = party_b_pushes(federation)
     assert until(lambda: len(upload._cache) > SLICES // 3)
+    assert b_pushed()
     assert federation.data.hang() == 1
     federation.control.reset()
 
@@ -181,8 +196,9 @@ def test_a_half_open_data_connection_alone_is_found_by_the_keepalive(federation)
     exchange, upload = upload_of(federation)
     upload.start()
     upload.release()
-    party_b_pushes(federation)
+    b_pushed = party_b_pushes(federation)
     assert until(lambda: len(upload._cache) > SLICES // 3)
+    assert b_pushed()
     assert federation.data.hang() == 1
 
     # Keepalive time 2 s and ping timeout 10 s: found within about 12 s (gRPC's own default: 60 s).

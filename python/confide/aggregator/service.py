@@ -29,6 +29,8 @@ from confide.v1 import runtime_pb2_grpc as rpc
 __all__ = ["AggregationServicer", "AggregatorConfig", "AggregatorCore", "NativeDataPath", "RelayServicer", "serve"]
 
 log = logging.getLogger("confide.aggregator")
+#: Ended data-path streams remembered for completions their last batch reports late.
+_ENDED_KEPT = 1024
 Observer = Callable[[str, str, object], None]
 
 
@@ -45,6 +47,8 @@ class NativeDataPath:
     def __init__(self, core: AggregatorCore) -> None:
         self._core = core
         self._streams: dict[int, tuple[str, RoundState]] = {}
+        #: Streams that ended, newest last, for completions reported after the end (:meth:`ended`).
+        self._ended: dict[int, tuple[str, RoundState]] = {}
         self._tokens = itertools.count(1)
         self._lock = threading.Lock()
         self.observing = core.observer is not None
@@ -70,7 +74,10 @@ class NativeDataPath:
 
     def _stream(self, token: int) -> tuple[str, RoundState]:
         with self._lock:
-            return self._streams[token]
+            found = self._streams.get(token) or self._ended.get(token)
+        if found is None:
+            raise ProtocolError(f"data path stream {token} is unknown")
+        return found
 
     def observe(self, token: int, raw: bytes) -> None:
         """Hand the slices of a received message to the observer."""
@@ -102,6 +109,11 @@ class NativeDataPath:
         """The stream ended; whether the round attempt (share) is complete."""
         with self._lock:
             party, state = self._streams.pop(token)
+            # A batch the data plane is still folding may report what it completed after its stream
+            # was cut (the party's connection reset): those slices must still be booked and delivered.
+            self._ended[token] = (party, state)
+            while len(self._ended) > _ENDED_KEPT:
+                self._ended.pop(next(iter(self._ended)))
         self._core.stream_ended(party, state)
         return state.status == "complete"
 

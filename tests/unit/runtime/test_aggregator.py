@@ -288,6 +288,26 @@ def _recover_header(party: str, participants=PARTIES) -> pb.RoundHeader:
     return header(kind=UINT, mode="secagg", recover_dropouts=True, party_id=party, participants=participants)
 
 
+def test_slices_a_batch_completes_after_its_stream_was_cut_are_still_delivered(tmp_path):
+    """The Rust data path may report a batch's completions after the stream ended (the party's
+    connection reset while the batch was folding): they were dropped, and the round waited for
+    ever for slices every party had sent (seen under CPU load in test_upload_resets.py)."""
+    from confide.aggregator.service import NativeDataPath
+
+    core = _core(tmp_path)
+    try:
+        state = core.open_round(header(kind=UINT, mode="secagg"))
+        path = NativeDataPath(core)
+        path._streams[7] = ("a", state)
+        path.ended(7)
+        payload = np.full(4, 9, dtype="<u4").tobytes()
+        path.folded(7, [(0, payload)])
+        assert state.done[0] == payload
+        assert [d.aggregate.slice.payload for d in _box(core, "b")] == [payload]
+    finally:
+        core.close()
+
+
 def test_excluding_a_silent_party_tells_everyone_before_the_slices_it_completes(tmp_path):
     core = _core(tmp_path)
     try:
