@@ -187,12 +187,20 @@ class WeightLayout:
             previous = key
         return out
 
-    def flatten(self, weights: Mapping[str, np.ndarray], *, who: str = "model", dtype=None) -> np.ndarray:
-        """One vector of ``weights`` in layout order, in :attr:`dtype` unless told (checks names and shapes)."""
+    def flatten(
+        self, weights: Mapping[str, np.ndarray], *, who: str = "model", dtype=None, consume: bool = False
+    ) -> np.ndarray:
+        """One vector of ``weights`` in layout order, in :attr:`dtype` unless told (checks names and shapes).
+
+        ``consume``: take each tensor out of ``weights`` (a dict the caller drops) once it is
+        copied, so a model's copy and the vector are not both whole at once.
+        """
         self.check(weights, who=who)
         out = np.empty(self.size, dtype=self.dtype if dtype is None else dtype)
         for tensor, (start, stop) in zip(self.tensors, self.segments(), strict=True):
-            out[start:stop] = np.asarray(weights[tensor.name]).ravel()
+            value = weights.pop(tensor.name) if consume and isinstance(weights, dict) else weights[tensor.name]
+            out[start:stop] = np.asarray(value).ravel()
+            del value
         return out
 
     def unflatten(self, vector: np.ndarray, *, copy: bool = True) -> Weights:

@@ -86,7 +86,7 @@ def train_and_aggregate(
     # Memory (docs/models.md): the round holds this party's change (scaled in place into its
     # contribution) and the aggregate, each in the layout's dtype; the global vector of a large model
     # waits on disk meanwhile (confide.party.memory). Nothing else of the model's size.
-    global_vector = layout.flatten(model.get_weights())
+    global_vector = layout.flatten(model.get_weights(), consume=True)
     held = HeldVector.of(global_vector, keep=strategy.proximal_mu > 0)
     if held.spilled:
         del global_vector
@@ -101,7 +101,7 @@ def train_and_aggregate(
     started = time.perf_counter()
     fitted = model.fit(data.X, data.y, config)
     timings["train_s"] = time.perf_counter() - started
-    delta = layout.flatten(model.get_weights(), who=f"party {party_id!r} after local training")
+    delta = layout.flatten(model.get_weights(), who=f"party {party_id!r} after local training", consume=True)
     held.subtract_from(delta)
     _check_finite(delta, layout, party_id, round_number)
     if training.membership is not None and not settled:
