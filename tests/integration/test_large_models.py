@@ -3,11 +3,12 @@
 Three parties run a float32 model of 40M values (160 MB) through the aggregator in a masking
 mode. Each party process records its resident set once the model exists and its peak at exit
 (``tests/fixtures/models.py:LargeFloat32``); Confide's share, the difference, must stay within
-three times the model's bytes (docs/models.md: the global vector, the contribution and the
-aggregate, each in the model's dtype, less the global vector a large model keeps on disk during
-the round). The fixed cost of the process (imports, channels: about 50 MB) counts too. Measured 2.2x; measured
-before the round loop kept the model's dtype: 6.4x at 25M values (float64 copies of the whole
-vector, the received aggregate kept in the message pool, checkpoint archives built in memory).
+three times the model's bytes (docs/models.md, "Memory": a large model's global vector and
+aggregate wait on disk during the round, so the party holds its contribution and, for a moment,
+the weights' copy it is made from). The process's fixed cost (imports, channels: about 50 MB)
+counts too. Measured 2.2x; before the round loop kept the model's dtype, 6.4x at 25M values
+(float64 copies of the whole vector, the received aggregate kept in the message pool,
+checkpoint archives built in memory).
 """
 
 from __future__ import annotations
