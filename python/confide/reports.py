@@ -63,6 +63,11 @@ class ModelSummary(_Report):
     tensors: int
     layers: int
     backend: str | None = None
+    #: hf: lora or none (full fine-tuning), the pretrained model's parameter count and the SHA-256
+    #: of its frozen weights (the same at every party: compared before round 1).
+    adapter: str | None = None
+    base_parameters: int | None = None
+    base_sha256: str | None = None
 
 
 class RoundReport(_Report):

@@ -67,6 +67,24 @@ Mode = Literal[tuple(MODES)]  # type: ignore[valid-type]
 StrategyName = Literal[tuple(STRATEGIES)]  # type: ignore[valid-type]
 
 
+class HFSpec(_Strict):
+    """``model.algorithm: hf``: a pretrained transformers model from each party's own files (docs/models.md)."""
+
+    #: The folder ``save_pretrained`` wrote (config.json and the weights), the same path at every
+    #: party or one per party (``{party: path}``); relative paths are taken from the job file's folder.
+    pretrained: str | dict[Name, str] = Field(min_length=1)
+    task: Literal["sequence_classification"] = "sequence_classification"
+    #: lora: only the adapter and the head train and travel; none: every weight does (full fine-tuning).
+    adapter: Literal["lora", "none"] = "lora"
+    r: int = Field(8, ge=1, le=1024)
+    alpha: float = Field(16.0, gt=0, le=1e4)
+    dropout: float = Field(0.0, ge=0, lt=1)
+    #: Module names LoRA adapts (None: peft's default for the architecture, e.g. query and value).
+    target_modules: list[Annotated[str, Field(min_length=1, max_length=128)]] | None = Field(
+        None, min_length=1, max_length=256
+    )
+
+
 class ModelSpec(_Strict):
     """The model and its hyper-parameters (docs/models.md).
 
@@ -91,6 +109,8 @@ class ModelSpec(_Strict):
     #: ``confide party --keras-backend``, which wins).
     backend: Backend = "jax"
     backends: dict[Name, Backend] = {}
+    # -- hf: a pretrained Hugging Face transformers model, fine-tuned with LoRA (or fully) --
+    hf: HFSpec | None = None
     # -- custom: the party's own object or factory, "package.module:attribute" or "path/file.py:attribute" --
     entry: str | None = Field(None, pattern=r"^[^:]+:[A-Za-z_][A-Za-z0-9_.]*$")
     #: Keyword arguments for a custom factory (free-form, JSON-compatible).
@@ -126,7 +146,7 @@ class ModelSpec(_Strict):
 class DataSpec(_Strict):
     """Where each party's rows come from (embedded or generated; nothing is downloaded)."""
 
-    dataset: Literal["breast_cancer", "synthetic", "digits", "tensors"] = "breast_cancer"
+    dataset: Literal["breast_cancer", "synthetic", "digits", "tensors", "text"] = "breast_cancer"
     split: Literal["iid", "label_skew"] = "iid"
     skew: float = Field(0.8, ge=0.5, lt=1.0)
     test_fraction: float = Field(0.2, gt=0, le=0.5)
@@ -140,6 +160,9 @@ class DataSpec(_Strict):
     example_shape: list[Annotated[int, Field(ge=1, le=1_000_000)]] = Field(default_factory=lambda: [28, 28])
     classes: int = Field(10, ge=2, le=1_000_000)
     sequence: bool = False
+    # -- text: generated documents as token ids (confide.data.text_federation): samples, classes,
+    #    example_shape [length] and the vocabulary's size --
+    vocabulary: int = Field(1000, ge=10, le=10_000_000)
     # -- vertical algorithms: who holds the labels, who holds which columns (docs/vertical.md) --
     guest: Name | None = None
     columns: dict[str, int] | None = None
@@ -511,6 +534,19 @@ class JobSpec(_Strict):
                 raise ValueError(str(error)) from None
         elif model.network is not None or model.network_file is not None:
             raise ValueError(f"model.network is for model.algorithm keras, not {model.algorithm}")
+        if (model.algorithm == "hf") != (model.hf is not None):
+            raise ValueError(
+                "model.algorithm hf needs model.hf (pretrained: the folder of a saved transformers model)"
+                if model.hf is None
+                else f"model.hf is for model.algorithm hf, not {model.algorithm}"
+            )
+        if model.hf is not None and isinstance(model.hf.pretrained, dict):
+            missing = [p for p in self.parties if p not in model.hf.pretrained]
+            unknown = sorted(set(model.hf.pretrained) - set(self.parties))
+            if missing or unknown:
+                raise ValueError(
+                    f"model.hf.pretrained needs one folder for every party: missing {missing}, not parties {unknown}"
+                )
         if model.algorithm == "custom" and model.entry is None:
             raise ValueError("model.algorithm custom needs model.entry ('package.module:attribute' or 'file.py:name')")
         if model.algorithm != "custom" and (model.entry is not None or model.options):
@@ -609,19 +645,31 @@ def _read_network(path: str) -> dict:
 
 
 def _resolve_paths(data: Any, base: Path) -> Any:
-    """Make the job's file references (network file, custom code file) relative to the job file."""
+    """Make the job's file references (network file, custom code file, pretrained folders) relative to the job file."""
     if not isinstance(data, dict) or not isinstance(data.get("model"), dict):
         return data
     model = dict(data["model"])
-    network_file = model.get("network_file")
-    if isinstance(network_file, str) and not Path(network_file).is_absolute():
-        model["network_file"] = str((base / network_file).resolve())
+    model["network_file"] = _resolve_file(model.get("network_file"), base)
     model["entry"] = _resolve_entry(model.get("entry"), base)
+    hf = model.get("hf")
+    if isinstance(hf, dict) and isinstance(hf.get("pretrained"), (str, dict)):
+        folders = hf["pretrained"]
+        if isinstance(folders, dict):
+            model["hf"] = {**hf, "pretrained": {k: _resolve_file(v, base) for k, v in folders.items()}}
+        else:
+            model["hf"] = {**hf, "pretrained": _resolve_file(folders, base)}
     for name in ("guest_bottom", "host_bottom", "top"):  # hetero_nn: {torch: "file.py:factory"}
         net = model.get(name)
         if isinstance(net, dict) and "torch" in net:
             model[name] = {**net, "torch": _resolve_entry(net["torch"], base)}
     return {**data, "model": model}
+
+
+def _resolve_file(path: Any, base: Path) -> Any:
+    """A relative file or folder taken from the job file's folder (anything else as it is)."""
+    if isinstance(path, str) and not Path(path).is_absolute():
+        return str((base / path).resolve())
+    return path
 
 
 def _resolve_entry(entry: Any, base: Path) -> Any:

@@ -236,7 +236,14 @@ def test_bad_specs_are_refused_with_the_field_named(deployment, tmp_path):
 
 def test_a_party_added_by_tuning_joins_from_the_checkpoint(deployment):
     deployment.grant_all("alice")
-    spec = job("grow", rounds=4, metrics=["loss", "auc", "accuracy"])
+    # The added party's process starts while the others wait at round 5: on a loaded machine (the
+    # parallel phase) it took more than 20 s once to start, connect and send.
+    spec = job(
+        "grow",
+        rounds=4,
+        metrics=["loss", "auc", "accuracy"],
+        transport={"round_timeout_s": 60.0, "dropout_grace_s": 2.0, "reconnect_timeout_s": 10.0},
+    )
     spec["fl_data"]["participants"].pop("hospital-c")
     with deployment.client("alice") as alice:
         token = alice.submit(spec)["session"]

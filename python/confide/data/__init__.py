@@ -13,6 +13,7 @@ from confide.data.datasets import (
     digits_federation,
     synthetic_lr,
     synthetic_tensors,
+    text_federation,
 )
 from confide.data.fldata import FLData, FLDataConflictError, Participant, Provisioned, Step, is_empty_diff
 
@@ -31,4 +32,5 @@ __all__ = [
     "is_empty_diff",
     "synthetic_lr",
     "synthetic_tensors",
+    "text_federation",
 ]

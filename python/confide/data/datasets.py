@@ -13,6 +13,10 @@ r"""Federated data sets for tests, examples and benchmarks (no downloads).
     training images dealt IID or label-skewed (a class's images go to its "home" party
     ``c mod parties`` with probability ``skew``, else to any party). The neural-network demo.
 
+:func:`text_federation`
+    A generated text classification task as token ids (keywords among filler tokens), dealt
+    like the digits; for fine-tuning a pretrained language model (``model.algorithm: hf``).
+
 :func:`synthetic_tensors`
     One party's shard of random tensors of a given example shape, for measuring networks at
     their real sizes (benchmarks): images ``N(0, 1)`` with uniform labels, or token sequences
@@ -71,6 +75,7 @@ __all__ = [
     "digits_federation",
     "synthetic_lr",
     "synthetic_tensors",
+    "text_federation",
 ]
 
 #: Minimum rows of each class every party gets with ``split="label_skew"``.
@@ -337,24 +342,9 @@ def digits_federation(
     data = digits()
     X = (np.asarray(data.images, dtype=np.float32) / 16.0)[..., None]
     y = np.asarray(data.target, dtype=np.int64)
-    rng = np.random.default_rng(seed)
-    test_idx, train_idx = [], []
-    for c in range(10):
-        idx = rng.permutation(np.flatnonzero(y == c))
-        k = max(1, round(test_fraction * idx.size))
-        test_idx.append(idx[:k])
-        train_idx.append(idx[k:])
-    test = np.sort(np.concatenate(test_idx))
-    train = rng.permutation(np.concatenate(train_idx))
-    if split == "iid":
-        shares = np.array_split(train, parties)
-    else:
-        home = y[train] % parties
-        other = rng.integers(0, parties, size=train.size)
-        owner = np.where(rng.random(train.size) < skew, home, other)
-        shares = [rng.permutation(train[owner == p]) for p in range(parties)]
-        if min(s.size for s in shares) == 0:
-            raise InvalidParameterError(f"label_skew left a party without images; use fewer than {parties} parties")
+    test, train, shares = _deal_by_class(
+        y, 10, parties, split, skew, test_fraction, np.random.default_rng(seed), "images"
+    )
     detail = f", skew {skew}" if split == "label_skew" else ""
     description = (
         f"digits (scikit-learn, 8x8 images, 10 classes): {parties} parties, {split} split{detail}, "
@@ -364,6 +354,101 @@ def digits_federation(
         parts=[(X[s], y[s]) for s in shares],
         test=(X[test], y[test]),
         feature_names=[f"pixel_{r}_{c}" for r in range(8) for c in range(8)],
+        description=description,
+        part_rows=list(shares),
+    )
+
+
+def _deal_by_class(
+    y: np.ndarray, classes: int, parties: int, split: str, skew: float, test_fraction: float, rng, what: str
+) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+    """A stratified test split and the training rows dealt to parties: ``(test, train, shares)``.
+
+    ``round(test_fraction * n_class)`` rows of each class are held out; then ``"iid"`` shuffles
+    the rest and cuts it into ``parties`` pieces of sizes differing by at most one, and
+    ``"label_skew"`` sends each row of class ``c`` to party ``c mod parties`` with probability
+    ``skew``, else to a uniformly drawn party. Each party's rows are finally shuffled.
+    """
+    test_idx, train_idx = [], []
+    for c in range(classes):
+        idx = rng.permutation(np.flatnonzero(y == c))
+        k = max(1, round(test_fraction * idx.size))
+        test_idx.append(idx[:k])
+        train_idx.append(idx[k:])
+    test = np.sort(np.concatenate(test_idx))
+    train = rng.permutation(np.concatenate(train_idx))
+    if split == "iid":
+        return test, train, np.array_split(train, parties)
+    home = y[train] % parties
+    other = rng.integers(0, parties, size=train.size)
+    owner = np.where(rng.random(train.size) < skew, home, other)
+    shares = [rng.permutation(train[owner == p]) for p in range(parties)]
+    if min(s.size for s in shares) == 0:
+        raise InvalidParameterError(f"label_skew left a party without {what}; use fewer than {parties} parties")
+    return test, train, shares
+
+
+def text_federation(
+    parties: int = 3,
+    *,
+    samples: int = 2000,
+    length: int = 24,
+    classes: int = 2,
+    vocabulary: int = 1000,
+    split: str = "iid",
+    skew: float = 0.8,
+    test_fraction: float = 0.2,
+    seed: int = 0,
+) -> Federation:
+    """A generated text classification task as token ids, dealt to parties (fine-tuning a language model).
+
+    Token 0 is padding; tokens ``1 .. 4 * classes`` are keywords, four for each class; the rest
+    of the ``vocabulary`` is filler. A document of class ``c`` has a length drawn uniformly in
+    ``[length // 2, length]``, made of filler tokens with two of class ``c``'s keywords at
+    random positions (and, in half the documents, one keyword of another class, so counting
+    matters, not mere presence); it is padded with 0 to ``length``. Everything is drawn from
+    ``np.random.default_rng(seed)``; the rows are then split and dealt as
+    :func:`digits_federation` deals images.
+
+    Returns
+    -------
+    Federation
+        ``parts`` and ``test`` hold int64 token ids ``(n, length)`` and int64 labels.
+    """
+    parties, skew, test_fraction, seed = _check_dealing(parties, split, skew, test_fraction, seed)
+    samples = _check_int("samples", samples, 20, 10_000_000)
+    length = _check_int("example_shape[0] (the sequence length)", length, 4, 100_000)
+    classes = _check_int("classes", classes, 2, 100)
+    keywords = 4 * classes
+    vocabulary = _check_int("vocabulary", vocabulary, keywords + 2, 10_000_000)
+    if samples * length > _MAX_DENSE_ENTRIES:
+        raise InvalidParameterError(
+            f"samples x length must be at most {_MAX_DENSE_ENTRIES:,}, got {samples * length:,}"
+        )
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, classes, size=samples).astype(np.int64)
+    lengths = rng.integers(length // 2, length + 1, size=samples)
+    X = rng.integers(keywords + 1, vocabulary, size=(samples, length)).astype(np.int64)
+    X[np.arange(length)[None, :] >= lengths[:, None]] = 0
+    rows = np.arange(samples)
+    # Distinct positions inside each document: the first three of a random order of its length.
+    order = np.argsort(rng.random((samples, length)) + (np.arange(length)[None, :] >= lengths[:, None]), axis=1)
+    for k in range(2):
+        X[rows, order[:, k]] = 1 + 4 * y + rng.integers(0, 4, size=samples)
+    decoy = rng.random(samples) < 0.5
+    other = (y + rng.integers(1, classes, size=samples)) % classes
+    X[rows[decoy], order[decoy, 2]] = 1 + 4 * other[decoy] + rng.integers(0, 4, size=int(decoy.sum()))
+    test, train, shares = _deal_by_class(y, classes, parties, split, skew, test_fraction, rng, "documents")
+    detail = f", skew {skew}" if split == "label_skew" else ""
+    description = (
+        f"text (generated: {classes} classes told apart by keywords, documents of {length // 2}-{length} "
+        f"tokens from a vocabulary of {vocabulary}): {parties} parties, {split} split{detail}, "
+        f"{train.size} training documents, {test.size} held-out test documents, seed {seed}"
+    )
+    return Federation(
+        parts=[(X[s], y[s]) for s in shares],
+        test=(X[test], y[test]),
+        feature_names=[f"token_{i}" for i in range(length)],
         description=description,
         part_rows=list(shares),
     )

@@ -13,6 +13,8 @@ keras      a Keras 3 network from the job spec, on jax, torch or         ``confi
            tensorflow (chosen per party)                                 one backend
 custom     the party's own object or factory, ``model.entry:             what the code imports
            module:attribute``; adapters for PyTorch and scikit-learn
+hf         a pretrained transformers model from the party's files,       ``confide[hf]``
+           fine-tuned with a peft LoRA adapter (``model.hf``)
 ========== ============================================================= =====================
 """
 
@@ -46,6 +48,7 @@ MODELS: dict[str, str] = {
     "homo_lr": "confide.ml.homo_lr",
     "keras": "confide.ml.keras_model",
     "custom": "confide.ml.custom",
+    "hf": "confide.ml.hf_model",
 }
 
 

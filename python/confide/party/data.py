@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from confide.data import breast_cancer_federation, digits_federation, synthetic_lr, synthetic_tensors
+from confide.data import breast_cancer_federation, digits_federation, synthetic_lr, synthetic_tensors, text_federation
 from confide.errors import (
     JobFailedError,
 )
@@ -85,15 +85,12 @@ def load_party_data(spec: JobSpec, party_id: str, catalog=None, compute=None) ->
         )
     index = spec.parties.index(party_id)
     data = spec.data
-    if data.dataset in ("breast_cancer", "digits"):
-        make = breast_cancer_federation if data.dataset == "breast_cancer" else digits_federation
-        federation = make(
-            len(spec.parties), split=data.split, skew=data.skew, test_fraction=data.test_fraction, seed=data.seed
-        )
+    if data.dataset in ("breast_cancer", "digits", "text"):
+        federation = embedded_federation(spec)
         X, y = federation.parts[index]
         # Every party evaluates the global model on the federation's held-out rows (no party trains on them).
         X_test, y_test = federation.test
-        return PartyData(X, y, X_test, y_test, classes=10 if data.dataset == "digits" else 2)
+        return PartyData(X, y, X_test, y_test, classes=embedded_classes(spec))
     if data.dataset == "tensors":
         X, y, X_test, y_test = synthetic_tensors(
             index,
@@ -118,6 +115,28 @@ def load_party_data(spec: JobSpec, party_id: str, catalog=None, compute=None) ->
         test_fraction=min(data.test_fraction, 0.5),
     )
     return PartyData(X, y, X_test, y_test)
+
+
+def embedded_federation(spec: JobSpec):
+    """The job's embedded or generated :class:`confide.data.Federation` (breast_cancer, digits, text)."""
+    data = spec.data
+    dealing = {"split": data.split, "skew": data.skew, "test_fraction": data.test_fraction, "seed": data.seed}
+    if data.dataset == "text":
+        return text_federation(
+            len(spec.parties),
+            samples=data.samples,
+            length=data.example_shape[0] if len(data.example_shape) == 1 else -1,
+            classes=data.classes,
+            vocabulary=data.vocabulary,
+            **dealing,
+        )
+    make = breast_cancer_federation if data.dataset == "breast_cancer" else digits_federation
+    return make(len(spec.parties), **dealing)
+
+
+def embedded_classes(spec: JobSpec) -> int:
+    """The number of labels of the job's embedded data set."""
+    return {"digits": 10, "text": spec.data.classes}.get(spec.data.dataset, 2)
 
 
 def close_compute(engine, data: PartyData | None) -> None:

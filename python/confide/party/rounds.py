@@ -283,7 +283,10 @@ def _check_finite(delta: np.ndarray, layout: WeightLayout, party_id: str, round_
 
 
 def agree_on_model(protection, party_id: str, parties: list[str], model, layout: WeightLayout, *, distribute: bool):
-    """Before round 1: every party's weight layout must match; start from the leader's weights.
+    """Before round 1: every party's base model and weight layout must match; start from the leader's weights.
+
+    A model with a frozen base (``base_digest``: a pretrained model under an adapter) compares
+    that digest first: a party that loaded another checkpoint fails the job, named.
 
     Parties share their layout and a digest of their initial weights. A different layout fails the
     job naming the party and the tensor. Different initial weights (a framework that drew them
@@ -296,11 +299,17 @@ def agree_on_model(protection, party_id: str, parties: list[str], model, layout:
     for tensor in layout.tensors:
         digest.update(np.ascontiguousarray(weights[tensor.name], dtype=layout.dtype).ravel().data)
     del weights
-    mine = {"layout": layout.to_dict(), "weights": digest.hexdigest()}
+    mine = {"layout": layout.to_dict(), "weights": digest.hexdigest(), "base": getattr(model, "base_digest", None)}
     protection.share(0, "model", json.dumps(mine).encode(), peers)
     digests = {party_id: mine["weights"]}
     for peer in peers:
         theirs = json.loads(protection.collect(0, "model", peer))
+        if theirs.get("base") != mine["base"]:
+            # A pretrained model's frozen weights never travel: every party must have loaded the same ones.
+            raise JobFailedError(
+                f"party {peer!r} has another base model than {party_id!r}: model.hf.pretrained loaded weights with "
+                f"SHA-256 {_short(theirs.get('base'))} there and {_short(mine['base'])} here"
+            )
         difference = layout.difference(WeightLayout.from_dict(theirs["layout"]))
         if difference:
             raise JobFailedError(f"party {peer!r} has another model than {party_id!r}: {difference}")
@@ -318,6 +327,10 @@ def agree_on_model(protection, party_id: str, parties: list[str], model, layout:
     data = b"".join(protection.collect(0, f"initial/{i}", leader) for i in range(pieces))
     model.set_weights(layout.unflatten(np.frombuffer(data, dtype=layout.dtype)))
     log.info("initial weights differ between parties: starting from %s's", leader)
+
+
+def _short(digest: str | None) -> str:
+    return f"{digest[:16]}..." if digest else "none (no frozen base)"
 
 
 def run_attempt(

@@ -233,6 +233,7 @@ def run_party(
             tensors=len(layout.tensors),
             layers=len(layout.layers()),
             backend=getattr(model, "backend", None) if spec.model.algorithm == "keras" else None,
+            **(getattr(model, "report_fields", None) or {}),
         ),
         strategy=strategy.describe(),
         compute=getattr(data.X, "engine", None) or None,

@@ -226,3 +226,38 @@ def test_synthetic_bad_arguments(args, kwargs, message):
     full = {"samples": 300, "features": 10, **kwargs}
     with pytest.raises(InvalidParameterError, match=message):
         synthetic_lr(*args, **full)
+
+
+def test_text_documents_carry_their_class_keywords_and_are_dealt_without_overlap():
+    from confide.data import text_federation
+
+    federation = text_federation(3, samples=600, length=20, classes=3, vocabulary=300, seed=4)
+    X_test, y_test = federation.test
+    X = np.concatenate([part[0] for part in federation.parts] + [X_test])
+    y = np.concatenate([part[1] for part in federation.parts] + [y_test])
+    assert X.shape == (600, 20) and X.dtype == np.int64 and set(np.unique(y)) == {0, 1, 2}
+    assert X.min() == 0 and X.max() < 300
+    lengths = (X != 0).sum(axis=1)
+    assert lengths.min() >= 10 and lengths.max() <= 20
+    assert ((X != 0)[:, :-1] >= (X != 0)[:, 1:]).all()  # padding only at the end
+    counts = np.stack([((X >= 1 + 4 * c) & (X < 5 + 4 * c)).sum(axis=1) for c in range(3)], axis=1)
+    assert (counts[np.arange(600), y] == 2).all() and (counts.argmax(axis=1) == y).all()
+    rows = np.concatenate(federation.part_rows)
+    assert len(np.unique(rows)) == rows.size == 600 - len(y_test)
+    again = text_federation(3, samples=600, length=20, classes=3, vocabulary=300, seed=4)
+    assert (again.parts[1][0] == federation.parts[1][0]).all()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"length": 3}, r"example_shape\[0\] \(the sequence length\) must be in \[4, "),
+        ({"vocabulary": 9}, r"vocabulary must be in \[10, "),
+        ({"classes": 1}, r"classes must be in \[2, 100\]"),
+    ],
+)
+def test_text_bad_arguments_name_the_field(kwargs, message):
+    from confide.data import text_federation
+
+    with pytest.raises(InvalidParameterError, match=message):
+        text_federation(2, **{"samples": 100, **kwargs})

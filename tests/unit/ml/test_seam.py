@@ -81,7 +81,7 @@ def test_fedadam_follows_reddi_et_al_and_its_state_resumes_exactly():
 
 
 def test_registries_hold_every_documented_plug_in():
-    assert set(MODELS) == {"homo_lr", "keras", "custom"}
+    assert set(MODELS) == {"homo_lr", "keras", "custom", "hf"}
     assert set(STRATEGIES) == {"fedavg", "fedprox", "fedadam"}
 
 

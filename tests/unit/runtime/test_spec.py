@@ -265,3 +265,19 @@ def test_threshold_defaults_and_the_labelled_dealer():
         ).protection.min_parties
         == 2
     )
+
+
+def test_an_hf_model_needs_its_section_and_names_every_party_folder(tmp_path):
+    hf = {"algorithm": "hf", "hf": {"pretrained": "models/tiny-bert"}}
+    assert "model.algorithm hf needs model.hf" in error_of(spec(model={"algorithm": "hf"}))
+    assert "model.hf is for model.algorithm hf, not homo_lr" in error_of(spec(model={"hf": {"pretrained": "m"}}))
+    folders = {"hospital-a": "a", "hospital-b": "b", "clinic": "c"}
+    message = error_of(spec(model={**hf, "hf": {"pretrained": folders}}))
+    assert "missing ['hospital-c']" in message and "not parties ['clinic']" in message
+    assert "model.hf.r" in error_of(spec(model={**hf, "hf": {"pretrained": "m", "r": 0}}))
+    assert "privacy.mechanism dp_sgd" in error_of(spec(model=hf, privacy={"mechanism": "dp_sgd", "epsilon": 1.0}))
+    job = tmp_path / "job.yaml"
+    job.write_text(json.dumps(spec(model=hf, data={"dataset": "text", "example_shape": [16]})))
+    loaded = load_job(job)
+    assert loaded.model.hf.pretrained == str((tmp_path / "models" / "tiny-bert").resolve())
+    assert loaded.model.hf.adapter == "lora" and loaded.data.vocabulary == 1000
