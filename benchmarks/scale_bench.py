@@ -18,7 +18,20 @@ Records (``results/scale.json``), for ``<size>`` in ``10m``, ``100m``, ``400m``:
   loading its weights once a round (the framework's own growth, over the model's bytes);
 - ``scale.<size>.<mode>.aggregator_peak_rss_mb``; anchor: the same mode at ``10m``.
 
-Run: ``python benchmarks/scale_bench.py --write`` (about 15 minutes on 2 cores).
+LoRA fine-tuning (``--parts lora``): a BERT encoder (4 layers, hidden size 128, 0.6M weights)
+pretrained here on a 4-class keyword task (``tests/fixtures/hf_models.py``; nothing is
+downloaded), fine-tuned with ``model.algorithm: hf`` on the 2-class task
+(``data.dataset: text``), 3 parties, 3 rounds, in every protection mode:
+
+- ``lora.<mode>.bytes_vs_full``: bytes on the wire per round with the LoRA adapter (r 8 on
+  query and value, and the head) over those of full fine-tuning (``adapter: none``) in the same
+  mode, measured in the same run (the anchor);
+- ``lora.accuracy_gap``: the central run's accuracy less the federated one's (``plain``; points
+  of accuracy, the central run being the same fine-tuning on the pooled rows for ``rounds``
+  epochs, trained by the job's centralized baseline); the accuracy of every mode is in
+  ``params``.
+
+Run: ``python benchmarks/scale_bench.py --write`` (about 20 minutes on 2 cores).
 """
 
 from __future__ import annotations
@@ -42,8 +55,12 @@ sys.path.insert(0, str(HERE.parent / "python"))
 from benchutil import machine, record, results_table, write, write_markdown_block  # noqa: E402
 from scale_model import hidden_units  # noqa: E402
 
+sys.path.insert(0, str(HERE.parent))
+
 from confide.local.federation import run_local  # noqa: E402
+from confide.protect import MODES  # noqa: E402
 from confide.spec import parse_job  # noqa: E402
+from tests.fixtures.hf_models import LENGTH, VOCABULARY, pretrained_base  # noqa: E402
 
 SIZES = {"10m": 10_000_000, "100m": 100_000_000, "400m": 400_000_000}
 PARTIES = ["hospital-a", "hospital-b", "hospital-c"]
@@ -194,6 +211,93 @@ def summarize(outcome: dict, rounds: int) -> dict:
     return out
 
 
+def lora_job(mode: str, base: Path, adapter: str, rounds: int) -> dict:
+    return {
+        "job_id": f"lora-{mode}-{adapter}",
+        "rounds": rounds,
+        "parties": PARTIES,
+        "model": {
+            "algorithm": "hf",
+            # Full fine-tuning diverges from the pretrained weights at LoRA's rate (0.69-0.82 accuracy at 0.002).
+            "learning_rate": 0.002 if adapter == "lora" else 0.0005,
+            "batch_size": 16,
+            "hf": {"pretrained": str(base), "adapter": adapter},
+        },
+        "data": {"dataset": "text", "samples": 1500, "example_shape": [LENGTH], "classes": 2, "vocabulary": VOCABULARY},
+        "protection": {"mode": mode, "share_timeout_s": 60.0},
+        "transport": {"round_timeout_s": 600.0},
+        "metrics": ["loss", "accuracy"],
+        "seed": 5,
+    }
+
+
+def run_lora(rounds: int, root: Path) -> list[dict]:
+    """LoRA against full fine-tuning in every mode: bytes per round, accuracy, the central run's accuracy."""
+    base = pretrained_base(root / "bert-4x128", hidden=128, layers=4)
+    results, accuracies = [], {}
+    central = None
+    for mode in MODES:
+        outcome = {}
+        for adapter in ("lora", "none"):
+            workdir = root / f"lora-{mode}-{adapter}"
+            report = run_local(
+                parse_job(lora_job(mode, base, adapter, rounds)),
+                workdir,
+                progress=False,
+                echo=lambda *_: None,
+                baseline=mode == "plain" and adapter == "lora",
+                max_restarts=0,
+            )
+            party = json.loads((workdir / "parties" / f"{PARTIES[0]}.report.json").read_text())["model"]
+            outcome[adapter] = {
+                "bytes": statistics.median(r["bytes_sent"] for r in report["rounds"]),
+                "accuracy": report["final_accuracy"],
+                "values": party["parameters"],
+                "base_parameters": party["base_parameters"],
+                "seconds": statistics.median(r["seconds"] for r in report["rounds"]),
+            }
+            if report.get("centralized"):
+                central = report["centralized"]
+            shutil.rmtree(workdir, ignore_errors=True)
+        lora, full = outcome["lora"], outcome["none"]
+        accuracies[mode] = lora["accuracy"]
+        print(f"  lora {mode}: {json.dumps(outcome)}", flush=True)
+        results.append(
+            record(
+                f"lora.{mode}.bytes_vs_full",
+                lora["bytes"] / full["bytes"],
+                "ratio",
+                anchor="full fine-tuning, same mode, same run (bytes per round)",
+                anchor_value=1.0,
+                params={
+                    "parties": len(PARTIES),
+                    "rounds": rounds,
+                    "lora_bytes_per_round": lora["bytes"],
+                    "full_bytes_per_round": full["bytes"],
+                    "adapter_values": lora["values"],
+                    "full_values": full["values"],
+                    "base_parameters": lora["base_parameters"],
+                    "lora_accuracy": lora["accuracy"],
+                    "full_accuracy": full["accuracy"],
+                    "lora_seconds_per_round": lora["seconds"],
+                    "full_seconds_per_round": full["seconds"],
+                },
+            )
+        )
+    if central and "pooled_accuracy" in central:
+        results.append(
+            record(
+                "lora.accuracy_gap",
+                central["pooled_accuracy"] - accuracies["plain"],
+                "accuracy",
+                anchor="the same fine-tuning, central, on the pooled rows (its accuracy)",
+                anchor_value=central["pooled_accuracy"],
+                params={"accuracy_by_mode": accuracies, "central_epochs": central.get("epochs")},
+            )
+        )
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="10m,100m,400m")
@@ -201,14 +305,16 @@ def main() -> None:
     parser.add_argument("--paillier-sizes", default="10m", help="sizes that also run paillier ('' for none)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--window-mb", type=int, default=64, help="the relay's in-memory window (MiB)")
+    parser.add_argument("--parts", default="scale,lora", help="scale (the Keras sizes), lora (fine-tuning)")
     parser.add_argument("--write", action="store_true", help="write results/scale.json and docs/benchmarks.md")
     args = parser.parse_args()
+    parts = args.parts.split(",")
     info = machine()
     results: list[dict] = []
     aggregator_at_10m: dict[str, float] = {}
     root = Path(tempfile.mkdtemp(prefix="confide-scale-"))
     try:
-        for size in args.sizes.split(","):
+        for size in args.sizes.split(",") if "scale" in parts else []:
             parameters = SIZES[size]
             units = hidden_units(parameters)
             params = {"parameters": units * 1011 + 10, "hidden_units": units, "parties": 3, "rounds": args.rounds}
@@ -281,6 +387,8 @@ def main() -> None:
                         params={**params, "window_mb": args.window_mb},
                     )
                 )
+        if "lora" in parts:
+            results += run_lora(args.rounds, root)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     if args.write:
@@ -288,7 +396,8 @@ def main() -> None:
         print(f"wrote {path}")
         lines = [
             f"Keras Dense 1000 -> N -> 10 (Adam), 3 parties, {args.rounds} rounds, relay window "
-            f"{args.window_mb} MiB; {info.get('cpu', '')}.",
+            f"{args.window_mb} MiB; LoRA: a 4-layer BERT (hidden 128) pretrained here, 3 parties, {args.rounds} "
+            f"rounds; {info.get('cpu', '')}.",
             "",
         ]
         write_markdown_block("scale_bench", "Large models: rounds, memory, wire", lines + results_table(results))
