@@ -148,8 +148,12 @@ class HFModel:
         return self.module(input_ids=ids, attention_mask=(ids != self.pad_token_id).long()).logits
 
     def get_weights(self) -> Weights:
-        """The trainable parameters, as numpy copies."""
-        return {name: p.detach().cpu().numpy().copy() for name, p in self._trainable}
+        """The trainable parameters, as numpy copies (bfloat16 ones widened to float32: numpy has no bfloat16)."""
+        torch = self.torch
+        return {
+            name: (p.detach().float() if p.dtype == torch.bfloat16 else p.detach()).cpu().numpy().copy()
+            for name, p in self._trainable
+        }
 
     def set_weights(self, weights: Weights) -> None:
         """Copy them into the parameters (the base model is untouched)."""
