@@ -23,14 +23,9 @@ import sys
 
 import numpy as np
 
+from confide.party.memory import resident_bytes
+
 FEATURES, CLASSES, BATCH, STEPS = 1000, 10, 32, 2
-
-
-def rss_kib(field: str = "VmRSS") -> int:
-    """This process's resident set (``VmRSS``) or its peak (``VmHWM``), KiB."""
-    from confide.party.memory import resident_bytes
-
-    return resident_bytes(peak=field == "VmHWM") // 1024
 
 
 def hidden_units(parameters: int) -> int:
@@ -74,14 +69,14 @@ class DenseModel:
         self.model.fit(X[:BATCH], y[:BATCH], batch_size=BATCH, epochs=1, verbose=0)
         self.model.evaluate(X[:BATCH], y[:BATCH], verbose=0)
         gc.collect()
-        self.baseline_kib = rss_kib()
+        self.baseline_kib = resident_bytes() // 1024
         directory = os.environ.get("CONFIDE_SCALE_MEMORY_DIR")
         if directory:
             atexit.register(self._record, directory)
 
     def _record(self, directory: str) -> None:
         with open(os.path.join(directory, f"{self.party}.json"), "w") as out:
-            peak = rss_kib("VmHWM")
+            peak = resident_bytes(peak=True) // 1024
             json.dump({"baseline_kib": self.baseline_kib, "peak_kib": peak, "model_bytes": self.nbytes}, out)
 
     @property
@@ -126,4 +121,12 @@ if __name__ == "__main__":
         alone.fit(None, None, _Config)
         alone.set_weights(weights)
         del weights
-    print(json.dumps({"baseline_kib": alone.baseline_kib, "peak_kib": rss_kib("VmHWM"), "model_bytes": alone.nbytes}))
+    print(
+        json.dumps(
+            {
+                "baseline_kib": alone.baseline_kib,
+                "peak_kib": resident_bytes(peak=True) // 1024,
+                "model_bytes": alone.nbytes,
+            }
+        )
+    )

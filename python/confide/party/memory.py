@@ -23,6 +23,7 @@ import weakref
 import numpy as np
 
 from confide.errors import InvalidParameterError
+from confide.protect.base import CHUNK
 
 __all__ = [
     "ROUND_FACTOR",
@@ -36,8 +37,6 @@ __all__ = [
 
 #: Global vectors of at least this many bytes wait on disk during a round.
 SPILL_BYTES = 64 * 1024 * 1024
-#: Values read back at once.
-_CHUNK = 1 << 20
 #: What a round may add to a party's process, in model sizes (docs/models.md: about 2, and 3 as
 #: the bound a memory limit is checked against).
 ROUND_FACTOR = 3
@@ -117,6 +116,15 @@ def _pread_into(descriptor: int, out: np.ndarray, position: int) -> None:
         offset += read
 
 
+def _read_chunks(descriptor: int, size: int, dtype: np.dtype):
+    """``(start, values)`` of a file of ``size`` values, :data:`CHUNK` at a time, into one reused buffer."""
+    buffer = np.empty(min(CHUNK, size), dtype=dtype)
+    for start in range(0, size, CHUNK):
+        part = buffer[: min(CHUNK, size - start)]
+        _pread_into(descriptor, part, start * dtype.itemsize)
+        yield start, part
+
+
 class HeldVector:
     """The round-start global vector: in memory, or in a temporary file for a large model."""
 
@@ -140,18 +148,12 @@ class HeldVector:
         """Whether the vector waits on disk."""
         return self._fd is not None
 
-    def _read_into(self, out: np.ndarray, start: int) -> None:
-        _pread_into(self._fd, out, start * self.dtype.itemsize)
-
     def subtract_from(self, out: np.ndarray) -> None:
         """``out -= global``, a chunk at a time from disk."""
         if self._vector is not None:
             np.subtract(out, self._vector, out=out)
             return
-        chunk = np.empty(min(_CHUNK, self.size), dtype=self.dtype)
-        for start in range(0, self.size, _CHUNK):
-            part = chunk[: min(_CHUNK, self.size - start)]
-            self._read_into(part, start)
+        for start, part in _read_chunks(self._fd, self.size, self.dtype):
             np.subtract(out[start : start + part.size], part, out=out[start : start + part.size])
 
     def load(self) -> np.ndarray:
@@ -159,7 +161,7 @@ class HeldVector:
         if self._vector is not None:
             return self._vector
         out = np.empty(self.size, dtype=self.dtype)
-        self._read_into(out, 0)
+        _pread_into(self._fd, out, 0)
         return out
 
     def close(self) -> None:
@@ -195,11 +197,7 @@ class SpilledAggregate:
         _pwrite_all(self._fd, values, start * self.dtype.itemsize)
 
     def _chunks(self):
-        chunk = np.empty(min(_CHUNK, self.size), dtype=self.dtype)
-        for start in range(0, self.size, _CHUNK):
-            part = chunk[: min(_CHUNK, self.size - start)]
-            _pread_into(self._fd, part, start * self.dtype.itemsize)
-            yield start, part
+        return _read_chunks(self._fd, self.size, self.dtype)
 
     def __imul__(self, factor):
         factor = np.asarray(factor)

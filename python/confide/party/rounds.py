@@ -30,6 +30,7 @@ from confide.party.memory import HeldVector, SpilledAggregate, release_freed_mem
 from confide.party.rejoin import Membership, request_rejoin
 from confide.party.upload import PartyExchange, RoundUpload
 from confide.protect import RoundContext
+from confide.protect.base import chunks
 from confide.reports import RoundReport
 from confide.spec import TransportSpec
 from confide.transport.client import AGGREGATOR, AggregatorClient
@@ -254,13 +255,9 @@ def rejoin_peers(job: PartyContext, protection, exchange, client, model, layout:
     return admission
 
 
-#: Values checked at once by :func:`all_finite` (its boolean scratch stays small).
-_FINITE_CHUNK = 1 << 20
-
-
 def all_finite(vector: np.ndarray) -> bool:
     """Whether every value is finite, checked a chunk at a time (no boolean copy of the model)."""
-    return all(np.isfinite(vector[i : i + _FINITE_CHUNK]).all() for i in range(0, vector.size, _FINITE_CHUNK))
+    return all(np.isfinite(part).all() for part in chunks(vector))
 
 
 def _read_only(weights: dict) -> dict:

@@ -11,7 +11,7 @@ from confide.party.memory import HeldVector, SpilledAggregate, check_memory_limi
 
 
 def test_a_large_global_vector_waits_on_disk_and_comes_back_exactly(monkeypatch):
-    monkeypatch.setattr(memory, "_CHUNK", 1000)  # several chunks
+    monkeypatch.setattr(memory, "CHUNK", 1000)  # several chunks
     rng = np.random.default_rng(5)
     global_vector = rng.standard_normal(4321).astype(np.float32)
     local = global_vector + rng.standard_normal(4321).astype(np.float32)
@@ -47,7 +47,7 @@ def test_a_model_whose_rounds_would_pass_the_memory_limit_is_refused_with_the_nu
 
 
 def test_a_spilled_aggregate_takes_what_a_mode_does_with_its_output(monkeypatch):
-    monkeypatch.setattr(memory, "_CHUNK", 700)
+    monkeypatch.setattr(memory, "CHUNK", 700)
     rng = np.random.default_rng(9)
     expected = rng.standard_normal(2500).astype(np.float32)
     scale = rng.uniform(0.5, 2.0, 2500)
