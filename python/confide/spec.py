@@ -202,6 +202,9 @@ class ProtectionSpec(_Strict):
     neighbours: int | None = Field(None, ge=2, le=MAX_PARTIES)
     recovery_threshold: int | None = Field(None, ge=1, le=MAX_PARTIES)
     recovery_timeout_s: float = Field(10.0, gt=0, le=3600)
+    #: plain: how updates travel to the aggregator: float32, or narrower (float16, bfloat16: half
+    #: the bytes; int8 with a scale per slice: a quarter), widened before they are summed.
+    wire: Literal["float32", "float16", "bfloat16", "int8"] = "float32"
 
     def params(self):
         """The :class:`confide.protect.ProtectionParams` of this section (the mode's own parameters)."""
@@ -209,6 +212,15 @@ class ProtectionSpec(_Strict):
 
         fields = self.model_dump(include=set(ProtectionParams.__dataclass_fields__))
         return ProtectionParams(**fields, recover=self.on_dropout == "recover")
+
+    @model_validator(mode="after")
+    def _narrow_wire_is_plain(self) -> ProtectionSpec:
+        if self.wire != "float32" and self.mode != "plain":
+            raise ValueError(
+                f"protection.wire {self.wire} is for mode plain; mode {self.mode} keeps its own encoding "
+                f"(integers for secagg, groupmask and the Paillier modes; sealed float32 for tee)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _recover_is_secagg(self) -> ProtectionSpec:

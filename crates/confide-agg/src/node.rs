@@ -374,9 +374,8 @@ impl DataPlane {
                 if len != expected {
                     let n = spec.n_valid(index)?;
                     let what = match spec.kind {
-                        crate::Kind::U32Sum => format!("{n} uint32 words need {expected}"),
                         k if k.is_tee() => format!("{n} sealed float32 values need {expected} (12 nonce + {} + 16 tag)", 4 * n),
-                        _ => format!("{n} float32 values need {expected}"),
+                        k => format!("{n} {} need {expected}", k.values_name()),
                     };
                     return Err(slice_error(index, format!("payload holds {len} bytes; {what}")));
                 }

@@ -41,10 +41,17 @@ pub enum Kind {
     TeeF32Sum,
     /// `F32Mean` on AES-GCM sealed slices, folded inside the enclave.
     TeeF32Mean,
+    /// `F32Sum` of slices sent as IEEE float16 (2 bytes a value), widened before they are summed.
+    F16Sum,
+    /// `F32Sum` of slices sent as bfloat16 (float32's top 16 bits), widened before they are summed.
+    Bf16Sum,
+    /// `F32Sum` of slices sent as int8 with one float32 scale in front (4 + n bytes): value = q · scale.
+    Q8Sum,
 }
 
 impl Kind {
-    /// Parses "f32_sum", "f32_mean", "u32_sum", "paillier", "tee_f32_sum", "tee_f32_mean".
+    /// Parses "f32_sum", "f32_mean", "u32_sum", "paillier", "tee_f32_sum", "tee_f32_mean", "f16_sum",
+    /// "bf16_sum", "q8_sum".
     ///
     /// # Errors
     /// `InvalidParameter` naming the known kinds.
@@ -56,10 +63,16 @@ impl Kind {
             "paillier" => Kind::PaillierProduct,
             "tee_f32_sum" => Kind::TeeF32Sum,
             "tee_f32_mean" => Kind::TeeF32Mean,
+            "f16_sum" => Kind::F16Sum,
+            "bf16_sum" => Kind::Bf16Sum,
+            "q8_sum" => Kind::Q8Sum,
             other => {
                 return Err(invalid(
                     "kind",
-                    format!("must be one of f32_sum, f32_mean, u32_sum, paillier, tee_f32_sum, tee_f32_mean; got {other:?}"),
+                    format!(
+                        "must be one of f32_sum, f32_mean, u32_sum, paillier, tee_f32_sum, tee_f32_mean, f16_sum, bf16_sum, \
+                         q8_sum; got {other:?}"
+                    ),
                 ))
             }
         })
@@ -73,6 +86,9 @@ impl Kind {
             Kind::PaillierProduct => "paillier",
             Kind::TeeF32Sum => "tee_f32_sum",
             Kind::TeeF32Mean => "tee_f32_mean",
+            Kind::F16Sum => "f16_sum",
+            Kind::Bf16Sum => "bf16_sum",
+            Kind::Q8Sum => "q8_sum",
         }
     }
     /// Whether slices are sealed for the enclave.
@@ -80,7 +96,22 @@ impl Kind {
         matches!(self, Kind::TeeF32Sum | Kind::TeeF32Mean)
     }
     fn is_f32(self) -> bool {
-        matches!(self, Kind::F32Sum | Kind::F32Mean | Kind::TeeF32Sum | Kind::TeeF32Mean)
+        matches!(self, Kind::F32Sum | Kind::F32Mean | Kind::TeeF32Sum | Kind::TeeF32Mean) || self.is_narrow()
+    }
+    /// Float kinds whose slices travel narrower than float32 (widened on arrival, summed as float32).
+    fn is_narrow(self) -> bool {
+        matches!(self, Kind::F16Sum | Kind::Bf16Sum | Kind::Q8Sum)
+    }
+    /// What one slice's values are called in errors.
+    pub(crate) fn values_name(self) -> &'static str {
+        match self {
+            Kind::U32Sum => "uint32 words",
+            Kind::F16Sum => "float16 values",
+            Kind::Bf16Sum => "bfloat16 values",
+            Kind::Q8Sum => "int8 values and their float32 scale",
+            k if k.is_tee() => "sealed float32 values",
+            _ => "float32 values",
+        }
     }
     fn is_mean(self) -> bool {
         matches!(self, Kind::F32Mean | Kind::TeeF32Mean)
@@ -93,6 +124,9 @@ impl Kind {
             Kind::PaillierProduct => 4,
             Kind::TeeF32Sum => 5,
             Kind::TeeF32Mean => 6,
+            Kind::F16Sum => 7,
+            Kind::Bf16Sum => 8,
+            Kind::Q8Sum => 9,
         }
     }
 }
@@ -195,6 +229,8 @@ impl RoundSpec {
         Ok(match self.kind {
             Kind::PaillierProduct => None,
             k if k.is_tee() => Some(SEAL_OVERHEAD + 4 * n),
+            Kind::F16Sum | Kind::Bf16Sum => Some(2 * n),
+            Kind::Q8Sum => Some(4 + n),
             _ => Some(4 * n),
         })
     }
@@ -212,9 +248,11 @@ impl RoundSpec {
 
     fn check_size(&self, index: u32, plain_bytes: usize) -> Result<()> {
         let n = self.n_valid(index)?;
-        if self.kind != Kind::PaillierProduct && plain_bytes != 4 * n {
-            let what = if self.kind == Kind::U32Sum { "uint32 words" } else { "float32 values" };
-            return Err(slice_error(index, format!("payload holds {plain_bytes} bytes; {n} {what} need {}", 4 * n)));
+        // tee slices are checked sealed (node.rs) and arrive here opened: float32 words.
+        let expected = if self.kind.is_tee() { Some(4 * n) } else { self.payload_bytes(index)? };
+        if let Some(expected) = expected.filter(|e| *e != plain_bytes) {
+            let what = if self.kind.is_tee() { "float32 values" } else { self.kind.values_name() };
+            return Err(slice_error(index, format!("payload holds {plain_bytes} bytes; {n} {what} need {expected}")));
         }
         Ok(())
     }
@@ -313,6 +351,23 @@ impl Entry {
 enum Spilled {
     Memory(Vec<u8>),
     File(PathBuf),
+}
+
+/// A narrow slice (float16, bfloat16, scaled int8) as little-endian float32 words.
+fn widen(kind: Kind, index: u32, payload: &[u8]) -> Result<Vec<u8>> {
+    let words: Vec<f32> = match kind {
+        Kind::F16Sum => payload.chunks_exact(2).map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
+        Kind::Bf16Sum => payload.chunks_exact(2).map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
+        Kind::Q8Sum => {
+            let scale = f32::from_le_bytes([payload[0], payload[1], payload[2], payload[3]]);
+            if !scale.is_finite() || scale < 0.0 {
+                return Err(slice_error(index, format!("int8 slice scale is {scale}; a finite scale >= 0 is required")));
+            }
+            payload[4..].iter().map(|&q| f32::from(q as i8) * scale).collect()
+        }
+        other => return Err(invalid("kind", format!("{} slices are not narrow", other.name()))),
+    };
+    Ok(crate::bytes::f32_bytes(&words).to_vec())
 }
 
 /// A decoded arrival, validated and ready to fold.
@@ -661,6 +716,13 @@ impl Tracker {
             self.stats.duplicates += 1;
             return Ok(Outcome::Duplicate);
         }
+        let widened;
+        let payload = if spec.kind.is_narrow() {
+            widened = widen(spec.kind, index, payload)?;
+            &widened[..]
+        } else {
+            payload
+        };
         let arrival = match spec.kind {
             Kind::PaillierProduct => Arrival::Block(parse_paillier(spec, index, payload)?),
             k => {

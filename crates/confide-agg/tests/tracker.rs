@@ -215,3 +215,41 @@ fn late_and_duplicate() {
     t.close_round(10);
     assert_eq!(t.ingest(&spec, 1, 0, &x).unwrap(), Outcome::Accepted, "close forgets the round");
 }
+
+#[test]
+fn narrow_slices_are_widened_then_summed_as_float32() {
+    let values = [1.5f32, -2.25, 1024.0, 0.001];
+    // float16 and bfloat16: exact for these values' magnitudes up to their precision.
+    let f16: Vec<u8> = values.iter().flat_map(|v| half::f16::from_f32(*v).to_le_bytes()).collect();
+    let bf16: Vec<u8> = values.iter().flat_map(|v| half::bf16::from_f32(*v).to_le_bytes()).collect();
+    for (kind, payload) in [(Kind::F16Sum, &f16), (Kind::Bf16Sum, &bf16)] {
+        let round = spec(20, kind, 2, 4, 4, vec![1.0; 2]);
+        let mut t = Tracker::new(usize::MAX, None, "n");
+        assert_eq!(t.ingest(&round, 0, 0, payload).unwrap(), Outcome::Accepted);
+        let Outcome::Completed(sum) = t.ingest(&round, 1, 0, payload).unwrap() else { panic!("{kind:?} did not complete") };
+        let want: Vec<f32> = payload
+            .chunks_exact(2)
+            .map(|c| {
+                2.0 * if kind == Kind::F16Sum {
+                    half::f16::from_le_bytes([c[0], c[1]]).to_f32()
+                } else {
+                    half::bf16::from_le_bytes([c[0], c[1]]).to_f32()
+                }
+            })
+            .collect();
+        assert_eq!(f32s(&sum), want, "{kind:?}");
+        let e = t.ingest(&spec(21, kind, 2, 4, 4, vec![1.0; 2]), 0, 0, &[0u8; 16]).unwrap_err().to_string();
+        assert!(e.contains("payload holds 16 bytes; 4 ") && e.contains("values need 8"), "{e}");
+    }
+    // int8 with a scale in front: q * scale, each party its own scale.
+    let q8 = |scale: f32, q: [i8; 4]| -> Vec<u8> { scale.to_le_bytes().into_iter().chain(q.iter().map(|v| *v as u8)).collect() };
+    let spec = spec(22, Kind::Q8Sum, 2, 4, 4, vec![1.0; 2]);
+    let mut t = Tracker::new(usize::MAX, None, "q");
+    assert_eq!(t.ingest(&spec, 0, 0, &q8(0.5, [127, -127, 2, 0])).unwrap(), Outcome::Accepted);
+    let Outcome::Completed(sum) = t.ingest(&spec, 1, 0, &q8(0.25, [4, 4, -8, 1])).unwrap() else { panic!("q8 did not complete") };
+    assert_eq!(f32s(&sum), vec![64.5, -62.5, -1.0, 0.25]);
+    let e = t.ingest(&spec, 0, 0, &[0u8; 16]).unwrap_err().to_string();
+    assert!(e.contains("4 int8 values and their float32 scale need 8"), "{e}");
+    let e = Tracker::new(usize::MAX, None, "s").ingest(&spec, 0, 0, &q8(f32::NAN, [0; 4])).unwrap_err().to_string();
+    assert!(e.contains("scale is NaN"), "{e}");
+}

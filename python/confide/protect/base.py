@@ -87,6 +87,8 @@ class ProtectionParams:
         secagg with recover: how long the unmasking waits for survivors that went quiet.
     min_parties : int
         Fewest participants a round may complete with (secagg with recover checks it before revealing).
+    wire : {"float32", "float16", "bfloat16", "int8"}
+        plain: how values travel to the aggregator (widened to float32 there and summed).
     """
 
     key_bits: int = 2048
@@ -102,6 +104,7 @@ class ProtectionParams:
     recovery_threshold: int | None = None
     recovery_timeout_s: float = 10.0
     min_parties: int = 2
+    wire: str = "float32"
 
 
 @dataclass

@@ -1,4 +1,11 @@
-"""``plain``: float32 updates in the clear (the baseline; the aggregator sees every update)."""
+"""``plain``: updates in the clear (the baseline; the aggregator sees every update).
+
+Values travel as float32 unless ``protection.wire`` narrows them: ``float16`` or ``bfloat16``
+(2 bytes a value, rounded to nearest even) or ``int8`` (1 byte a value and one float32 scale
+per slice: ``q = round(x / scale)``, ``scale = max|x| / 127``). The aggregator widens each
+slice back to float32 before it sums (its ``f16_sum``, ``bf16_sum``, ``q8_sum`` kinds), and the
+sum comes back as float32: narrowing halves or quarters the upload, not the download.
+"""
 
 from __future__ import annotations
 
@@ -6,18 +13,41 @@ from collections.abc import Callable
 
 import numpy as np
 
-from confide.protect.base import Protection, RoundContext
+from confide.errors import InvalidParameterError
+from confide.protect.base import Protection, ProtectionParams, RoundContext
 from confide.v1 import runtime_pb2 as pb
 
-__all__ = ["Plain"]
+__all__ = ["WIRE_KINDS", "Plain", "to_bfloat16"]
+
+#: protection.wire -> the aggregation kind its slices travel as.
+WIRE_KINDS = {
+    "float32": pb.AGGREGATION_KIND_FLOAT32_SUM,
+    "float16": pb.AGGREGATION_KIND_FLOAT16_SUM,
+    "bfloat16": pb.AGGREGATION_KIND_BFLOAT16_SUM,
+    "int8": pb.AGGREGATION_KIND_INT8_SCALED_SUM,
+}
+_FLOAT16_MAX = float(np.finfo(np.float16).max)
+
+
+def to_bfloat16(values: np.ndarray) -> np.ndarray:
+    """bfloat16 words (uint16) of float32 ``values``, rounded to nearest even."""
+    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+    rounding = ((bits >> 16) & 1) + np.uint32(0x7FFF)
+    return ((bits + rounding) >> 16).astype("<u2")
 
 
 class Plain(Protection):
-    """No protection: little-endian float32 words."""
+    """No protection: little-endian float32 words, or narrower ones (``protection.wire``)."""
 
     mode = "plain"
     kind = pb.AGGREGATION_KIND_FLOAT32_SUM
     aggregator_sees = "every party's update in the clear"
+
+    def __init__(self, exchange, params: ProtectionParams) -> None:
+        super().__init__(exchange, params)
+        if params.wire not in WIRE_KINDS:
+            raise InvalidParameterError(f"protection.wire must be one of {', '.join(WIRE_KINDS)}, got {params.wire!r}")
+        self.kind = WIRE_KINDS[params.wire]
 
     def share(self, round_number, tag, payload, peers) -> None:
         """Sent in the clear (this mode hides nothing from the aggregator)."""
@@ -28,13 +58,33 @@ class Plain(Protection):
         return self.exchange.recv(round_number, tag, peer, timeout=timeout)
 
     def encode(self, context: RoundContext, index: int, values: np.ndarray) -> bytes:
-        """float32 words."""
-        return np.ascontiguousarray(values, dtype="<f4").tobytes()
+        """The slice in the job's wire format."""
+        wire = self.params.wire
+        if wire == "float32":
+            return np.ascontiguousarray(values, dtype="<f4").tobytes()
+        values = np.asarray(values, dtype=np.float32)
+        if wire == "bfloat16":
+            return to_bfloat16(values).tobytes()
+        largest = float(np.abs(values).max()) if values.size else 0.0
+        if wire == "float16":
+            if largest > _FLOAT16_MAX:
+                raise InvalidParameterError(
+                    f"protection.wire float16: round {context.round} holds a value of magnitude {largest:.6g}, past "
+                    f"float16's largest ({_FLOAT16_MAX:.0f}); use bfloat16 (float32's range)"
+                )
+            return values.astype("<f2").tobytes()
+        scale = np.float32(largest / 127.0)
+        quantized = np.rint(values / scale) if scale > 0 else np.zeros_like(values)
+        return scale.astype("<f4").tobytes() + np.clip(quantized, -127, 127).astype(np.int8).tobytes()
 
     def finish_round(self, context: RoundContext, result: Callable[[int], pb.Slice]) -> np.ndarray:
-        """Concatenate the summed slices."""
+        """Concatenate the summed slices (float32 whatever the wire)."""
         out = context.output()
         for index in range(context.num_slices):
             start, stop = context.bounds(index)
             out[start:stop] = np.frombuffer(result(index).payload, dtype="<f4")
         return out
+
+    def report(self) -> dict:
+        """The mode, and the wire format its slices took."""
+        return {**super().report(), "wire": self.params.wire}

@@ -281,3 +281,10 @@ def test_an_hf_model_needs_its_section_and_names_every_party_folder(tmp_path):
     loaded = load_job(job)
     assert loaded.model.hf.pretrained == str((tmp_path / "models" / "tiny-bert").resolve())
     assert loaded.model.hf.adapter == "lora" and loaded.data.vocabulary == 1000
+
+
+def test_a_narrow_wire_is_for_plain_only():
+    assert parse_job(spec(protection={"mode": "plain", "wire": "bfloat16"})).protection.params().wire == "bfloat16"
+    message = error_of(spec(protection={"mode": "secagg", "wire": "int8"}))
+    assert "protection.wire int8 is for mode plain; mode secagg keeps its own encoding" in message
+    assert "protection.wire" in error_of(spec(protection={"mode": "plain", "wire": "float8"}))
