@@ -77,5 +77,7 @@ def test_a_model_too_large_for_the_memory_limit_is_refused_before_round_one(tmp_
     )
     with pytest.raises(JobFailedError, match=message):
         run(job, tmp_path)
-    report = party_report(tmp_path, "hospital-a")
-    assert report.get("rounds", []) == []
+    # The first party to refuse stops the job; the other may be stopped before it wrote a report.
+    written = [p for p in PARTIES[:2] if (tmp_path / "parties" / f"{p}.report.json").exists()]
+    assert written
+    assert all(party_report(tmp_path, p).get("rounds", []) == [] for p in written)
