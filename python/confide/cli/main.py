@@ -631,6 +631,12 @@ def print_summary(report: dict) -> None:
             f"model: {model.algorithm} ({model.parameters:,} weights in {model.tensors} tensors, "
             f"{model.layers} layer{'s' if model.layers != 1 else ''}{backend}); strategy {strategy}"
         )
+        if model.base_sha256:
+            adapter = "adapter lora" if model.adapter == "lora" else "full fine-tuning"
+            print(
+                f"  pretrained base: {model.base_parameters:,} weights, SHA-256 {model.base_sha256[:16]}... "
+                f"(the same at every party); {adapter}"
+            )
     central = job.centralized
     for metric, label, final in (("auc", "AUC", job.final_auc), ("accuracy", "accuracy", job.final_accuracy)):
         if final is None:

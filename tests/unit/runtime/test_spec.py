@@ -288,3 +288,9 @@ def test_a_narrow_wire_is_for_plain_only():
     message = error_of(spec(protection={"mode": "secagg", "wire": "int8"}))
     assert "protection.wire int8 is for mode plain; mode secagg keeps its own encoding" in message
     assert "protection.wire" in error_of(spec(protection={"mode": "plain", "wire": "float8"}))
+
+
+def test_the_hf_example_parses_and_its_base_folder_is_taken_from_the_file():
+    example = load_job(EXAMPLE.parent / "hf_lora.yaml")
+    assert example.model.algorithm == "hf" and example.data.dataset == "text"
+    assert example.model.hf.pretrained == str((EXAMPLE.parents[1] / "build" / "tiny-bert").resolve())
