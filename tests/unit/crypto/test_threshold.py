@@ -62,6 +62,7 @@ def test_spent_modulus_batches_are_released_as_the_generation_goes(three):
 
 
 def test_at_most_two_batches_are_held_while_many_run():
+    # Without the sieve, at 128 bits and two candidates a batch, a modulus takes ~250 batches.
     hub = th.LocalChannels(3, timeout=120)
     held: list[int] = []
 
@@ -87,7 +88,9 @@ def test_at_most_two_batches_are_held_while_many_run():
 
     out = {}
     threads = [
-        threading.Thread(target=lambda i=i: out.update({i: th_keygen._find_modulus(Counting(hub.channel(i)), 128, 2)}))
+        threading.Thread(
+            target=lambda i=i: out.update({i: th_keygen._find_modulus(Counting(hub.channel(i)), 128, 2, sieve=False)})
+        )
         for i in (1, 2, 3)
     ]
     for thread in threads:
@@ -97,6 +100,45 @@ def test_at_most_two_batches_are_held_while_many_run():
     batches = max(int(k[2].split("/")[2]) for k in hub._boxes if k[2].startswith("dkg/modulus/"))
     assert len(out) == 3 and batches >= 5, "two candidates a batch: several batches are needed"
     assert max(held) <= 3  # this batch, the last, and a fast peer's next
+
+
+@pytest.mark.parametrize("parties", [3, 4, 5])
+def test_sieved_candidates_are_3_mod_4_of_the_full_size_and_free_of_the_sieves_primes(parties):
+    # Distributed sieving: the parties' additive shares of p sum to a number with no prime factor
+    # of M (the primes above the party count), 3 mod 4, with its top two bits set. Three, four and
+    # five parties: one, one and two resharing exchanges before the additive shares.
+    half, count = BITS // 2, 200
+    modulus = th_keygen._sieve_modulus(half, parties)
+    assert all(modulus % r for r in range(2, parties + 1)) and modulus % int(gmpy2.next_prime(parties)) == 0
+    hub = th.LocalChannels(parties, timeout=120)
+    out = {}
+    threads = [
+        threading.Thread(
+            target=lambda i=i: out.update({i: th_keygen._candidate_shares(hub.channel(i), "t", half, count, modulus)})
+        )
+        for i in range(1, parties + 1)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert len(out) == parties
+    for which in (0, 1):
+        candidates = [sum(out[i][which][k] for i in out) for k in range(count)]
+        assert all(math.gcd(c, modulus) == 1 for c in candidates)
+        assert all(c % 4 == 3 and c >> (half - 2) == 0b11 for c in candidates)
+        assert len(set(candidates)) == count
+        # no party's own share is the candidate
+        assert not any(out[1][which][k] == candidates[k] for k in range(count))
+    plain = [th_keygen._candidate_shares(hub.channel(i), "u", half, count, 1)[0] for i in out]
+    unsieved = [sum(shares) for shares in zip(*plain, strict=True)]
+    assert sum(math.gcd(c, modulus) == 1 for c in unsieved) < count * 0.5  # the sieve is what removed them
+
+
+def test_the_sieve_cuts_the_expected_candidates_tenfold_at_2048_bits():
+    assert th_keygen.expected_candidates(2048, 3, sieve=False) == pytest.approx(125_948, rel=0.01)
+    assert th_keygen.expected_candidates(2048, 3) < 10_500
+    assert th_keygen.expected_candidates(2048, 10) < 22_000
 
 
 def test_every_party_ends_with_the_same_public_key_and_its_own_share(three):

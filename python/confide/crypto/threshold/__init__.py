@@ -6,16 +6,21 @@ Numbered steps follow algorithms.md §1.12; every step is semi-honest (a party t
 during key generation is caught only where a check below says so), and every partial
 decryption after it carries a proof, so a party that lies at decryption time is named.
 
-1. **Modulus** (Boneh-Franklin, batched). Each party draws additive shares p_i, q_i of K
-   candidate pairs (party 1's shares are 3 mod 4 plus a public offset that fixes the top two
-   bits, the others' 0 mod 4, so p = sum p_i is 3 mod 4 and N = pq has exactly k bits). BGW over
-   a prime field P > 2^k with polynomials of degree d = floor((m-1)/2), plus a random sharing of
-   zero of degree 2d, reveals N = pq and nothing else (honest majority: privacy against d
-   colluders). Public N are trial-divided by the primes below 4096; survivors get the
-   Boneh-Franklin biprimality test with public-coin g (Jacobi(g|N) = 1): party 1 publishes
+1. **Modulus** (Boneh-Franklin, batched, with distributed sieving). Each party draws random units
+   a_i of Z_M, M the product of the primes above m while it fits in half of p's bits (~70
+   primes, 5 to ~350, at k = 2048); BGW over Z_M (every prime factor of M exceeds m, so the
+   points' differences invert) multiplies them and turns the product a into additive shares
+   b_i mod M. Party i's share of p is 4 (b_i / 4 mod M) + 4 M r_i, party 1 adding the constant
+   that is 3 mod 4, cancels its offset mod M and fixes the top two bits: so p = a (mod M) has
+   no prime factor of M, is 3 mod 4, and N = pq has exactly k bits. BGW over a prime field
+   P > 2^k with polynomials of degree d = floor((m-1)/2), plus a random sharing of zero of
+   degree 2d, reveals N = pq and nothing else (honest majority: privacy against d colluders).
+   Public N are trial-divided by the primes below 2^18; survivors get the Boneh-Franklin
+   biprimality test with public-coin g (Jacobi(g|N) = 1): party 1 publishes
    g^((N - p_1 - q_1 + 1)/4), the others g^((p_i + q_i)/4), and N passes when the quotient is
-   +-1 mod N, 40 times. The expected number of candidates is about (ln 2^(k/2) / 2)^2: ~126,000
-   at k = 2048 (no distributed sieving yet), which is why candidates travel in batches.
+   +-1 mod N, 40 times. The expected number of candidates is (ln 2^(k/2) prod(1 - 1/r) / 2)^2
+   over the primes r of M: ~10,000 at k = 2048 and m = 3, against ~126,000 without sieving
+   (:func:`.keygen.expected_candidates`), which is why candidates still travel in batches.
 2. **Secret** s = beta * phi(N), with phi(N) = N - sum(p_i + q_i) + 1 additively shared and
    beta = sum beta_i random: the cross products beta_i * phi_j are computed pairwise with a
    throw-away Paillier key of party i (Gilboa-style: j answers E_i(beta_i)^phi_j * E_i(r) and

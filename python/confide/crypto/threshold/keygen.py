@@ -15,6 +15,7 @@ from confide.crypto.threshold.keys import (
     KAPPA,
     MAX_MODULUS_BATCHES,
     PRIMORIAL,
+    WIDE_PRIMORIAL,
     ThresholdKey,
     ThresholdPublicKey,
     pack_signed,
@@ -67,28 +68,132 @@ def _lagrange_at_zero(points: Sequence[int], prime: int) -> list[int]:
     return out
 
 
-def _shamir(secret: int, degree: int, prime: int, points: int) -> list[int]:
-    """Shares f(1..points) of a random polynomial of ``degree`` with f(0) = secret (mod prime)."""
-    coefficients = [secret] + [secrets.randbelow(prime) for _ in range(degree)]
+def _randoms_below(bound: int, count: int) -> list[int]:
+    """``count`` integers in [0, bound) from one read of the OS generator (2^-128 from uniform)."""
+    width = (bound.bit_length() + KAPPA + 7) // 8
+    raw = secrets.token_bytes(width * count)
+    return [int.from_bytes(raw[i * width : (i + 1) * width], "little") % bound for i in range(count)]
+
+
+def _shares(values: Sequence[int], degree: int, modulus: int, points: int) -> list[list[int]]:
+    """Shamir shares of every value: ``out[j - 1][k]`` is f_k(j), f_k random of ``degree``, f_k(0) = values[k].
+
+    Over a prime field, or over Z_M when every prime factor of M exceeds ``points`` (the
+    differences of the points are then invertible, which is all interpolation needs).
+    """
+    count = len(values)
+    coefficients = _randoms_below(modulus, degree * count)
     out = []
     for x in range(1, points + 1):
-        value = 0
-        for c in reversed(coefficients):
-            value = (value * x + c) % prime
-        out.append(value)
+        evaluated = []
+        for k, secret in enumerate(values):
+            value = 0
+            for c in reversed(coefficients[k * degree : (k + 1) * degree]):
+                value = (value * x + c) % modulus
+            evaluated.append((value * x + secret) % modulus)
+        out.append(evaluated)
     return out
 
 
-def _candidate_shares(index: int, parties: int, half: int, count: int) -> tuple[list[int], list[int]]:
-    """Additive shares of ``count`` candidate p (or q): 3 mod 4 in sum, top two bits fixed by party 1."""
-    span = (1 << (half - 2)) // parties // 4
+def _sieve_modulus(half: int, parties: int) -> int:
+    """M: the primes above ``parties``, ascending, while their product stays within half of p's bits.
+
+    Candidates p are drawn coprime to M (step 1's sieving). Half of p's bits: the other half is
+    the parties' random multiples of 4M. The primes up to ``parties`` are left to the trial
+    division of N: Shamir sharing over Z_M needs every prime factor of M above the party count.
+    """
+    product, prime = 1, parties
+    while True:
+        prime = int(gmpy2.next_prime(prime))
+        if (product * prime).bit_length() > half // 2:
+            return product
+        product *= prime
+
+
+def expected_candidates(bits: int, parties: int, *, sieve: bool = True) -> float:
+    """Expected candidate pairs (p, q) before both are prime: (ln 2^(k/2) * prod(1 - 1/r) / 2)^2 over r | M."""
+    density = 1.0
+    if sieve:
+        modulus, prime = _sieve_modulus(bits // 2, parties), parties
+        while modulus > 1:
+            prime = int(gmpy2.next_prime(prime))
+            modulus //= prime
+            density *= 1 - 1 / prime
+    return (math.log(2) * bits / 2 * density / 2) ** 2
+
+
+def _sieved_units(channel: Channel, tag: str, modulus: int, count: int) -> list[int]:
+    """My additive shares (mod M) of ``count`` products a = a_1 * ... * a_m of random units of Z_M.
+
+    Each party draws its a_i from Z_M* and shares it (degree d = floor((m-1)/2)); products of two
+    sharings have degree 2d < m and are brought back to degree d by resharing (BGW), pairwise, so
+    ceil(log2 m) - 1 exchanges follow the first. The last product, plus a random sharing of zero
+    of degree 2d, is turned into additive shares with the Lagrange coefficients at 0. a is a unit
+    of Z_M, so p = a (mod M) has no prime factor of M; nobody learns a.
+    """
+    me, m = channel.index, channel.parties
+    degree = (m - 1) // 2
+    width = value_bytes(modulus.bit_length())
+    others = [j for j in range(1, m + 1) if j != me]
+    lagrange = _lagrange_at_zero(list(range(1, m + 1)), modulus)
+    units: list[int] = []
+    while len(units) < count:
+        units += [u for u in _randoms_below(modulus, 4 * (count - len(units))) if math.gcd(u, modulus) == 1]
+    outgoing = [
+        mine + zero
+        for mine, zero in zip(
+            _shares(units[:count], degree, modulus, m), _shares([0] * count, 2 * degree, modulus, m), strict=True
+        )
+    ]
+    for j in others:
+        channel.send(j, f"{tag}/sieve/0", pack_fixed(outgoing[j - 1], width))
+    received = {me: outgoing[me - 1]}
+    for j in others:
+        received[j] = unpack_fixed(channel.recv(j, f"{tag}/sieve/0"), width, 2 * count, f"sieve shares from {j}")
+    level = [received[j][:count] for j in range(1, m + 1)]
+    zero = [sum(received[j][count + k] for j in received) % modulus for k in range(count)]
+    exchange = 0
+    while len(level) > 2:
+        exchange += 1
+        pairs = len(level) // 2
+        products = [
+            x * y % modulus
+            for a, b in zip(level[0 : 2 * pairs : 2], level[1 : 2 * pairs : 2], strict=True)
+            for x, y in zip(a, b, strict=True)
+        ]
+        reshared = _shares(products, degree, modulus, m)
+        step = f"{tag}/sieve/{exchange}"
+        for j in others:
+            channel.send(j, step, pack_fixed(reshared[j - 1], width))
+        got = {me: reshared[me - 1]}
+        for j in others:
+            got[j] = unpack_fixed(channel.recv(j, step), width, pairs * count, f"sieve reshares from {j}")
+        reduced = [sum(lagrange[j - 1] * got[j][i] for j in got) % modulus for i in range(pairs * count)]
+        level = [reduced[i * count : (i + 1) * count] for i in range(pairs)] + level[2 * pairs :]
+    return [lagrange[me - 1] * (x * y + z) % modulus for x, y, z in zip(level[0], level[1], zero, strict=True)]
+
+
+def _candidate_shares(channel: Channel, tag: str, half: int, count: int, modulus: int) -> tuple[list[int], list[int]]:
+    """Additive shares of ``count`` candidates p and q: 3 mod 4, coprime to M, top two bits set.
+
+    p_i = 4 (u b_i mod M) + 4 M r_i, plus, at party 1, c + 2^(half-1) + 2^(half-2), where b_i
+    are the additive shares of a unit a of Z_M, u = 1/4 mod M and c = 3 mod 4, c = -offset mod
+    M: so p = a (mod M) and p = 3 (mod 4). The r_i leave p below 2^(half-1) + 2^(half-1).
+    With M = 1 (no sieving) this is the plain draw of Boneh-Franklin.
+    """
+    me, m = channel.index, channel.parties
+    span = (1 << (half - 2)) // (4 * modulus * m) - 2
+    if span < 1:
+        raise InvalidParameterError(
+            f"bits too small for the sieve: 2^{half - 2} against M of {modulus.bit_length()} bits"
+        )
     offset = (1 << (half - 1)) + (1 << (half - 2))
-
-    def draw() -> int:
-        share = 4 * secrets.randbelow(span)
-        return share + offset + 3 if index == 1 else share
-
-    return [draw() for _ in range(count)], [draw() for _ in range(count)]
+    quarter = pow(4, -1, modulus) if modulus > 1 else 0
+    fixed = 3 + 4 * ((-offset - 3) * quarter % modulus) + offset if me == 1 else 0
+    units = _sieved_units(channel, tag, modulus, 2 * count) if modulus > 1 else [0] * (2 * count)
+    masks = _randoms_below(span, 2 * count)
+    shares = [4 * (quarter * b % modulus) + 4 * modulus * r + fixed for b, r in zip(units, masks, strict=True)]
+    return shares[:count], shares[count:]
 
 
 def _biprime_base(n: int, test: int) -> int:
@@ -115,14 +220,15 @@ def _biprime_passes(values: Sequence[int], n: int) -> bool:
     return quotient in (1, n - 1)
 
 
-def _find_modulus(channel: Channel, bits: int, batch: int) -> tuple[int, int, int]:
-    """(N, p_i, q_i): step 1 of the module docstring."""
+def _find_modulus(channel: Channel, bits: int, batch: int, *, sieve: bool = True) -> tuple[int, int, int]:
+    """(N, p_i, q_i): step 1 of the module docstring (``sieve=False``: no distributed sieving)."""
     me, m = channel.index, channel.parties
     degree = (m - 1) // 2
     prime = _field_prime(bits)
     width = value_bytes(prime.bit_length())
     nwidth = value_bytes(bits)
     lagrange = _lagrange_at_zero(list(range(1, m + 1)), prime)
+    sieve_modulus = _sieve_modulus(bits // 2, m) if sieve else 1
     others = [j for j in range(1, m + 1) if j != me]
     round_number = 0
     while True:
@@ -130,17 +236,16 @@ def _find_modulus(channel: Channel, bits: int, batch: int) -> tuple[int, int, in
         if round_number > MAX_MODULUS_BATCHES:
             raise ProtocolError(
                 f"no biprime modulus after {MAX_MODULUS_BATCHES} batches of {batch} candidates (about "
-                f"{30 * 2048 // batch} are expected at 2048 bits): a party is deviating from the key generation"
+                f"{math.ceil(expected_candidates(bits, m, sieve=sieve) / batch)} are expected): a party is deviating "
+                "from the key generation"
             )
         tag = f"dkg/modulus/{round_number}"
-        ps, qs = _candidate_shares(me, m, bits // 2, batch)
-        outgoing: dict[int, list[int]] = {j: [] for j in range(1, m + 1)}
-        for p, q in zip(ps, qs, strict=True):
-            sp = _shamir(p, degree, prime, m)
-            sq = _shamir(q, degree, prime, m)
-            sz = _shamir(0, 2 * degree, prime, m)
-            for j in range(1, m + 1):
-                outgoing[j] += (sp[j - 1], sq[j - 1], sz[j - 1])
+        ps, qs = _candidate_shares(channel, tag, bits // 2, batch, sieve_modulus)
+        sp, sq = _shares(ps, degree, prime, m), _shares(qs, degree, prime, m)
+        sz = _shares([0] * batch, 2 * degree, prime, m)
+        outgoing = {
+            j: [v for k in range(batch) for v in (sp[j - 1][k], sq[j - 1][k], sz[j - 1][k])] for j in range(1, m + 1)
+        }
         for j in others:
             channel.send(j, tag + "/shares", pack_fixed(outgoing[j], width))
         received = {me: outgoing[me]}
@@ -169,6 +274,7 @@ def _find_modulus(channel: Channel, bits: int, batch: int) -> tuple[int, int, in
                 raise ProtocolError(f"candidate modulus {k} of round {round_number} has {n.bit_length()} bits")
             moduli.append(n)
         survivors = [k for k, n in enumerate(moduli) if math.gcd(n, PRIMORIAL) == 1]
+        survivors = [k for k in survivors if gmpy2.gcd(WIDE_PRIMORIAL % moduli[k], moduli[k]) == 1]
         for tests in (1, BIPRIME_TESTS):
             if not survivors:
                 break
