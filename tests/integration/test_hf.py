@@ -41,7 +41,7 @@ def hf_job(job_id: str, mode: str, pretrained, **model) -> dict:
             **model,
         },
         "data": {"dataset": "text", "samples": 800, "example_shape": [LENGTH], "classes": 2, "vocabulary": VOCABULARY},
-        # threshold: the dealer deals the key shares (distributed key generation takes 10-60 s here, and
+        # threshold: the dealer deals the key shares (distributed key generation takes 10-50 s here, and
         # is the threshold tests' subject, not this file's).
         "protection": {"mode": mode, "share_timeout_s": 10.0, **({"keygen": "dealer"} if mode == "threshold" else {})},
         "transport": {"round_timeout_s": 120.0, "dropout_grace_s": 2.0},
