@@ -108,13 +108,14 @@ def test_sieved_candidates_are_3_mod_4_of_the_full_size_and_free_of_the_sieves_p
     # of M (the primes above the party count), 3 mod 4, with its top two bits set. Three, four and
     # five parties: one, one and two resharing exchanges before the additive shares.
     half, count = BITS // 2, 200
-    modulus = th_keygen._sieve_modulus(half, parties)
+    primes = th_keygen._sieve_primes(half, parties)
+    modulus = math.prod(primes)
     assert all(modulus % r for r in range(2, parties + 1)) and modulus % int(gmpy2.next_prime(parties)) == 0
     hub = th.LocalChannels(parties, timeout=120)
     out = {}
     threads = [
         threading.Thread(
-            target=lambda i=i: out.update({i: th_keygen._candidate_shares(hub.channel(i), "t", half, count, modulus)})
+            target=lambda i=i: out.update({i: th_keygen._candidate_shares(hub.channel(i), "t", half, count, primes)})
         )
         for i in range(1, parties + 1)
     ]
@@ -130,9 +131,42 @@ def test_sieved_candidates_are_3_mod_4_of_the_full_size_and_free_of_the_sieves_p
         assert len(set(candidates)) == count
         # no party's own share is the candidate
         assert not any(out[1][which][k] == candidates[k] for k in range(count))
-    plain = [th_keygen._candidate_shares(hub.channel(i), "u", half, count, 1)[0] for i in out]
+    plain = [th_keygen._candidate_shares(hub.channel(i), "u", half, count, ())[0] for i in out]
     unsieved = [sum(shares) for shares in zip(*plain, strict=True)]
     assert sum(math.gcd(c, modulus) == 1 for c in unsieved) < count * 0.5  # the sieve is what removed them
+
+
+def test_a_party_sending_short_sieve_residues_is_named():
+    hub = th.LocalChannels(3, timeout=5)  # party 2 itself then waits for the exchange the others quit
+    primes = th_keygen._sieve_primes(BITS // 2, 3)
+
+    class Short(th_keygen.Channel):
+        def __init__(self, inner):
+            self.inner, self.index, self.parties = inner, inner.index, inner.parties
+
+        def send(self, to, tag, payload):
+            self.inner.send(to, tag, payload[:-2] if tag.endswith("/sieve/0") else payload)
+
+        def recv(self, sender, tag):
+            return self.inner.recv(sender, tag)
+
+    errors = {}
+
+    def run(i):
+        channel = Short(hub.channel(i)) if i == 2 else hub.channel(i)
+        try:
+            th_keygen._candidate_shares(channel, "t", BITS // 2, 8, primes)
+        except ProtocolError as error:
+            errors[i] = error
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in (1, 2, 3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    named = {i: e for i, e in errors.items() if isinstance(e, th.CheatingPartyError)}
+    assert set(named) == {1, 3}
+    assert all(e.party == 2 and "sieve residues" in str(e) for e in named.values())
 
 
 def test_the_sieve_cuts_the_expected_candidates_tenfold_at_2048_bits():

@@ -10,8 +10,9 @@ decryption after it carries a proof, so a party that lies at decryption time is 
    a_i of Z_M, M the product of the primes above m while it fits in half of p's bits (~70
    primes, 5 to ~350, at k = 2048); BGW over Z_M (every prime factor of M exceeds m, so the
    points' differences invert) multiplies them and turns the product a into additive shares
-   b_i mod M. Party i's share of p is 4 (b_i / 4 mod M) + 4 M r_i, party 1 adding the constant
-   that is 3 mod 4, cancels its offset mod M and fixes the top two bits: so p = a (mod M) has
+   b_i mod M (in residues modulo each prime of M, numpy arithmetic). Party i's share of p is
+   4 (b_i / 4 mod M) + 4 M r_i, party 1 adding the constant that is 3 mod 4, cancels its
+   offset mod M and fixes the top two bits: so p = a (mod M) has
    no prime factor of M, is 3 mod 4, and N = pq has exactly k bits. BGW over a prime field
    P > 2^k with polynomials of degree d = floor((m-1)/2), plus a random sharing of zero of
    degree 2d, reveals N = pq and nothing else (honest majority: privacy against d colluders).

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import math
+import operator
 import secrets
 import threading
 from collections.abc import Sequence
 
 import gmpy2
+import numpy as np
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from confide.crypto.threshold.channel import Channel, CheatingPartyError, LocalChannels, check_threshold
 from confide.crypto.threshold.keys import (
@@ -95,34 +98,70 @@ def _shares(values: Sequence[int], degree: int, modulus: int, points: int) -> li
     return out
 
 
-def _sieve_modulus(half: int, parties: int) -> int:
-    """M: the primes above ``parties``, ascending, while their product stays within half of p's bits.
+def _sieve_primes(half: int, parties: int) -> tuple[int, ...]:
+    """The primes of M: those above ``parties``, ascending, while their product stays within half of p's bits.
 
     Candidates p are drawn coprime to M (step 1's sieving). Half of p's bits: the other half is
     the parties' random multiples of 4M. The primes up to ``parties`` are left to the trial
-    division of N: Shamir sharing over Z_M needs every prime factor of M above the party count.
+    division of N: Shamir sharing modulo a prime needs the prime above the party count (the
+    points 1..m must be distinct and nonzero modulo it).
     """
+    primes: list[int] = []
     product, prime = 1, parties
     while True:
         prime = int(gmpy2.next_prime(prime))
         if (product * prime).bit_length() > half // 2:
-            return product
+            return tuple(primes)
+        primes.append(prime)
         product *= prime
 
 
 def expected_candidates(bits: int, parties: int, *, sieve: bool = True) -> float:
     """Expected candidate pairs (p, q) before both are prime: (ln 2^(k/2) * prod(1 - 1/r) / 2)^2 over r | M."""
-    density = 1.0
-    if sieve:
-        modulus, prime = _sieve_modulus(bits // 2, parties), parties
-        while modulus > 1:
-            prime = int(gmpy2.next_prime(prime))
-            modulus //= prime
-            density *= 1 - 1 / prime
+    density = math.prod(1 - 1 / r for r in _sieve_primes(bits // 2, parties)) if sieve else 1.0
     return (math.log(2) * bits / 2 * density / 2) ** 2
 
 
-def _sieved_units(channel: Channel, tag: str, modulus: int, count: int) -> list[int]:
+def _random_bytes(size: int) -> bytes:
+    """``size`` bytes of AES-256-CTR keystream under a fresh key from the OS generator (a cryptographic PRG)."""
+    encryptor = Cipher(algorithms.AES(secrets.token_bytes(32)), modes.CTR(secrets.token_bytes(16))).encryptor()
+    return encryptor.update(bytes(size)) + encryptor.finalize()
+
+
+def _residues(primes: np.ndarray, shape: tuple[int, ...], *, units: bool = False) -> np.ndarray:
+    """Uniform residues modulo each prime (the last axis), 2^-112 from uniform; ``units``: nonzero ones.
+
+    128 random bits per residue, reduced as hi * 2^64 + lo.
+    """
+    bound = primes - 1 if units else primes
+    raw = np.frombuffer(_random_bytes(16 * math.prod(shape)), dtype=np.uint64).reshape(*shape, 2)
+    bound64 = bound.astype(np.uint64)
+    wrap = np.array([(1 << 64) % b for b in bound.tolist()], dtype=np.uint64)
+    value = ((raw[..., 0] % bound64) * wrap + raw[..., 1] % bound64) % bound64
+    return value.astype(np.int64) + (1 if units else 0)
+
+
+def _rns_shares(values: np.ndarray, degree: int, primes: np.ndarray, points: int) -> np.ndarray:
+    """Shamir shares of residue vectors (count, P): ``out[j - 1]`` = f(j) modulo each prime, f(0) = values.
+
+    Horner's rule, reduced only when the next step could pass 2^62 (residues are below 2^16).
+    """
+    coefficients = _residues(primes, (degree, *values.shape))
+    top = int(primes.max())
+    out = np.empty((points, *values.shape), dtype=np.int64)
+    for x in range(1, points + 1):
+        acc, bound = np.zeros_like(values), 0
+        for c in coefficients[::-1]:
+            if (bound + top) * x >= 1 << 62:
+                acc %= primes
+                bound = top
+            acc = (acc + c) * x
+            bound = (bound + top) * x
+        out[x - 1] = (acc + values) % primes
+    return out
+
+
+def _sieved_units(channel: Channel, tag: str, primes: Sequence[int], count: int) -> list[int]:
     """My additive shares (mod M) of ``count`` products a = a_1 * ... * a_m of random units of Z_M.
 
     Each party draws its a_i from Z_M* and shares it (degree d = floor((m-1)/2)); products of two
@@ -130,58 +169,69 @@ def _sieved_units(channel: Channel, tag: str, modulus: int, count: int) -> list[
     ceil(log2 m) - 1 exchanges follow the first. The last product, plus a random sharing of zero
     of degree 2d, is turned into additive shares with the Lagrange coefficients at 0. a is a unit
     of Z_M, so p = a (mod M) has no prime factor of M; nobody learns a.
+
+    Values mod M are held as residues modulo each prime of M (the Chinese remainder theorem), so
+    the arithmetic is numpy's on small integers and a uniform unit of Z_M is a uniform nonzero
+    residue modulo each prime; they travel as 16-bit residues, and are put together at the end.
     """
     me, m = channel.index, channel.parties
     degree = (m - 1) // 2
-    width = value_bytes(modulus.bit_length())
+    q = np.asarray(primes, dtype=np.int64)
+    if int(q.max()) >= 1 << 16:
+        raise InvalidParameterError(f"sieve primes must stay below 2^16, got {int(q.max())}")
     others = [j for j in range(1, m + 1) if j != me]
-    lagrange = _lagrange_at_zero(list(range(1, m + 1)), modulus)
-    units: list[int] = []
-    while len(units) < count:
-        units += [u for u in _randoms_below(modulus, 4 * (count - len(units))) if math.gcd(u, modulus) == 1]
-    outgoing = [
-        mine + zero
-        for mine, zero in zip(
-            _shares(units[:count], degree, modulus, m), _shares([0] * count, 2 * degree, modulus, m), strict=True
-        )
-    ]
-    for j in others:
-        channel.send(j, f"{tag}/sieve/0", pack_fixed(outgoing[j - 1], width))
-    received = {me: outgoing[me - 1]}
-    for j in others:
-        received[j] = unpack_fixed(channel.recv(j, f"{tag}/sieve/0"), width, 2 * count, f"sieve shares from {j}")
+    lagrange = np.array(
+        [
+            [coefficient % r for r in primes]
+            for coefficient in _lagrange_at_zero(list(range(1, m + 1)), math.prod(primes))
+        ],
+        dtype=np.int64,
+    )
+
+    def exchange(step: str, shares: np.ndarray, rows: int) -> dict[int, np.ndarray]:
+        for j in others:
+            channel.send(j, step, shares[j - 1].astype("<u2").tobytes())
+        got = {me: shares[me - 1]}
+        for j in others:
+            payload = channel.recv(j, step)
+            if len(payload) != 2 * rows * len(primes):
+                raise CheatingPartyError(
+                    j, f"sent {len(payload)} bytes of sieve residues, expected {2 * rows * len(primes)}"
+                )
+            got[j] = np.frombuffer(payload, dtype="<u2").astype(np.int64).reshape(rows, len(primes)) % q
+        return got
+
+    units = _residues(q, (count, len(primes)), units=True)
+    zero = _rns_shares(np.zeros_like(units), 2 * degree, q, m)
+    received = exchange(f"{tag}/sieve/0", np.concatenate([_rns_shares(units, degree, q, m), zero], axis=1), 2 * count)
     level = [received[j][:count] for j in range(1, m + 1)]
-    zero = [sum(received[j][count + k] for j in received) % modulus for k in range(count)]
-    exchange = 0
+    zero_share = sum(received[j][count:] for j in received) % q
+    step = 0
     while len(level) > 2:
-        exchange += 1
+        step += 1
         pairs = len(level) // 2
-        products = [
-            x * y % modulus
-            for a, b in zip(level[0 : 2 * pairs : 2], level[1 : 2 * pairs : 2], strict=True)
-            for x, y in zip(a, b, strict=True)
-        ]
-        reshared = _shares(products, degree, modulus, m)
-        step = f"{tag}/sieve/{exchange}"
-        for j in others:
-            channel.send(j, step, pack_fixed(reshared[j - 1], width))
-        got = {me: reshared[me - 1]}
-        for j in others:
-            got[j] = unpack_fixed(channel.recv(j, step), width, pairs * count, f"sieve reshares from {j}")
-        reduced = [sum(lagrange[j - 1] * got[j][i] for j in got) % modulus for i in range(pairs * count)]
+        products = np.concatenate([level[2 * i] * level[2 * i + 1] % q for i in range(pairs)])
+        got = exchange(f"{tag}/sieve/{step}", _rns_shares(products, degree, q, m), pairs * count)
+        reduced = sum(lagrange[j - 1] * got[j] % q for j in got) % q
         level = [reduced[i * count : (i + 1) * count] for i in range(pairs)] + level[2 * pairs :]
-    return [lagrange[me - 1] * (x * y + z) % modulus for x, y, z in zip(level[0], level[1], zero, strict=True)]
+    mine = lagrange[me - 1] * ((level[0] * level[1] + zero_share) % q) % q
+    modulus = math.prod(primes)
+    basis = [(modulus // r) * pow(modulus // r, -1, r) for r in primes]
+    return [sum(map(operator.mul, row, basis)) % modulus for row in mine.tolist()]
 
 
-def _candidate_shares(channel: Channel, tag: str, half: int, count: int, modulus: int) -> tuple[list[int], list[int]]:
+def _candidate_shares(
+    channel: Channel, tag: str, half: int, count: int, primes: Sequence[int]
+) -> tuple[list[int], list[int]]:
     """Additive shares of ``count`` candidates p and q: 3 mod 4, coprime to M, top two bits set.
 
     p_i = 4 (u b_i mod M) + 4 M r_i, plus, at party 1, c + 2^(half-1) + 2^(half-2), where b_i
-    are the additive shares of a unit a of Z_M, u = 1/4 mod M and c = 3 mod 4, c = -offset mod
-    M: so p = a (mod M) and p = 3 (mod 4). The r_i leave p below 2^(half-1) + 2^(half-1).
-    With M = 1 (no sieving) this is the plain draw of Boneh-Franklin.
+    are the additive shares of a unit a of Z_M (M the product of ``primes``), u = 1/4 mod M and
+    c = 3 mod 4, c = -offset mod M: so p = a (mod M) and p = 3 (mod 4). The r_i leave p below
+    2^(half-1) + 2^(half-1). With no primes (M = 1) this is the plain draw of Boneh-Franklin.
     """
     me, m = channel.index, channel.parties
+    modulus = math.prod(primes)
     span = (1 << (half - 2)) // (4 * modulus * m) - 2
     if span < 1:
         raise InvalidParameterError(
@@ -190,7 +240,7 @@ def _candidate_shares(channel: Channel, tag: str, half: int, count: int, modulus
     offset = (1 << (half - 1)) + (1 << (half - 2))
     quarter = pow(4, -1, modulus) if modulus > 1 else 0
     fixed = 3 + 4 * ((-offset - 3) * quarter % modulus) + offset if me == 1 else 0
-    units = _sieved_units(channel, tag, modulus, 2 * count) if modulus > 1 else [0] * (2 * count)
+    units = _sieved_units(channel, tag, primes, 2 * count) if primes else [0] * (2 * count)
     masks = _randoms_below(span, 2 * count)
     shares = [4 * (quarter * b % modulus) + 4 * modulus * r + fixed for b, r in zip(units, masks, strict=True)]
     return shares[:count], shares[count:]
@@ -228,7 +278,7 @@ def _find_modulus(channel: Channel, bits: int, batch: int, *, sieve: bool = True
     width = value_bytes(prime.bit_length())
     nwidth = value_bytes(bits)
     lagrange = _lagrange_at_zero(list(range(1, m + 1)), prime)
-    sieve_modulus = _sieve_modulus(bits // 2, m) if sieve else 1
+    sieve_primes = _sieve_primes(bits // 2, m) if sieve else ()
     others = [j for j in range(1, m + 1) if j != me]
     round_number = 0
     while True:
@@ -240,7 +290,7 @@ def _find_modulus(channel: Channel, bits: int, batch: int, *, sieve: bool = True
                 "from the key generation"
             )
         tag = f"dkg/modulus/{round_number}"
-        ps, qs = _candidate_shares(channel, tag, bits // 2, batch, sieve_modulus)
+        ps, qs = _candidate_shares(channel, tag, bits // 2, batch, sieve_primes)
         sp, sq = _shares(ps, degree, prime, m), _shares(qs, degree, prime, m)
         sz = _shares([0] * batch, 2 * degree, prime, m)
         outgoing = {
