@@ -12,10 +12,14 @@ Memory: a delivery is serialized once and its bytes are shared by all its recipi
 that, new deliveries are written to files under ``spill_dir`` and read back as their streams
 reach them. A slow or absent reader therefore slows its own stream, never its peers', and never
 fails the job. A backstop: deliveries of rounds two behind the newest one are dropped whether
-acknowledged or not (``retire``); membership messages (``CONTROL_ROUND``: a restarted party
-asking to rejoin) are kept until the job ends. A relayed envelope is kept once: a party re-sending
-the same bytes under the same tag (after its stream reconnected) adds nothing. A recipient may
-release what it is done with before acknowledging (the many steps of a threshold key generation).
+acknowledged or not (``retire``). Membership messages (``CONTROL_ROUND``: a restarted party
+asking to rejoin) are kept until the job ends; setup messages (``SETUP_ROUND``: key
+announcements, sample counts, the model agreement) are not retired, only acknowledged. A run
+resumed at round r retires rounds below r - 1 as soon as its first slice arrives: had that
+dropped the setup messages, a party still reading its mailbox then would wait for its peers'
+keys that were gone. A relayed envelope is kept once: a party re-sending the same bytes under
+the same tag (after its stream reconnected) adds nothing. A recipient may release what it is
+done with before acknowledging (the many steps of a threshold key generation).
 """
 
 from __future__ import annotations
@@ -33,7 +37,10 @@ from confide.errors import ResourceLimitError
 from confide.transport.client import CONTROL_ROUND
 from confide.v1 import runtime_pb2 as pb
 
-__all__ = ["Mailboxes", "with_seq"]
+__all__ = ["SETUP_ROUND", "Mailboxes", "with_seq"]
+
+#: The round of a job's setup messages (``confide.protect.base.SETUP_ROUND``): never retired.
+SETUP_ROUND = 0
 
 #: Deliveries held in memory (bytes, each counted once however many mailboxes hold it).
 DEFAULT_MEMORY_BYTES = 512 * 1024**2
@@ -234,10 +241,12 @@ class Mailboxes:
             return self._keep((job_id, party), lambda entry: entry.seq > seq or entry.round == CONTROL_ROUND)
 
     def retire(self, job_id: str, before_round: int) -> None:
-        """Forget deliveries of ``job_id`` for rounds older than ``before_round``."""
+        """Forget deliveries of ``job_id`` for rounds older than ``before_round`` (setup and membership ones stay)."""
         with self._changed:
             for key in [key for key in self._boxes if key[0] == job_id]:
-                self._keep(key, lambda entry: entry.round >= before_round or entry.round == CONTROL_ROUND)
+                self._keep(
+                    key, lambda entry: entry.round >= before_round or entry.round in (CONTROL_ROUND, SETUP_ROUND)
+                )
 
     def release(self, job_id: str, party: str, round_number: int, prefix: str) -> int:
         """Forget the envelopes of ``round_number`` under tag ``prefix`` in ``party``'s mailbox; returns how many.

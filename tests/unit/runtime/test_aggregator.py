@@ -652,6 +652,22 @@ def test_retire_drops_old_rounds_and_frees_bytes():
     assert _drain(boxes, "j", "a") == []
 
 
+def test_setup_messages_outlive_the_rounds_retired_until_their_reader_files_them():
+    # A run resumed at round 4: its first slice retires rounds below 3 at once. A party still
+    # reading its mailbox must find its peers' key announcements (round 0) there.
+    from confide.aggregator.mailbox import SETUP_ROUND
+    from confide.protect.base import SETUP_ROUND as PROTECT_SETUP_ROUND
+
+    assert SETUP_ROUND == PROTECT_SETUP_ROUND
+    boxes = Mailboxes()
+    boxes.deliver("j", "c", SETUP_ROUND, delivery("keys/announce", size=10))
+    boxes.deliver("j", "c", 2, delivery("old", size=10))
+    boxes.retire("j", 3)
+    assert tags(_drain(boxes, "j", "c")) == ["keys/announce"]
+    boxes.ack("j", "c", 1)
+    assert boxes.retained_bytes == 0
+
+
 def test_beyond_its_memory_budget_a_mailbox_spills_to_disk_and_refuses_nothing(tmp_path):
     one = delivery("x0", size=100)
     boxes = Mailboxes(memory_bytes=3 * one.ByteSize(), spill_dir=tmp_path / "spill")
