@@ -108,8 +108,9 @@ test-fuzz-rust: $(GMP)
 	rm -rf build/fuzz/short-corpus
 	python3 fuzz/run.py --rust --runs 20000 --jobs 2 --seed 1 --found build/fuzz/short-corpus
 
-# The wheel another x86-64 Linux machine installs (scripts/build-wheel.sh: portable GMP, its own
-# target directory); tests/integration/test_wheel.py installs it into a clean venv and runs the demo.
+# The wheel another x86-64 Linux machine installs (scripts/build-wheel.sh: portable GMP, the
+# development build's compiled crates); tests/integration/test_wheel.py installs it into a clean
+# venv and runs the demo.
 WHEEL_STAMP := dist/.confide-wheel
 $(WHEEL_STAMP): $(NATIVE) $(PROTO) $(CONSOLE) $(RUST_SRC) scripts/build-wheel.sh scripts/build-gmp.sh \
 		$(shell git ls-files python 2>/dev/null)

@@ -7,9 +7,18 @@
 #   of the development build (build/gmp) would use instructions another CPU may lack.
 # - The AVX-512 IFMA Paillier engine is Rust code compiled for every x86-64 and chosen at run
 #   time (CPUID), so it needs nothing here.
-# - Its own target directory (target/wheel): the development build links the tuned GMP.
+# - The development build's target directory (target/), so the wheel reuses every compiled crate:
+#   its own directory and a staged copy of the sources took 141 s on two cores. Where the
+#   development GMP is itself fat (config.guess names the CPU: most hosts) the development build
+#   is the wheel's and this takes seconds. Where it is tuned, the crates above GMP compile again
+#   against the portable one, and `-L` puts it first at the extension's link: those rustc
+#   arguments are part of that crate's fingerprint, so cargo relinks it. The check below fails
+#   the build if the tuned GMP got in.
+# - The same interpreter as `maturin develop` (the venv's): pyo3's build configuration, and with it
+#   every crate above pyo3, is then the one already built.
 # - The generated gRPC modules (python/confide/v1) and the console's front-end libraries are
-#   made by `make setup` first and go inside the wheel with the rest of python/confide.
+#   made by `make setup` first; git ignores them, so pyproject.toml's [tool.maturin] include
+#   names them for the wheel.
 # - maturin checks the extension against the manylinux policies (auditwheel) and names the
 #   wheel after the oldest one it satisfies.
 set -euo pipefail
@@ -21,17 +30,16 @@ for generated in python/confide/v1/runtime_pb2.py python/confide/v1/runtime_pb2_
     [ -f "$generated" ] || { echo "build-wheel: $generated is missing: run make setup first" >&2; exit 1; }
 done
 rm -f dist/confide-*.whl
-# maturin leaves out of a wheel whatever git ignores, and the generated modules are ignored
-# (they are build output): build from a copy of the tracked files plus them, outside the checkout.
-# One fixed place per checkout, files copied with their times: cargo then rebuilds only what changed.
-stage="${TMPDIR:-/tmp}/confide-wheel-src-$(id -u)-$(printf '%s' "$root" | cksum | cut -d' ' -f1)"
-rm -rf "$stage" && mkdir -p "$stage"
-git ls-files -z | xargs -0 cp -p --parents -t "$stage"
-cp -rp --parents python/confide/v1 -t "$stage"
-[ -d python/confide/web/static/vendor ] && cp -rp --parents python/confide/web/static/vendor -t "$stage"
 mkdir -p dist
-(cd "$stage" && CPATH="$gmp/include" LIBRARY_PATH="$gmp/lib" \
-    "$root/.venv/bin/maturin" build --release --target-dir "$root/target/wheel" --out "$root/dist" --quiet)
+build=("$root/.venv/bin/maturin" build --release --quiet --interpreter "$root/.venv/bin/python"
+    --target-dir "$root/target" --out "$root/dist")
+if [ "$(cat "$gmp/.confide-gmp-6.3.0")" = "fat-copy" ]; then
+    "${build[@]}"  # the development GMP is the portable one: the development link is the wheel's
+else
+    # GMP's build script reads these, so the crates above it compile again (about 2 min of CPU);
+    # `-L` puts the portable GMP before the tuned one at the extension's link.
+    CPATH="$gmp/include" LIBRARY_PATH="$gmp/lib" "${build[@]}" -- -L "native=$gmp/lib"
+fi
 wheel=$(ls dist/confide-*.whl 2>/dev/null | head -1)
 [ -n "$wheel" ] || { echo "build-wheel: maturin made no wheel" >&2; exit 1; }
 python3 - "$wheel" <<'PY'

@@ -26,12 +26,20 @@ def pytest_addoption(parser):
         action="store_true",
         help="write each file's test time into tests/durations.json (the order `make test` runs files in)",
     )
+    parser.addoption(
+        "--record-cpu",
+        metavar="FOLDER",
+        help="write each file's CPU seconds (the test process and its children) into FOLDER/<worker>.json",
+    )
 
 
 def pytest_configure(config):
     # The controller (or a run without workers) sees every report; xdist workers only their own.
     if config.getoption("record_durations") and not hasattr(config, "workerinput"):
         config.pluginmanager.register(ordering.Recorder(), "confide-durations")
+    if config.getoption("record_cpu"):
+        worker = getattr(config, "workerinput", {}).get("workerid", "main")
+        config.pluginmanager.register(ordering.CpuRecorder(config.getoption("record_cpu"), worker), "confide-cpu")
 
 
 @pytest.fixture(scope="session")

@@ -81,8 +81,8 @@ def _randoms_below(bound: int, count: int) -> list[int]:
 def _shares(values: Sequence[int], degree: int, modulus: int, points: int) -> list[list[int]]:
     """Shamir shares of every value: ``out[j - 1][k]`` is f_k(j), f_k random of ``degree``, f_k(0) = values[k].
 
-    Over a prime field, or over Z_M when every prime factor of M exceeds ``points`` (the
-    differences of the points are then invertible, which is all interpolation needs).
+    Over the prime field of the biprimality step. The sieve's sharing over Z_M is
+    :func:`_rns_shares`, in residues modulo each prime of M.
     """
     count = len(values)
     coefficients = _randoms_below(modulus, degree * count)
