@@ -25,6 +25,7 @@ per-batch hook that all three backends honour. docs/models.md says so.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sys
@@ -37,6 +38,31 @@ from confide.ml.base import FitConfig, FitResult, Weights, glorot_like
 from confide.ml.keras_spec import validate_network
 
 __all__ = ["KerasModel", "build", "build_layers", "import_keras"]
+
+
+#: Optional packages Keras imports at its own import when they are installed, for features no
+#: party uses: scikit-learn for its estimator wrappers (keras.wrappers), matplotlib for its
+#: image gallery (keras.visualization). They took 1.7 s of the 4.3 s of CPU a Keras-on-JAX party
+#: spent importing Keras; a party imports neither otherwise (docs/architecture.md). Keras treats
+#: them as absent, so a model entry that wants those two Keras features imports Keras itself first.
+KERAS_SKIPS = ("sklearn", "matplotlib")
+
+
+@contextlib.contextmanager
+def _unimportable(names: tuple[str, ...]):
+    """Importing any of ``names`` not yet imported raises ImportError within the block.
+
+    After it they import normally.
+    """
+    blocked = [name for name in names if name not in sys.modules]
+    for name in blocked:
+        sys.modules[name] = None  # type: ignore[assignment] # the import system's "not importable"
+    try:
+        yield
+    finally:
+        for name in blocked:
+            if sys.modules.get(name, 0) is None:
+                del sys.modules[name]
 
 
 def import_keras(backend: str, *, who: str = "this party"):
@@ -59,7 +85,8 @@ def import_keras(backend: str, *, who: str = "this party"):
         ) from None
     os.environ["KERAS_BACKEND"] = backend
     try:
-        import keras
+        with _unimportable(KERAS_SKIPS):
+            import keras
     except ImportError as error:
         raise InvalidParameterError(
             f"{who}: Keras 3 is not installed here ({error}); pip install 'confide[keras]'"

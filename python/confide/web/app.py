@@ -87,6 +87,7 @@ class _SignInRequired(Exception):
 def create_console_app(controller: Controller, accounts: Accounts | None = None) -> FastAPI:
     """The console's ASGI application over ``controller`` (and its store's accounts)."""
     accounts = accounts or Accounts(controller.store)
+    accounts.prepare_sign_in()
     app = FastAPI(title="Confide console", docs_url=None, redoc_url=None, openapi_url=None)
     templates = Jinja2Templates(directory=str(HERE / "templates"))
     templates.env.filters["tojson_compact"] = lambda value: json.dumps(value, sort_keys=True, separators=(",", ":"))

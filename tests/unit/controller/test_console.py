@@ -686,3 +686,16 @@ def test_a_console_certificate_that_cannot_be_used_stops_the_controller_from_sta
             console_app=create_console_app,
             console_cert=str(tmp_path / "bad.crt"),
         )
+
+
+def test_the_unknown_name_stand_in_is_hashed_when_the_console_starts_and_never_by_the_cli(console):
+    server = console["server"]
+    cli_accounts = Accounts(server.store)  # what `confide console user ...` builds
+    assert cli_accounts._dummy_hash is None  # administration pays no argon2id hash
+    app_accounts = Accounts(server.store)
+    create_console_app(server.controller, app_accounts)
+    # Ready before the first request: an unknown name's first sign-in costs what a known one's does.
+    assert app_accounts._dummy_hash is not None
+    with pytest.raises(PermissionDeniedError, match="wrong account name or password"):
+        cli_accounts.sign_in("nobody-here", PASSWORD, "127.0.0.1")
+    assert cli_accounts._dummy_hash is not None
