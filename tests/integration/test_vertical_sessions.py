@@ -25,13 +25,16 @@ from tests.integration.test_vertical import CSV_EXAMPLE
 SITES = {"hospital": "records", "lab": "panel"}
 
 
+#: Checkpoints at 2, 4 and 6; the interrupted run is killed after the one at 4 and resumes for 5 and 6
+#: (its rounds take 2 s more each until the kill: 4 s from the checkpoint at 4 to the last round).
+ROUNDS = 6
 SECUREBOOST = {"algorithm": "secureboost", "max_depth": 3, "learning_rate": 0.3}
 HETERO_LR = {"algorithm": "hetero_lr", "learning_rate": 0.05, "batch_size": 64}
 
 
 def job(job_id: str, model: dict | None = None) -> dict:
     spec = yaml.safe_load((CSV_EXAMPLE / "job.yaml").read_text())
-    return {**spec, "job_id": job_id, "rounds": 8, "checkpoint_interval": 2, **({"model": model} if model else {})}
+    return {**spec, "job_id": job_id, "rounds": ROUNDS, "checkpoint_interval": 2, **({"model": model} if model else {})}
 
 
 @pytest.fixture
@@ -105,7 +108,7 @@ def test_vertical_session_refused_without_grants_then_killed_and_resumed_to_the_
         assert status["state"] == "completed", status
         recorded = [e for e in alice.log(reference) if e["kind"] == "checkpoint"]
         # checkpoints every 2 epochs, each the Merkle root over both sites' state files only
-        assert [e["checkpoint"]["round"] for e in recorded] == [2, 4, 6, 8]
+        assert [e["checkpoint"]["round"] for e in recorded] == list(range(2, ROUNDS + 1, 2))
         assert all(e["note"].endswith(": 2 files") for e in recorded), recorded  # one state file per site
         # The session's FL_Data records the PSI join as its last step, in its lineage.
         stored = alice.entry(reference, 1)["spec"]["fl_data"]
@@ -117,7 +120,7 @@ def test_vertical_session_refused_without_grants_then_killed_and_resumed_to_the_
         assert "pipeline_shaping" in [e["operation"] for e in stored["lineage"]]
     expected = parts(deployment, reference, 1)
 
-    token = interrupted_session(deployment, "alice", job("vertical-interrupted", model), after_round=4, delay_s=1.0)
+    token = interrupted_session(deployment, "alice", job("vertical-interrupted", model), after_round=4, delay_s=2.0)
     with deployment.client("alice") as alice:
         recorded = alice.status(token)["checkpoint"]
         state = (
@@ -145,7 +148,7 @@ def test_vertical_session_refused_without_grants_then_killed_and_resumed_to_the_
         )
         assert report["resumed_after_round"] == recorded["round"]
         if site == "hospital" or model is not SECUREBOOST:  # a SecureBoost host reports no rounds of its own
-            assert [r["round"] for r in report["rounds"]] == list(range(recorded["round"] + 1, 9))
+            assert [r["round"] for r in report["rounds"]] == list(range(recorded["round"] + 1, ROUNDS + 1))
     assert_same_model(parts(deployment, token, run), expected)
 
 
