@@ -307,6 +307,7 @@ def decrypt_raw(key, vector, threads: int = 0) -> list[bytes]:
         try:
             plain = kern.decrypt_raw(values)
             _STATE["gpu_batches"] += 1
+            # not ints.int_to_bytes: the native call gives zero as b"" (rug's digits), and so must this
             return [m.to_bytes((m.bit_length() + 7) // 8, "big") for m in plain]
         except GpuUnavailable as exc:
             note_fallback(str(exc))
