@@ -202,8 +202,8 @@ class ProtectionSpec(_Strict):
     neighbours: int | None = Field(None, ge=2, le=MAX_PARTIES)
     recovery_threshold: int | None = Field(None, ge=1, le=MAX_PARTIES)
     recovery_timeout_s: float = Field(10.0, gt=0, le=3600)
-    #: plain: how updates travel to the aggregator: float32, or narrower (float16, bfloat16: half
-    #: the bytes; int8 with a scale per slice: a quarter), widened before they are summed.
+    #: plain and tee: how updates travel to the aggregator: float32, or narrower (float16, bfloat16:
+    #: half the bytes; int8 with a scale per slice: a quarter), widened before they are summed.
     wire: Literal["float32", "float16", "bfloat16", "int8"] = "float32"
 
     def params(self):
@@ -214,11 +214,11 @@ class ProtectionSpec(_Strict):
         return ProtectionParams(**fields, recover=self.on_dropout == "recover")
 
     @model_validator(mode="after")
-    def _narrow_wire_is_plain(self) -> ProtectionSpec:
-        if self.wire != "float32" and self.mode != "plain":
+    def _narrow_wire_is_for_float_modes(self) -> ProtectionSpec:
+        if self.wire != "float32" and self.mode not in ("plain", "tee"):
             raise ValueError(
-                f"protection.wire {self.wire} is for mode plain; mode {self.mode} keeps its own encoding "
-                f"(integers for secagg, groupmask and the Paillier modes; sealed float32 for tee)"
+                f"protection.wire {self.wire} is for modes plain and tee (updates as floats); mode {self.mode} "
+                f"keeps its own encoding (integers for secagg, groupmask and the Paillier modes)"
             )
         return self
 

@@ -346,16 +346,8 @@ impl Enclave for SimulatedEnclave {
         let tee = spec.tee.as_ref().ok_or_else(|| invalid("tee", "round has no tee context"))?;
         let n = spec.n_valid(index)?;
         spec.check_participant(index, participant)?;
-        if sealed.len() != SEAL_OVERHEAD + 4 * n {
-            return Err(slice_error(
-                index,
-                format!(
-                    "sealed payload holds {} bytes; {n} float32 values need {} (12 nonce + {} + 16 tag)",
-                    sealed.len(),
-                    SEAL_OVERHEAD + 4 * n,
-                    4 * n
-                ),
-            ));
+        if let Some(expected) = spec.payload_bytes(index)?.filter(|e| *e != sealed.len()) {
+            return Err(slice_error(index, format!("sealed payload holds {} bytes; {}", sealed.len(), spec.kind.size_rule(n, expected))));
         }
         let sessions = self.sessions.read().unwrap_or_else(std::sync::PoisonError::into_inner);
         let key =

@@ -373,11 +373,7 @@ impl DataPlane {
             if let Some(expected) = spec.payload_bytes(index)? {
                 if len != expected {
                     let n = spec.n_valid(index)?;
-                    let what = match spec.kind {
-                        k if k.is_tee() => format!("{n} sealed float32 values need {expected} (12 nonce + {} + 16 tag)", 4 * n),
-                        k => format!("{n} {} need {expected}", k.values_name()),
-                    };
-                    return Err(slice_error(index, format!("payload holds {len} bytes; {what}")));
+                    return Err(slice_error(index, format!("payload holds {len} bytes; {}", spec.kind.size_rule(n, expected))));
                 }
             }
         }

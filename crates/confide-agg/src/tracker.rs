@@ -47,11 +47,17 @@ pub enum Kind {
     Bf16Sum,
     /// `F32Sum` of slices sent as int8 with one float32 scale in front (4 + n bytes): value = q · scale.
     Q8Sum,
+    /// `F16Sum` on AES-GCM sealed slices: the enclave opens, widens and sums as float32.
+    TeeF16Sum,
+    /// `Bf16Sum` on AES-GCM sealed slices.
+    TeeBf16Sum,
+    /// `Q8Sum` on AES-GCM sealed slices.
+    TeeQ8Sum,
 }
 
 impl Kind {
     /// Parses "f32_sum", "f32_mean", "u32_sum", "paillier", "tee_f32_sum", "tee_f32_mean", "f16_sum",
-    /// "bf16_sum", "q8_sum".
+    /// "bf16_sum", "q8_sum", "tee_f16_sum", "tee_bf16_sum", "tee_q8_sum".
     ///
     /// # Errors
     /// `InvalidParameter` naming the known kinds.
@@ -66,12 +72,15 @@ impl Kind {
             "f16_sum" => Kind::F16Sum,
             "bf16_sum" => Kind::Bf16Sum,
             "q8_sum" => Kind::Q8Sum,
+            "tee_f16_sum" => Kind::TeeF16Sum,
+            "tee_bf16_sum" => Kind::TeeBf16Sum,
+            "tee_q8_sum" => Kind::TeeQ8Sum,
             other => {
                 return Err(invalid(
                     "kind",
                     format!(
                         "must be one of f32_sum, f32_mean, u32_sum, paillier, tee_f32_sum, tee_f32_mean, f16_sum, bf16_sum, \
-                         q8_sum; got {other:?}"
+                         q8_sum, tee_f16_sum, tee_bf16_sum, tee_q8_sum; got {other:?}"
                     ),
                 ))
             }
@@ -89,32 +98,62 @@ impl Kind {
             Kind::F16Sum => "f16_sum",
             Kind::Bf16Sum => "bf16_sum",
             Kind::Q8Sum => "q8_sum",
+            Kind::TeeF16Sum => "tee_f16_sum",
+            Kind::TeeBf16Sum => "tee_bf16_sum",
+            Kind::TeeQ8Sum => "tee_q8_sum",
         }
     }
     /// Whether slices are sealed for the enclave.
     pub fn is_tee(self) -> bool {
-        matches!(self, Kind::TeeF32Sum | Kind::TeeF32Mean)
+        matches!(self, Kind::TeeF32Sum | Kind::TeeF32Mean | Kind::TeeF16Sum | Kind::TeeBf16Sum | Kind::TeeQ8Sum)
+    }
+    /// The kind of a tee slice once the enclave has opened it (any other kind: itself).
+    pub fn opened(self) -> Kind {
+        match self {
+            Kind::TeeF32Sum => Kind::F32Sum,
+            Kind::TeeF32Mean => Kind::F32Mean,
+            Kind::TeeF16Sum => Kind::F16Sum,
+            Kind::TeeBf16Sum => Kind::Bf16Sum,
+            Kind::TeeQ8Sum => Kind::Q8Sum,
+            k => k,
+        }
     }
     fn is_f32(self) -> bool {
-        matches!(self, Kind::F32Sum | Kind::F32Mean | Kind::TeeF32Sum | Kind::TeeF32Mean) || self.is_narrow()
+        matches!(self.opened(), Kind::F32Sum | Kind::F32Mean) || self.is_narrow()
     }
     /// Float kinds whose slices travel narrower than float32 (widened on arrival, summed as float32).
     fn is_narrow(self) -> bool {
-        matches!(self, Kind::F16Sum | Kind::Bf16Sum | Kind::Q8Sum)
+        matches!(self.opened(), Kind::F16Sum | Kind::Bf16Sum | Kind::Q8Sum)
     }
-    /// What one slice's values are called in errors.
+    /// Bytes of `n` values as they travel (opened, for tee kinds); None for paillier (variable).
+    pub(crate) fn value_bytes(self, n: usize) -> Option<usize> {
+        match self.opened() {
+            Kind::PaillierProduct => None,
+            Kind::F16Sum | Kind::Bf16Sum => Some(2 * n),
+            Kind::Q8Sum => Some(4 + n),
+            _ => Some(4 * n),
+        }
+    }
+    /// What one slice's values are called in errors (opened, for tee kinds).
     pub(crate) fn values_name(self) -> &'static str {
-        match self {
+        match self.opened() {
             Kind::U32Sum => "uint32 words",
             Kind::F16Sum => "float16 values",
             Kind::Bf16Sum => "bfloat16 values",
             Kind::Q8Sum => "int8 values and their float32 scale",
-            k if k.is_tee() => "sealed float32 values",
             _ => "float32 values",
         }
     }
+    /// Why a slice of `n` values must hold `expected` bytes, as its errors say.
+    pub(crate) fn size_rule(self, n: usize, expected: usize) -> String {
+        let what = self.values_name();
+        match self.value_bytes(n) {
+            Some(inner) if self.is_tee() => format!("{n} sealed {what} need {expected} (12 nonce + {inner} + 16 tag)"),
+            _ => format!("{n} {what} need {expected}"),
+        }
+    }
     fn is_mean(self) -> bool {
-        matches!(self, Kind::F32Mean | Kind::TeeF32Mean)
+        self.opened() == Kind::F32Mean
     }
     fn tag(self) -> u8 {
         match self {
@@ -127,6 +166,9 @@ impl Kind {
             Kind::F16Sum => 7,
             Kind::Bf16Sum => 8,
             Kind::Q8Sum => 9,
+            Kind::TeeF16Sum => 10,
+            Kind::TeeBf16Sum => 11,
+            Kind::TeeQ8Sum => 12,
         }
     }
 }
@@ -226,13 +268,8 @@ impl RoundSpec {
     /// As [`RoundSpec::n_valid`].
     pub fn payload_bytes(&self, index: u32) -> Result<Option<usize>> {
         let n = self.n_valid(index)?;
-        Ok(match self.kind {
-            Kind::PaillierProduct => None,
-            k if k.is_tee() => Some(SEAL_OVERHEAD + 4 * n),
-            Kind::F16Sum | Kind::Bf16Sum => Some(2 * n),
-            Kind::Q8Sum => Some(4 + n),
-            _ => Some(4 * n),
-        })
+        let inner = self.kind.value_bytes(n);
+        Ok(if self.kind.is_tee() { inner.map(|b| SEAL_OVERHEAD + b) } else { inner })
     }
 
     /// Checks a participant position.
@@ -248,11 +285,9 @@ impl RoundSpec {
 
     fn check_size(&self, index: u32, plain_bytes: usize) -> Result<()> {
         let n = self.n_valid(index)?;
-        // tee slices are checked sealed (node.rs) and arrive here opened: float32 words.
-        let expected = if self.kind.is_tee() { Some(4 * n) } else { self.payload_bytes(index)? };
-        if let Some(expected) = expected.filter(|e| *e != plain_bytes) {
-            let what = if self.kind.is_tee() { "float32 values" } else { self.kind.values_name() };
-            return Err(slice_error(index, format!("payload holds {plain_bytes} bytes; {n} {what} need {expected}")));
+        // tee slices are checked sealed (node.rs) and arrive here opened.
+        if let Some(expected) = self.kind.value_bytes(n).filter(|e| *e != plain_bytes) {
+            return Err(slice_error(index, format!("payload holds {plain_bytes} bytes; {n} {} need {expected}", self.kind.values_name())));
         }
         Ok(())
     }
@@ -355,7 +390,7 @@ enum Spilled {
 
 /// A narrow slice (float16, bfloat16, scaled int8) as little-endian float32 words.
 fn widen(kind: Kind, index: u32, payload: &[u8]) -> Result<Vec<u8>> {
-    let words: Vec<f32> = match kind {
+    let words: Vec<f32> = match kind.opened() {
         Kind::F16Sum => payload.chunks_exact(2).map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
         Kind::Bf16Sum => payload.chunks_exact(2).map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
         Kind::Q8Sum => {

@@ -144,3 +144,86 @@ fn tee_mean_equals_plain_mean() {
     assert_eq!(st.tracker.completed, u64::from(ts.num_slices));
     assert_eq!(st.tracker.staged_bytes, 0);
 }
+
+/// One participant's narrow slice `index` (float16, bfloat16 or int8 with its scale in front).
+fn narrow_slice(kind: Kind, values: &[f32]) -> Vec<u8> {
+    match kind {
+        Kind::F16Sum => values.iter().flat_map(|v| half::f16::from_f32(*v).to_le_bytes()).collect(),
+        Kind::Bf16Sum => values.iter().flat_map(|v| half::bf16::from_f32(*v).to_le_bytes()).collect(),
+        Kind::Q8Sum => {
+            let scale = values.iter().fold(0f32, |m, v| m.max(v.abs())) / 127.0;
+            scale.to_le_bytes().into_iter().chain(values.iter().map(|v| (v / scale).round() as i8 as u8)).collect()
+        }
+        other => panic!("{other:?} is not narrow"),
+    }
+}
+
+#[test]
+fn tee_narrow_sums_equal_the_plain_narrow_sums_and_a_wrong_size_names_the_rule() {
+    let (participants, slice_length, len) = (3u32, 16u32, 40usize);
+    let data: Vec<Vec<f32>> =
+        (0..participants as usize).map(|p| (0..len).map(|j| ((j * 7 + p * 5) % 23) as f32 * 0.125 - 1.0).collect()).collect();
+    let enclave = Arc::new(SimulatedEnclave::new(1).unwrap());
+    let key = [0x24u8; 32];
+    enclave.provision("job-1", &wrap_session_key(&enclave.public_key(), [5; 32], [6; 12], "job-1", &key).unwrap()).unwrap();
+    let tee = DataPlane::new(0, 1 << 20, None, Some(enclave.clone() as Arc<dyn Enclave>)).unwrap();
+    let plain = DataPlane::new(1, 1 << 20, None, None).unwrap();
+    let kinds = [(Kind::TeeF16Sum, Kind::F16Sum, 2usize), (Kind::TeeBf16Sum, Kind::Bf16Sum, 2), (Kind::TeeQ8Sum, Kind::Q8Sum, 1)];
+    for (round, (tee_kind, plain_kind, width)) in (10u64..).zip(kinds) {
+        assert_eq!(tee_kind.opened(), plain_kind);
+        assert_eq!(Kind::parse(tee_kind.name()).unwrap(), tee_kind);
+        let ts = spec(round, tee_kind, participants, slice_length, len as u64, vec![1.0; participants as usize]);
+        let ps = spec(round, plain_kind, participants, slice_length, len as u64, vec![1.0; participants as usize]);
+        tee.open_round(ts.clone()).unwrap();
+        plain.open_round(ps.clone()).unwrap();
+        let info = ts.tee.clone().unwrap();
+        let (mut tee_out, mut plain_out) = (vec![None; ts.num_slices as usize], vec![None; ts.num_slices as usize]);
+        for p in 0..participants {
+            let (mut batch, mut slices, mut pbatch, mut pslices) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+            for i in 0..ts.num_slices {
+                let start = (i * slice_length) as usize;
+                let n = ts.n_valid(i).unwrap();
+                let x = narrow_slice(plain_kind, &data[p as usize][start..start + n]);
+                assert_eq!(x.len(), if plain_kind == Kind::Q8Sum { 4 + n } else { width * n });
+                let aad = slice_aad(&info.session, info.round, info.attempt, p, i);
+                let sealed = seal_with(&key, [p as u8, i as u8, round as u8, 0, 0, 0, 0, 0, 0, 0, 0, 0], &aad, &x).unwrap();
+                assert_eq!(Some(sealed.len()), ts.payload_bytes(i).unwrap());
+                slices.push((i, batch.len(), sealed.len()));
+                batch.extend_from_slice(&sealed);
+                pslices.push((i, pbatch.len(), x.len()));
+                pbatch.extend_from_slice(&x);
+            }
+            if p == 0 {
+                // A slice sealed as float32 words is refused before it is opened, naming the rule.
+                let wide = seal_with(&key, [9; 12], &slice_aad(&info.session, info.round, info.attempt, 0, 0), &[0u8; 4 * 16]).unwrap();
+                let e = tee.push(round, 0, Arc::from(wide.clone()), &[(0, 0, wide.len())]).unwrap_err().to_string();
+                let values = match plain_kind {
+                    Kind::F16Sum => "float16 values",
+                    Kind::Bf16Sum => "bfloat16 values",
+                    _ => "int8 values and their float32 scale",
+                };
+                let inner = if plain_kind == Kind::Q8Sum { 4 + 16 } else { 32 };
+                assert_eq!(
+                    e,
+                    format!("slice 0: payload holds 92 bytes; 16 sealed {values} need {} (12 nonce + {inner} + 16 tag)", 28 + inner)
+                );
+            }
+            for (i, b) in tee.push(round, p, Arc::from(batch), &slices).unwrap().completed {
+                let aad = slice_aad(&info.session, info.round, info.attempt, RESULT_PARTICIPANT, i);
+                tee_out[i as usize] = Some(open_with(&key, &aad, &b).unwrap());
+            }
+            for (i, b) in plain.push(round, p, Arc::from(pbatch), &pslices).unwrap().completed {
+                plain_out[i as usize] = Some(b);
+            }
+        }
+        assert!(tee_out.iter().all(Option::is_some), "{tee_kind:?}");
+        // The enclave's sum is float32, bit for bit the plain narrow kind's.
+        assert_eq!(tee_out, plain_out, "{tee_kind:?}");
+        let sum: Vec<f32> = tee_out.iter().flat_map(|b| f32s(b.as_ref().unwrap())).collect();
+        let want: Vec<f32> = (0..len).map(|j| data.iter().map(|d| d[j]).sum()).collect();
+        let tolerance = if plain_kind == Kind::Q8Sum { 0.05 } else { 0.02 };
+        assert!(sum.iter().zip(&want).all(|(a, b)| (a - b).abs() <= tolerance), "{tee_kind:?}: {sum:?} vs {want:?}");
+        tee.close_round(round).unwrap();
+        plain.close_round(round).unwrap();
+    }
+}

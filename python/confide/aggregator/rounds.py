@@ -65,9 +65,12 @@ NATIVE_KIND = {
     pb.AGGREGATION_KIND_FLOAT16_SUM: "f16_sum",
     pb.AGGREGATION_KIND_BFLOAT16_SUM: "bf16_sum",
     pb.AGGREGATION_KIND_INT8_SCALED_SUM: "q8_sum",
+    pb.AGGREGATION_KIND_TEE_FLOAT16_SUM: "tee_f16_sum",
+    pb.AGGREGATION_KIND_TEE_BFLOAT16_SUM: "tee_bf16_sum",
+    pb.AGGREGATION_KIND_TEE_INT8_SCALED_SUM: "tee_q8_sum",
 }
 _MEAN_KINDS = (pb.AGGREGATION_KIND_FLOAT32_MEAN, pb.AGGREGATION_KIND_TEE_FLOAT32_MEAN)
-_TEE_KINDS = (pb.AGGREGATION_KIND_TEE_FLOAT32_SUM, pb.AGGREGATION_KIND_TEE_FLOAT32_MEAN)
+_TEE_KINDS = tuple(kind for kind, name in NATIVE_KIND.items() if name.startswith("tee_"))
 _round_ids = itertools.count(1)
 _default_plane: _native.DataPlane | None = None
 _default_lock = threading.Lock()

@@ -4,7 +4,8 @@ Values travel as float32 unless ``protection.wire`` narrows them: ``float16`` or
 (2 bytes a value, rounded to nearest even) or ``int8`` (1 byte a value and one float32 scale
 per slice: ``q = round(x / scale)``, ``scale = max|x| / 127``). The aggregator widens each
 slice back to float32 before it sums (its ``f16_sum``, ``bf16_sum``, ``q8_sum`` kinds), and the
-sum comes back as float32: narrowing halves or quarters the upload, not the download.
+sum comes back as float32: narrowing halves or quarters the upload, not the download. ``tee``
+seals the same narrow bytes (:func:`narrow`), and its enclave widens them after opening.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from confide.errors import InvalidParameterError
 from confide.protect.base import Protection, ProtectionParams, RoundContext
 from confide.v1 import runtime_pb2 as pb
 
-__all__ = ["WIRE_KINDS", "Plain", "to_bfloat16"]
+__all__ = ["WIRE_KINDS", "Plain", "check_wire", "narrow", "to_bfloat16"]
 
 #: protection.wire -> the aggregation kind its slices travel as.
 WIRE_KINDS = {
@@ -27,6 +28,37 @@ WIRE_KINDS = {
     "int8": pb.AGGREGATION_KIND_INT8_SCALED_SUM,
 }
 _FLOAT16_MAX = float(np.finfo(np.float16).max)
+
+
+def check_wire(wire: str) -> str:
+    """``wire`` if it is one of :data:`WIRE_KINDS`, else an error naming the field."""
+    if wire not in WIRE_KINDS:
+        raise InvalidParameterError(f"protection.wire must be one of {', '.join(WIRE_KINDS)}, got {wire!r}")
+    return wire
+
+
+def narrow(values: np.ndarray, wire: str, round_number: int) -> bytes:
+    """A slice's values as ``wire`` carries them.
+
+    The float modes' one encoder: plain sends these bytes, tee seals them. float16 refuses a
+    value past its range, naming the round; int8 puts its float32 scale first.
+    """
+    if wire == "float32":
+        return np.ascontiguousarray(values, dtype="<f4").tobytes()
+    values = np.asarray(values, dtype=np.float32)
+    if wire == "bfloat16":
+        return to_bfloat16(values).tobytes()
+    largest = float(np.abs(values).max()) if values.size else 0.0
+    if wire == "float16":
+        if largest > _FLOAT16_MAX:
+            raise InvalidParameterError(
+                f"protection.wire float16: round {round_number} holds a value of magnitude {largest:.6g}, past "
+                f"float16's largest ({_FLOAT16_MAX:.0f}); use bfloat16 (float32's range)"
+            )
+        return values.astype("<f2").tobytes()
+    scale = np.float32(largest / 127.0)
+    quantized = np.rint(values / scale) if scale > 0 else np.zeros_like(values)
+    return scale.astype("<f4").tobytes() + np.clip(quantized, -127, 127).astype(np.int8).tobytes()
 
 
 def to_bfloat16(values: np.ndarray) -> np.ndarray:
@@ -45,9 +77,7 @@ class Plain(Protection):
 
     def __init__(self, exchange, params: ProtectionParams) -> None:
         super().__init__(exchange, params)
-        if params.wire not in WIRE_KINDS:
-            raise InvalidParameterError(f"protection.wire must be one of {', '.join(WIRE_KINDS)}, got {params.wire!r}")
-        self.kind = WIRE_KINDS[params.wire]
+        self.kind = WIRE_KINDS[check_wire(params.wire)]
 
     def share(self, round_number, tag, payload, peers) -> None:
         """Sent in the clear (this mode hides nothing from the aggregator)."""
@@ -59,23 +89,7 @@ class Plain(Protection):
 
     def encode(self, context: RoundContext, index: int, values: np.ndarray) -> bytes:
         """The slice in the job's wire format."""
-        wire = self.params.wire
-        if wire == "float32":
-            return np.ascontiguousarray(values, dtype="<f4").tobytes()
-        values = np.asarray(values, dtype=np.float32)
-        if wire == "bfloat16":
-            return to_bfloat16(values).tobytes()
-        largest = float(np.abs(values).max()) if values.size else 0.0
-        if wire == "float16":
-            if largest > _FLOAT16_MAX:
-                raise InvalidParameterError(
-                    f"protection.wire float16: round {context.round} holds a value of magnitude {largest:.6g}, past "
-                    f"float16's largest ({_FLOAT16_MAX:.0f}); use bfloat16 (float32's range)"
-                )
-            return values.astype("<f2").tobytes()
-        scale = np.float32(largest / 127.0)
-        quantized = np.rint(values / scale) if scale > 0 else np.zeros_like(values)
-        return scale.astype("<f4").tobytes() + np.clip(quantized, -127, 127).astype(np.int8).tobytes()
+        return narrow(values, self.params.wire, context.round)
 
     def finish_round(self, context: RoundContext, result: Callable[[int], pb.Slice]) -> np.ndarray:
         """Concatenate the summed slices (float32 whatever the wire)."""

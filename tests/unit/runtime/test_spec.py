@@ -283,10 +283,11 @@ def test_an_hf_model_needs_its_section_and_names_every_party_folder(tmp_path):
     assert loaded.model.hf.adapter == "lora" and loaded.data.vocabulary == 1000
 
 
-def test_a_narrow_wire_is_for_plain_only():
+def test_a_narrow_wire_is_for_the_float_modes_only():
     assert parse_job(spec(protection={"mode": "plain", "wire": "bfloat16"})).protection.params().wire == "bfloat16"
+    assert parse_job(spec(protection={"mode": "tee", "wire": "int8"})).protection.params().wire == "int8"
     message = error_of(spec(protection={"mode": "secagg", "wire": "int8"}))
-    assert "protection.wire int8 is for mode plain; mode secagg keeps its own encoding" in message
+    assert "protection.wire int8 is for modes plain and tee (updates as floats); mode secagg keeps its own" in message
     assert "protection.wire" in error_of(spec(protection={"mode": "plain", "wire": "float8"}))
 
 

@@ -1,14 +1,17 @@
-"""plain's wire formats, party side: bfloat16 rounding, int8 scale and error, float16's range refused."""
+"""The float modes' wire formats, party side: bfloat16 rounding, int8 scale and error, float16's range
+refused; plain and tee pick their aggregation kinds from the wire."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from confide.aggregator.rounds import NATIVE_KIND, is_tee
 from confide.errors import InvalidParameterError
 from confide.protect import ProtectionParams
 from confide.protect.base import RoundContext
-from confide.protect.plain import Plain, to_bfloat16
+from confide.protect.plain import WIRE_KINDS, Plain, to_bfloat16
+from confide.protect.tee import TEE_WIRE_KINDS, open_slice, seal_slice
 from confide.v1 import runtime_pb2 as pb
 
 
@@ -52,3 +55,18 @@ def test_the_wire_picks_the_aggregation_kind_and_an_unknown_one_is_refused():
     assert Plain(None, ProtectionParams(wire="int8")).report()["wire"] == "int8"
     with pytest.raises(InvalidParameterError, match="protection.wire must be one of"):
         Plain(None, ProtectionParams(wire="float8"))
+
+
+def test_tee_has_a_sealed_kind_for_every_wire_and_seals_the_narrow_bytes():
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    assert TEE_WIRE_KINDS.keys() == WIRE_KINDS.keys()
+    for wire, kind in TEE_WIRE_KINDS.items():
+        assert is_tee(kind) and not is_tee(WIRE_KINDS[wire])
+        assert NATIVE_KIND[kind] == "tee_" + NATIVE_KIND[WIRE_KINDS[wire]]
+    key = AESGCM(bytes(32))
+    narrow = encode("bfloat16", [1.0, 2.0, 3.0, 4.0])
+    sealed = seal_slice(key, b"aad", narrow)
+    assert len(sealed) == 12 + len(narrow) + 16
+    assert key.decrypt(sealed[:12], sealed[12:], b"aad") == narrow
+    np.testing.assert_array_equal(open_slice(key, b"aad", seal_slice(key, b"aad", np.ones(3))), np.ones(3, np.float32))
