@@ -84,6 +84,12 @@ demo: setup
 	@echo "== a neural network: a Keras 3 CNN on digits, three hospitals, paillier (one on PyTorch, two on JAX) =="
 	$(VENV)/bin/confide run examples/digits_cnn.yaml --workdir reports/demo-digits-cnn
 	@echo
+	@echo "== a model a hospital can use: three hospitals' own CSV exports, then raw records scored by predict and by the ONNX export =="
+	$(VENV)/bin/confide run examples/hospital_csv/job.yaml --workdir reports/demo-hospitals \
+		$(foreach h,a b c,--catalog hospital-$(h)=examples/hospital_csv/hospital-$(h)/catalog.yaml)
+	$(PYTHON) examples/score_raw_records.py reports/demo-hospitals/parties/hospital-b.model.zip \
+		examples/hospital_csv/hospital-b/patients.csv
+	@echo
 	@echo "== the controller demo's jobs in the web console (curves, protection, log, audit): run"
 	@echo "   $(VENV)/bin/confide console open --workdir reports/demo-controller"
 	@echo "   it prints the URL and a sign-in; Ctrl-C stops it =="

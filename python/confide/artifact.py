@@ -17,8 +17,9 @@ agent: ``<workdir>/sessions/<session>/run-<N>/``). The archive holds:
 ``confide model show|predict|export`` read it. :func:`predict` prepares new records with the
 fitted statistics, never statistics of the new records, so a party's own held-out rows get the
 probabilities its evaluation saw. :func:`export_onnx` converts linear models (``homo_lr``)
-through skl2onnx's maintained converter and Keras networks through Keras's own ONNX exporter;
-the result runs in onnxruntime.
+through skl2onnx's maintained converter and Keras networks through Keras's own ONNX exporter,
+and puts the fitted pipeline in front (:mod:`confide.data.onnx_graph`): the graph takes the raw
+columns and runs in onnxruntime.
 
 The fitted statistics describe this party's rows (a median, a mean and standard deviation per
 column): the artifact stays at the party like the data, and is shared only by its owner's choice.
@@ -41,7 +42,7 @@ import numpy as np
 from confide.checkpoints import UNREADABLE_FILE_ERRORS
 from confide.errors import InvalidParameterError
 
-__all__ = ["ModelArtifact", "export_onnx", "predict", "write_artifact"]
+__all__ = ["ModelArtifact", "export_onnx", "predict", "read_records", "write_artifact"]
 
 FORMAT = "confide.model"
 VERSION = 1
@@ -164,7 +165,8 @@ def write_artifact(
     return path
 
 
-def _table_of(path: str | os.PathLike, delimiter: str = "auto", missing: list[str] | None = None):
+def read_records(path: str | os.PathLike, delimiter: str = "auto", missing: list[str] | None = None):
+    """A CSV (or Parquet) of records as a catalog reads it (delimiter detected, missing markers)."""
     from confide.data.catalog import MISSING_MARKERS, Catalog
 
     path = Path(path).resolve()
@@ -188,7 +190,7 @@ def predict(artifact: ModelArtifact, records: str | os.PathLike, **reader) -> tu
         raise InvalidParameterError(
             "this model was trained on embedded example data, not FL_Data: it has no feature names to read records by"
         )
-    table = _table_of(records, **reader)
+    table = read_records(records, **reader)
     pipeline = [Step.from_value(step) for step in manifest["pipeline"]]
     X, rows = transform(pipeline, manifest["label"], manifest["fitted"], table, manifest["features"])
     model = artifact.model()
@@ -197,9 +199,13 @@ def predict(artifact: ModelArtifact, records: str | os.PathLike, **reader) -> tu
     return rows, np.asarray(model.predict(X))
 
 
-def export_onnx(artifact: ModelArtifact, path: str | os.PathLike) -> Path:
-    """The model in ONNX, opening in onnxruntime.
+def export_onnx(artifact: ModelArtifact, path: str | os.PathLike, *, prepared: bool = False) -> Path:
+    """The model in ONNX, with the fitted FL_Data pipeline in front of it; opens in onnxruntime.
 
+    The graph takes the raw columns by name (:mod:`confide.data.onnx_graph` says in which types)
+    and outputs the model's outputs and ``kept`` (which rows the pipeline's filters keep): on raw
+    records it gives what :func:`predict` gives, to float32 precision. ``prepared``: the model
+    alone, taking the prepared features (float32, the manifest's order) as its one input.
     Linear models (``homo_lr``) through skl2onnx's converter; Keras networks through Keras's own
     exporter on the torch backend. Other models (own PyTorch or scikit-learn code) have none yet.
     """
@@ -210,12 +216,45 @@ def export_onnx(artifact: ModelArtifact, path: str | os.PathLike) -> Path:
             f"{', '.join(f'{a}: {f}' for a, fs in EXPORTS.items() for f in fs)}); the artifact's weights.npz holds "
             "its tensors by name"
         )
+    try:
+        import onnx
+    except ImportError:
+        raise InvalidParameterError("ONNX export needs the 'export' extra: pip install 'confide[export]'") from None
+    model = _keras_onnx(artifact) if algorithm == "keras" else _linear_onnx(artifact)
+    manifest = artifact.manifest
+    if not prepared:
+        if manifest.get("features") is None or manifest.get("pipeline") is None:
+            raise InvalidParameterError(
+                "this model was trained on embedded example data, not FL_Data: it has no raw columns to take; "
+                "export it with prepared=True (--prepared) to take the prepared features"
+            )
+        model = _with_pipeline(model, manifest)
+    model.doc_string = f"Confide {algorithm} of job {manifest['job_id']} (party {manifest['party']}); inputs: " + (
+        f"{', '.join(artifact.features or [])} after the job's pipeline (float32)"
+        if prepared
+        else "the raw columns by name (confide.data.onnx_graph); outputs also 'kept' (rows the filters keep)"
+    )
     path = Path(path)
-    if algorithm == "keras":
-        # Keras's own exporter (maintained with Keras), on the torch backend whatever trained it:
-        # the weights are the same numpy arrays on every backend.
-        artifact.model(keras_backend="torch").export_onnx(str(path))
-        return path
+    onnx.save_model(model, str(path))
+    return path
+
+
+def _keras_onnx(artifact: ModelArtifact):
+    """The network through Keras's own exporter (maintained with Keras), on the torch backend.
+
+    Whatever backend trained it: the weights are the same numpy arrays on every backend.
+    """
+    import tempfile
+
+    import onnx
+
+    with tempfile.TemporaryDirectory() as folder:
+        target = Path(folder) / "model.onnx"
+        artifact.model(keras_backend="torch").export_onnx(str(target))
+        return onnx.load_model(str(target))
+
+
+def _linear_onnx(artifact: ModelArtifact):
     try:
         from skl2onnx import to_onnx
         from sklearn.linear_model import LogisticRegression
@@ -227,15 +266,52 @@ def export_onnx(artifact: ModelArtifact, path: str | os.PathLike) -> Path:
     estimator.classes_ = np.array([0, 1])
     estimator.coef_, estimator.intercept_ = coef, intercept
     estimator.n_features_in_ = coef.shape[1]
-    onnx_model = to_onnx(
+    return to_onnx(
         estimator,
         np.zeros((1, coef.shape[1]), dtype=np.float32),
         options={id(estimator): {"zipmap": False}},
         target_opset=17,
     )
-    onnx_model.doc_string = (
-        f"Confide {algorithm} of job {artifact.manifest['job_id']} (party {artifact.manifest['party']}); "
-        f"inputs: {', '.join(artifact.features or [])} after the job's pipeline"
+
+
+def _with_pipeline(model, manifest: dict):
+    """``model`` with the manifest's fitted pipeline in front: raw columns in, the model's outputs and ``kept`` out."""
+    from onnx import compose, helper
+
+    from confide.data.onnx_graph import FEATURES, KEPT, pipeline_model
+
+    # One opset per domain in the joined model: the model's, with ONNX-ML at 3 at least (the
+    # pipeline's LabelEncoder takes string keys from 2 on; the model's ML operators are unchanged).
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 17)
+    ml_opset = max([3, *(o.version for o in model.opset_import if o.domain == "ai.onnx.ml")])
+    for entry in model.opset_import:
+        if entry.domain == "ai.onnx.ml":
+            entry.version = ml_opset
+    pipeline = pipeline_model(
+        manifest["pipeline"],
+        manifest["fitted"],
+        manifest["features"],
+        manifest.get("label"),
+        opset=opset,
+        ml_opset=ml_opset,
+        ir_version=model.ir_version,
     )
-    path.write_bytes(onnx_model.SerializeToString())
-    return path
+    inputs = [i.name for i in pipeline.graph.input]
+    outputs = [o.name for o in model.graph.output]
+    clash = sorted(set(inputs) & {*outputs, KEPT})
+    if clash:
+        raise InvalidParameterError(f"raw columns {clash} are named like the export's outputs; rename them in the data")
+    merged = compose.merge_models(
+        pipeline, compose.add_prefix(model, "model/"), io_map=[(FEATURES, "model/" + model.graph.input[0].name)]
+    )
+    graph = merged.graph
+    for name in outputs:  # the model's outputs under their own names again
+        graph.node.append(helper.make_node("Identity", ["model/" + name], [name], name=f"output/{name}"))
+    renamed = []
+    for output in graph.output:
+        if output.name.startswith("model/"):
+            output.name = output.name[len("model/") :]
+        renamed.append(output)
+    del graph.output[:]
+    graph.output.extend(sorted(renamed, key=lambda o: o.name == KEPT))
+    return merged

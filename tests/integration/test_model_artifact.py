@@ -1,5 +1,5 @@
 """Models a hospital can use: the artifact of a real run scores new records as the party's evaluation
-did, and its ONNX export gives the same probabilities in onnxruntime."""
+did, and its ONNX export, fed the raw columns of the CSV, gives the same probabilities in onnxruntime."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import pytest
 
 from confide.artifact import ModelArtifact, predict
 from confide.data.catalog import Catalog
+from confide.data.onnx_graph import feeds
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "hospital_csv"
 PARTIES = ("hospital-a", "hospital-b", "hospital-c")
@@ -97,22 +98,35 @@ def test_one_new_patient_is_prepared_with_the_training_statistics(trained, tmp_p
     assert refused.returncode == 2 and "kappa" in refused.stderr and "Traceback" not in refused.stderr
 
 
-def test_onnx_export_runs_in_onnxruntime_with_equal_outputs(trained, tmp_path):
+def test_onnx_export_scores_the_raw_records_as_predict_does(trained, tmp_path):
     onnxruntime = pytest.importorskip("onnxruntime", reason="the 'export' extra is not installed")
     artifact_path = trained / "run" / "parties" / "hospital-c.model.zip"
     exported = _cli("model", "export", str(artifact_path), "--out", str(tmp_path / "model.onnx"))
     assert exported.returncode == 0, exported.stderr
+    assert (
+        "raw columns in: " in exported.stdout
+        and "sex (text)" in exported.stdout
+        and "creatinine (number)" in exported.stdout
+    )
     artifact = ModelArtifact.load(artifact_path)
     table = Catalog.load(trained / "hospital-c" / "catalog.yaml").table("patients")
+    session = onnxruntime.InferenceSession(str(tmp_path / "model.onnx"), providers=["CPUExecutionProvider"])
+    # The raw CSV's columns (text, NA markers as NaN), not features prepared in Python.
+    outputs = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds(session, table)), strict=True))
+    assert outputs["kept"].all() and outputs["kept"].shape == (table.rows,)  # no filter in the pipeline
+    rows, ours = predict(artifact, trained / "hospital-c" / "patients.csv")
+    assert np.isnan(table.columns["creatinine"]).any()  # missing values the graph imputes
+    np.testing.assert_allclose(outputs["probabilities"][rows, 1], ours, atol=2e-6)  # the model runs in float32
+    # --prepared: the model alone, taking the prepared features.
     from confide.data.fldata import Step, transform
 
     m = artifact.manifest
     X, _ = transform([Step.from_value(s) for s in m["pipeline"]], m["label"], m["fitted"], table, m["features"])
-    session = onnxruntime.InferenceSession(str(tmp_path / "model.onnx"), providers=["CPUExecutionProvider"])
-    outputs = session.run(None, {session.get_inputs()[0].name: X.astype(np.float32)})
-    probabilities = np.asarray(outputs[1])[:, 1]
-    _, ours = predict(artifact, trained / "hospital-c" / "patients.csv")
-    np.testing.assert_allclose(probabilities, ours, atol=2e-6)  # ONNX runs in float32
+    prepared = _cli("model", "export", str(artifact_path), "--out", str(tmp_path / "bare.onnx"), "--prepared")
+    assert prepared.returncode == 0, prepared.stderr
+    bare = onnxruntime.InferenceSession(str(tmp_path / "bare.onnx"), providers=["CPUExecutionProvider"])
+    probabilities = np.asarray(bare.run(None, {bare.get_inputs()[0].name: X.astype(np.float32)})[1])[:, 1]
+    np.testing.assert_allclose(probabilities, ours, atol=2e-6)
     shown = _cli("model", "show", str(artifact_path))
     assert "trained by hospital-c" in shown.stdout and "sex=F" in shown.stdout
 
@@ -156,14 +170,11 @@ def test_a_keras_network_is_scored_and_exported_like_a_linear_model(tmp_path):
         ours = np.array([float(r["p_death"]) for r in csv.DictReader(f)])
     exported = _cli("model", "export", str(artifact), "--out", str(tmp_path / "net.onnx"))
     assert exported.returncode == 0, exported.stderr
-    loaded = ModelArtifact.load(artifact)
-    m = loaded.manifest
-    from confide.data.fldata import Step, transform
-
+    m = ModelArtifact.load(artifact).manifest
     table = Catalog.load(tmp_path / "hospital-a" / "catalog.yaml").table("patients")
-    X, _ = transform([Step.from_value(s) for s in m["pipeline"]], m["label"], m["fitted"], table, m["features"])
     session = onnxruntime.InferenceSession(str(tmp_path / "net.onnx"), providers=["CPUExecutionProvider"])
-    onnx_scores = session.run(None, {session.get_inputs()[0].name: X.astype(np.float32)})[0][:, 0]
+    assert session.get_outputs()[-1].name == "kept"
+    onnx_scores = session.run(None, feeds(session, table))[0][:, 0]  # from the raw columns
     assert ours.shape == onnx_scores.shape == (table.rows,)
     np.testing.assert_allclose(onnx_scores, ours, atol=1e-5)  # JAX's scores, ONNX from the torch backend
     report = json.loads((tmp_path / "run" / "parties" / "hospital-a.report.json").read_text())

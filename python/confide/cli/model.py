@@ -30,10 +30,17 @@ def add_commands(commands) -> None:
     predict.add_argument(
         "--missing", action="append", default=None, metavar="MARKER", help="a cell text meaning missing (repeat)"
     )
-    export = sub.add_parser("export", help="the model in a standard format (ONNX for linear models)")
+    export = sub.add_parser(
+        "export", help="the model in ONNX with the training pipeline in front: it scores raw records"
+    )
     export.add_argument("artifact", help="a <party>.model.zip")
     export.add_argument("--format", choices=["onnx"], default="onnx")
     export.add_argument("--out", required=True, help="file to write, e.g. model.onnx")
+    export.add_argument(
+        "--prepared",
+        action="store_true",
+        help="the model alone: its input is the prepared features (float32, in the manifest's order), not raw columns",
+    )
 
 
 def dispatch(args) -> int:
@@ -62,8 +69,20 @@ def dispatch(args) -> int:
         if args.out:
             print(f"scored {len(rows)} records into {args.out}", file=sys.stderr)
     else:
-        path = export_onnx(artifact, args.out)
-        print(f"wrote {path} (ONNX; inputs: {len(artifact.features or [])} features in the manifest's order)")
+        path = export_onnx(artifact, args.out, prepared=args.prepared)
+        if args.prepared:
+            print(
+                f"wrote {path} (ONNX; input: {len(artifact.features or [])} prepared features in the manifest's order)"
+            )
+        else:
+            import onnx
+
+            graph = onnx.load_model(str(path), load_external_data=False).graph
+            inputs = ", ".join(
+                f"{i.name} ({'text' if i.type.tensor_type.elem_type == 8 else 'number'})" for i in graph.input
+            )
+            outputs = ", ".join(o.name for o in graph.output)
+            print(f"wrote {path} (ONNX; raw columns in: {inputs}; out: {outputs})")
     return 0
 
 

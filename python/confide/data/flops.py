@@ -264,7 +264,7 @@ class _ColumnWise(Operation):
         _need(err, cols, names, numeric=True)
         self.check_columns(err, p, cols, names)
         if fitted is not None and self.all_numeric and "columns" not in p:
-            names = [c for c in fitted.get("columns", {}) if c in cols]
+            names = [c for c in self.fitted_columns(p, fitted) if c in cols]
         out = dict(cols)
         stats: dict[str, dict] = {}
         for c in names:
@@ -274,6 +274,10 @@ class _ColumnWise(Operation):
         if record is not None:
             record["columns"] = stats
         return out
+
+    def fitted_columns(self, p: dict, fitted: dict) -> list[str]:
+        """The columns this step changes on new records when its params name none: those it was fitted on."""
+        return list(fitted.get("columns") or {})
 
     def check_columns(self, err: StepError, p: dict, cols: dict, names: list[str]) -> None:
         """Further checks of the columns before any is changed."""
@@ -364,6 +368,13 @@ class Scale(_ColumnWise):
     def row_local(self, p):
         columns, bounds = p.get("columns"), p.get("bounds") or {}
         return p["method"] == "minmax" and columns is not None and set(columns) <= set(bounds)
+
+    def fitted_columns(self, p, fitted):
+        # the bounds columns fit no statistic, but training scaled them: new records are scaled too
+        return [
+            *super().fitted_columns(p, fitted),
+            *(c for c in p.get("bounds") or {} if c not in fitted.get("columns", {})),
+        ]
 
     def check_columns(self, err, p, cols, names):
         if "bounds" in p:
