@@ -160,3 +160,12 @@ def test_what_the_graph_cannot_express_is_named():
             ml_opset=3,
             ir_version=8,
         )
+
+
+def test_new_records_are_scaled_by_the_bounds_training_used():
+    pipeline = STEPS["scale_bounds"] + [FINISH[0], FINISH[1]]
+    fl = FLData.create({"a": {"dataset": "records", "test_fraction": 0.0}}, "death", pipeline)
+    provisioned = fl.provision("a", _table(TRAIN))
+    again, _ = transform(fl.pipeline, fl.label, provisioned.fitted, _table(TRAIN), provisioned.feature_names)
+    np.testing.assert_allclose(again, provisioned.X)
+    assert again[:, provisioned.feature_names.index("dose")].max() == pytest.approx(0.9)  # 9 in [0, 10]
