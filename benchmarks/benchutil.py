@@ -80,6 +80,33 @@ def record(name, value, unit, anchor=None, anchor_value=None, params=None) -> di
     }
 
 
+def median_of_runs(runs: list[list[dict]]) -> list[dict]:
+    """One record per name: the median value and anchor value over ``runs`` (whole runs of a bench).
+
+    Hosts of one machine kind share their cores with others: one run can be a quarter off the
+    next. The ratio is the median value over the median anchor; ``params.runs`` holds each run's value.
+    """
+    import statistics
+
+    if len(runs) == 1:
+        return runs[0]
+    out = []
+    for first in runs[0]:
+        same = [r for run in runs for r in run if r["name"] == first["name"]]
+        values = [r["value"] for r in same]
+        anchors = [r["anchor_value"] for r in same if r["anchor_value"] is not None]
+        merged = record(
+            first["name"],
+            statistics.median(values),
+            first["unit"],
+            first["anchor"],
+            statistics.median(anchors) if anchors else None,
+            {**first["params"], "runs": values},
+        )
+        out.append(merged)
+    return out
+
+
 def write(bench: str, machine_info: dict, results: list[dict]) -> Path:
     """Write benchmarks/results/<bench>.json."""
     RESULTS.mkdir(parents=True, exist_ok=True)

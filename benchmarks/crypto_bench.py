@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchutil import machine, rate, record, results_table, write, write_markdown_block  # noqa: E402
+from benchutil import machine, median_of_runs, rate, record, results_table, write, write_markdown_block  # noqa: E402
 
 from confide.crypto import (  # noqa: E402
     ENGINE,
@@ -214,7 +214,10 @@ def main() -> None:
         default=str(Path(__file__).resolve().parent.parent / "build" / "wheel-venv"),
         help="a venv with the portable wheel installed (make build/wheel-venv/.installed); its cost against this build",
     )
+    parser.add_argument("--runs", type=int, default=3, help="whole runs; each record is the median over them")
     args = parser.parse_args()
+    if args.runs < 1:
+        parser.error("--runs must be at least 1")
     sizes = [int(b) for b in args.bits.split(",")]
     info = {**machine(), "gmp": GMP_VERSION, "engine": ENGINE}
     try:
@@ -224,6 +227,19 @@ def main() -> None:
         info["anchors"] = {"phe": phe.__version__, "gmpy2": gmpy2.version(), "gmpy2_gmp": gmpy2.mp_version()}
     except ImportError:
         sys.exit("phe and gmpy2 are required: make bench installs them")
+    runs = []
+    for run in range(args.runs):
+        print(f"== run {run + 1} of {args.runs}", flush=True)
+        runs.append(one_run(args, sizes, info))
+    results = median_of_runs(runs)
+    info["runs"] = args.runs
+    path = write("crypto", info, results)
+    print(f"wrote {path} (medians of {args.runs} runs)")
+    write_markdown(info, results)
+
+
+def one_run(args, sizes: list[int], info: dict) -> list[dict]:
+    """Every record of the bench, measured once."""
     results: list[dict] = []
     phe_by_bits: dict[int, dict[str, float]] = {}
     for bits in sizes:
@@ -314,15 +330,15 @@ def main() -> None:
                         )
                 else:
                     print(f"  HEU {scheme}: not measured ({value or heu.get('error')})")
-                    info.setdefault("skipped", []).append(f"heu {scheme}: {value or heu.get('error')}")
+                    note = f"heu {scheme}: {value or heu.get('error')}"
+                    if note not in info.setdefault("skipped", []):
+                        info["skipped"].append(note)
             for r in results:
                 if ".vs_heu_" in r["name"]:
                     print(f"  {r['name']:<50} {r['value']:>10,.1f} vs {r['anchor_value']:>10,.1f}  x{r['ratio']:.2f}")
     if args.portable:
-        results += portable_cost(Path(args.portable))
-    path = write("crypto", info, results)
-    print(f"wrote {path}")
-    write_markdown(info, results)
+        results += portable_cost(Path(args.portable).resolve())
+    return results
 
 
 #: Rates of one process: (op -> ops/s) at 2048 bits, one thread, the engine it runs on.
@@ -388,7 +404,7 @@ def write_markdown(info: dict, results: list[dict]) -> None:
         f"Measured {info['date']} on {info['cpu']} ({info['cores']} cores), "
         f"engine {info['engine']}, GMP {info['gmp']}, "
         f"commit {info['commit']}; anchors phe {info['anchors']['phe']} with gmpy2 {info['anchors']['gmpy2']} "
-        f"({info['anchors']['gmpy2_gmp']}), same run.",
+        f"({info['anchors']['gmpy2_gmp']}), same run; each figure the median of {info.get('runs', 1)} runs.",
         "",
         *results_table(results),
     ]
