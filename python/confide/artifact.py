@@ -7,7 +7,8 @@ agent: ``<workdir>/sessions/<session>/run-<N>/``). The archive holds:
     format and version; the job, its session and run (when a controller ran it) and the party;
     the label and the feature names in the model's input order; the FL_Data pipeline with the
     statistics this party fitted on its own rows (imputation values, scaling parameters,
-    encoding categories); the model specification and its weight layout; the rounds trained,
+    encoding categories) and the lowest and highest value of each raw numeric column; the model
+    specification and its weight layout; the rounds trained,
     the protection that ran, the party's final held-out metrics; the SHA-256 of the final
     checkpoint's ``weights.npz`` (a leaf of the Merkle root the controller recorded for that
     round, which ``confide session log`` prints) when the job checkpoints its last round.
@@ -42,7 +43,7 @@ import numpy as np
 from confide.checkpoints import UNREADABLE_FILE_ERRORS
 from confide.errors import InvalidParameterError
 
-__all__ = ["ModelArtifact", "export_onnx", "predict", "read_records", "write_artifact"]
+__all__ = ["ModelArtifact", "check_records", "export_onnx", "predict", "read_records", "write_artifact"]
 
 FORMAT = "confide.model"
 VERSION = 1
@@ -136,6 +137,7 @@ def write_artifact(
         "features": list(data.feature_names) if data.feature_names else None,
         "pipeline": [step.to_dict() for step in fl_data.pipeline] if fl_data is not None else None,
         "fitted": data.fitted,
+        "ranges": getattr(data, "ranges", None),
         "dataset": (spec.datasets() or {}).get(party),
         "model": {
             "spec": spec.model.model_dump(mode="json"),
@@ -176,27 +178,45 @@ def read_records(path: str | os.PathLike, delimiter: str = "auto", missing: list
     return Catalog.from_mapping({"datasets": {"records": entry}}, base_dir=path.parent).table("records")
 
 
-def predict(artifact: ModelArtifact, records: str | os.PathLike, **reader) -> tuple[np.ndarray, np.ndarray]:
-    """Score a CSV (or Parquet) of new records: ``(row numbers, scores)``.
+def predict(artifact: ModelArtifact, records, **reader) -> tuple[np.ndarray, np.ndarray]:
+    """Score a CSV (or Parquet) of new records, or a :func:`read_records` table: ``(row numbers, scores)``.
 
     The records go through the job's pipeline with the statistics fitted at training time. Rows
     a pipeline filter drops are not scored (their numbers are absent from the result). Scores:
     P(label = 1) for binary models, one column per class otherwise.
     """
+    from confide.data.catalog import Table
     from confide.data.fldata import Step, transform
 
-    manifest = artifact.manifest
-    if manifest.get("features") is None or manifest.get("pipeline") is None:
-        raise InvalidParameterError(
-            "this model was trained on embedded example data, not FL_Data: it has no feature names to read records by"
-        )
-    table = read_records(records, **reader)
+    manifest = _fl_data_manifest(artifact)
+    table = records if isinstance(records, Table) else read_records(records, **reader)
     pipeline = [Step.from_value(step) for step in manifest["pipeline"]]
     X, rows = transform(pipeline, manifest["label"], manifest["fitted"], table, manifest["features"])
     model = artifact.model()
     if not hasattr(model, "predict"):
         raise InvalidParameterError(f"model {manifest['model']['spec']['algorithm']!r} cannot score records yet")
     return rows, np.asarray(model.predict(X))
+
+
+def _fl_data_manifest(artifact: ModelArtifact) -> dict:
+    manifest = artifact.manifest
+    if manifest.get("features") is None or manifest.get("pipeline") is None:
+        raise InvalidParameterError(
+            "this model was trained on embedded example data, not FL_Data: it has no feature names to read records by"
+        )
+    return manifest
+
+
+def check_records(artifact: ModelArtifact, table) -> list[str]:
+    """What in new records (a :func:`read_records` table) the model never saw: warnings with counts, never values.
+
+    Categories an encode step does not know, and numbers outside the training range of their
+    column (artifacts written before the ranges were recorded check categories only).
+    """
+    from confide.data.flsteps import record_warnings
+
+    manifest = _fl_data_manifest(artifact)
+    return record_warnings(manifest["pipeline"], manifest["fitted"], manifest.get("ranges"), table)
 
 
 def export_onnx(artifact: ModelArtifact, path: str | os.PathLike, *, prepared: bool = False) -> Path:

@@ -92,6 +92,21 @@ def test_one_new_patient_is_prepared_with_the_training_statistics(trained, tmp_p
     [line] = scored.stdout.strip().splitlines()[1:]
     probability = float(line.split(",")[1])
     assert 0.0 < probability < 1.0
+    # Scores joined back by an id column; what the model never saw is counted on stderr, never shown.
+    ids = tmp_path / "ids.csv"
+    ids.write_text(
+        "patient;age;sex;kappa;lambda;flc_grp;creatinine;mgus\n"
+        "P-001;71;M;1.4;1.9;6;NULL;0\nP-002;150;X;1.1;1.2;3;1.0;0\nP-003;64;U;0.9;1.0;2;0.9;0\n"
+    )
+    joined = _cli("model", "predict", str(artifact_path), str(ids), "--id-column", "patient")
+    assert joined.returncode == 0, joined.stderr
+    lines = joined.stdout.strip().splitlines()
+    assert lines[0] == "patient,p_death" and [line.split(",")[0] for line in lines[1:]] == ["P-001", "P-002", "P-003"]
+    assert "column 'sex': 2 record(s) hold a category the model never saw" in joined.stderr
+    assert "column 'age': 1 record(s) outside the training range (0 below, 1 above)" in joined.stderr
+    assert "150" not in joined.stderr and "'X'" not in joined.stderr
+    unknown = _cli("model", "predict", str(artifact_path), str(ids), "--id-column", "mrn")
+    assert unknown.returncode == 2 and "--id-column 'mrn' is not a column of the records" in unknown.stderr
     bad = tmp_path / "bad.csv"
     bad.write_text("age,sex\n71,M\n")
     refused = _cli("model", "predict", str(artifact_path), str(bad))

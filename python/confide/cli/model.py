@@ -26,6 +26,12 @@ def add_commands(commands) -> None:
     predict.add_argument("artifact", help="a <party>.model.zip")
     predict.add_argument("records", help="CSV (or Parquet) with the dataset's columns; the label may be absent")
     predict.add_argument("--out", default=None, help="write row,score CSV here (default: standard output)")
+    predict.add_argument(
+        "--id-column",
+        default=None,
+        metavar="NAME",
+        help="write this column of the records (a patient id) instead of the row number, to join the scores back",
+    )
     predict.add_argument("--delimiter", default="auto", help="CSV delimiter (default: detected)")
     predict.add_argument(
         "--missing", action="append", default=None, metavar="MARKER", help="a cell text meaning missing (repeat)"
@@ -45,7 +51,7 @@ def add_commands(commands) -> None:
 
 def dispatch(args) -> int:
     """Run a ``confide model`` command."""
-    from confide.artifact import ModelArtifact, export_onnx, predict
+    from confide.artifact import ModelArtifact, check_records, export_onnx, predict, read_records
 
     artifact = ModelArtifact.load(args.artifact)
     if args.model_command == "show":
@@ -53,16 +59,25 @@ def dispatch(args) -> int:
     elif args.model_command == "predict":
         if len(args.delimiter) != 1 and args.delimiter != "auto":
             raise InvalidParameterError(f"--delimiter must be one character or 'auto', got {args.delimiter!r}")
-        rows, scores = predict(artifact, args.records, delimiter=args.delimiter, missing=args.missing)
+        table = read_records(args.records, delimiter=args.delimiter, missing=args.missing)
+        if args.id_column is not None and args.id_column not in table.columns:
+            raise InvalidParameterError(
+                f"--id-column {args.id_column!r} is not a column of the records; columns: {table.names[:20]}"
+            )
+        for warning in check_records(artifact, table):
+            print(f"warning: {warning}", file=sys.stderr)
+        rows, scores = predict(artifact, table)
+        key = "row" if args.id_column is None else args.id_column
+        ids = rows if args.id_column is None else table.columns[args.id_column][rows]
         handle = open(args.out, "w", newline="", encoding="utf-8") if args.out else sys.stdout  # noqa: SIM115
         try:
             writer = csv.writer(handle)
             if scores.ndim == 1:
-                writer.writerow(["row", f"p_{artifact.manifest['label']}"])
-                writer.writerows([int(r), f"{s:.17g}"] for r, s in zip(rows, scores, strict=True))
+                writer.writerow([key, f"p_{artifact.manifest['label']}"])
+                writer.writerows([_cell(r), f"{s:.17g}"] for r, s in zip(ids, scores, strict=True))
             else:
-                writer.writerow(["row", *(f"p_class_{k}" for k in range(scores.shape[1]))])
-                writer.writerows([int(r), *(f"{v:.17g}" for v in s)] for r, s in zip(rows, scores, strict=True))
+                writer.writerow([key, *(f"p_class_{k}" for k in range(scores.shape[1]))])
+                writer.writerows([_cell(r), *(f"{v:.17g}" for v in s)] for r, s in zip(ids, scores, strict=True))
         finally:
             if args.out:
                 handle.close()
@@ -84,6 +99,15 @@ def dispatch(args) -> int:
             outputs = ", ".join(o.name for o in graph.output)
             print(f"wrote {path} (ONNX; raw columns in: {inputs}; out: {outputs})")
     return 0
+
+
+def _cell(value) -> str:
+    """A row number or an id as its CSV cell (an id read as a number keeps no trailing .0)."""
+    if value is None:
+        return ""
+    if isinstance(value, float) and value.is_integer():  # numpy float64 is a float
+        return str(int(value))
+    return str(value)
 
 
 def _show(artifact, as_json: bool) -> None:

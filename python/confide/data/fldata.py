@@ -30,6 +30,7 @@ from confide.data.flsteps import (
     FORMAT_VERSION,
     Step,
     localize_step,
+    raw_ranges,
     record_ids,
     row_local,
     run_step,
@@ -76,6 +77,9 @@ class Provisioned:
         Per pipeline step, the statistics this party fitted on its rows (imputation values,
         scaling parameters, encodings): with them :func:`transform` prepares new records exactly
         as training did. They stay at the party (they describe its rows).
+    ranges : dict or None
+        ``{column: [lowest, highest]}`` of the table's numeric columns (:func:`raw_ranges`), so
+        that scoring can count new records outside what the model saw.
     """
 
     X: np.ndarray
@@ -85,6 +89,7 @@ class Provisioned:
     feature_names: list[str]
     fitted: list[dict] | None = None
     test_rows: np.ndarray | None = None
+    ranges: dict[str, list[float]] | None = None
 
 
 @dataclass
@@ -412,8 +417,9 @@ class FLData:
         X = np.column_stack([cols[c].astype(np.float64) for c in features])
         y = cols[label].astype(np.float64)
         n = X.shape[0]
+        ranges = raw_ranges(table, label)
         if p.test_fraction == 0.0:
-            return Provisioned(X, y, None, None, features, fitted, row_numbers[:0])
+            return Provisioned(X, y, None, None, features, fitted, row_numbers[:0], ranges)
         n_test = max(1, round(p.test_fraction * n))
         if n_test >= n:
             raise InvalidParameterError(
@@ -421,7 +427,9 @@ class FLData:
             )
         is_test = np.zeros(n, dtype=bool)
         is_test[rng.permutation(n)[:n_test]] = True
-        return Provisioned(X[~is_test], y[~is_test], X[is_test], y[is_test], features, fitted, row_numbers[is_test])
+        return Provisioned(
+            X[~is_test], y[~is_test], X[is_test], y[is_test], features, fitted, row_numbers[is_test], ranges
+        )
 
     def check_partitionable(self, party: str, columns: list[str] | None = None) -> None:
         """Refuse what partitioned data cannot do: ``fraction`` < 1, a step that fits statistics.

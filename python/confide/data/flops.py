@@ -29,6 +29,7 @@ __all__ = [
     "ROW",
     "Operation",
     "StepError",
+    "category_text",
     "column_kind",
     "column_name",
     "column_names",
@@ -98,6 +99,17 @@ def missing_mask(arr: np.ndarray) -> np.ndarray:
     if arr.dtype.kind in "iu":
         return np.zeros(arr.shape[0], dtype=bool)
     return np.array([v is None for v in arr], dtype=bool)
+
+
+def category_text(arr: np.ndarray) -> np.ndarray:
+    """A column as the text ``encode`` compares with its categories (None where missing).
+
+    A numeric code column (a stage 1..4) gives its canonical text: ``"3"``, ``"2.5"``.
+    """
+    if column_kind(arr) == "str":
+        return np.array([None if v is None else str(v) for v in arr], dtype=object)
+    x = arr.astype(np.float64)
+    return np.array([None if np.isnan(v) else (str(int(v)) if v == int(v) else repr(v)) for v in x], dtype=object)
 
 
 class StepError:
@@ -495,14 +507,7 @@ class Encode(Operation):
                 out[name] = arr
                 continue
             cats = categories[name]
-            if column_kind(arr) == "str":
-                text = np.array([None if v is None else str(v) for v in arr], dtype=object)
-            else:
-                # A numeric code column (e.g. a stage 1..4): compare its canonical text.
-                x = arr.astype(np.float64)
-                text = np.array(
-                    [None if np.isnan(v) else (str(int(v)) if v == int(v) else repr(v)) for v in x], dtype=object
-                )
+            text = category_text(arr)
             if p["method"] == "onehot":
                 for cat in cats:
                     out[f"{name}={cat}"] = np.array([v == cat for v in text], dtype=np.float64)

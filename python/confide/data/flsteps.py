@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from confide.data.catalog import Table
-from confide.data.flops import OPERATIONS, OPS, ROW, StepError, column_kind, keys, missing_mask
+from confide.data.flops import OPERATIONS, OPS, ROW, StepError, category_text, column_kind, keys, missing_mask
 from confide.errors import DataProblemError, InvalidParameterError
 
 FORMAT = "confide.fldata"
@@ -218,3 +218,60 @@ def transform(pipeline: Sequence[Step], label: str, fitted: Sequence[dict], tabl
             raise InvalidParameterError(f"feature column {c!r} has {gaps} missing values after the pipeline")
     X = np.column_stack([cols[c].astype(np.float64) for c in features]) if features else np.empty((0, 0))
     return X, cols[ROW].astype(np.int64)
+
+
+def raw_ranges(table: Table, label: str | None) -> dict[str, list[float]]:
+    """``{column: [lowest, highest]}`` of the table's numeric columns but the label (missing values left out).
+
+    What the model was trained on, column by column: :func:`record_warnings` counts the new
+    records outside it. It describes the party's rows, as the fitted statistics do, and stays
+    with them.
+    """
+    out: dict[str, list[float]] = {}
+    for name, values in table.columns.items():
+        if name in (label, ROW) or column_kind(values) == "str":
+            continue
+        x = values.astype(np.float64)
+        x = x[~np.isnan(x)]
+        if x.size:
+            out[name] = [float(x.min()), float(x.max())]
+    return out
+
+
+def record_warnings(
+    pipeline: Sequence[dict], fitted: Sequence[dict], ranges: Mapping[str, Sequence[float]] | None, table: Table
+) -> list[str]:
+    """What in new records the model never saw: counts per column, never a value.
+
+    A category an ``encode`` step does not know (it scores as none of the categories: all-zero
+    one-hot columns, a missing ordinal), and a number outside the column's training range
+    (``ranges``: :func:`raw_ranges` of the training table; absent in artifacts older than it).
+    """
+    out: list[str] = []
+    cols = table.columns
+    for step, stats in zip(pipeline, fitted, strict=True):
+        if step["op"] != "encode":
+            continue
+        categories = {**(step.get("params") or {}).get("categories", {}), **(stats or {}).get("categories", {})}
+        for column in step["params"]["columns"]:
+            if column not in cols or column not in categories:
+                continue
+            known = set(categories[column])
+            unseen = sum(1 for v in category_text(cols[column]) if v is not None and v not in known)
+            if unseen:
+                out.append(
+                    f"column {column!r}: {unseen} record(s) hold a category the model never saw "
+                    f"(known: {len(known)}); they score as none of the categories"
+                )
+    for column, (low, high) in (ranges or {}).items():
+        if column not in cols or column_kind(cols[column]) == "str":
+            continue
+        with np.errstate(invalid="ignore"):
+            x = cols[column].astype(np.float64)
+            below, above = int((x < low).sum()), int((x > high).sum())
+        if below or above:
+            out.append(
+                f"column {column!r}: {below + above} record(s) outside the training range "
+                f"({below} below, {above} above); the model extrapolates there"
+            )
+    return out

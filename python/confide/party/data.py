@@ -45,6 +45,8 @@ class PartyData:
     #: FL_Data only: the feature columns in order, and the statistics the pipeline fitted here.
     feature_names: list[str] | None = None
     fitted: list[dict] | None = None
+    #: FL_Data only: the raw numeric columns' training ranges (confide.data.flsteps.raw_ranges).
+    ranges: dict[str, list[float]] | None = None
 
     @property
     def example_shape(self) -> tuple[int, ...]:
@@ -82,6 +84,7 @@ def load_party_data(spec: JobSpec, party_id: str, catalog=None, compute=None) ->
             classes=classes,
             feature_names=provisioned.feature_names,
             fitted=provisioned.fitted,
+            ranges=provisioned.ranges,
         )
     index = spec.parties.index(party_id)
     data = spec.data

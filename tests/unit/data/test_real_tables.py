@@ -163,3 +163,33 @@ def test_schema_check_follows_the_pipeline():
     assert check_schemas(fixed, {"a": schema, "b": schema}) == []
     assert fixed.pipeline[0].params["categories"] == {"sex": ["F", "M"]}
     assert fixed.lineage()[-1]["operation"] == "pipeline_substitute"
+
+
+def test_new_records_outside_what_training_saw_are_counted_never_shown(tmp_path):
+    from confide.data.flsteps import raw_ranges, record_warnings
+
+    table = _table(tmp_path)
+    fl = _fl(
+        [
+            {"name": "enc", "op": "encode", "params": {"columns": ["sex"], "categories": {"sex": ["F", "M"]}}},
+            {"name": "fill", "op": "impute", "params": {"strategy": "median"}},
+        ]
+    )
+    provisioned = fl.provision("a", table)
+    assert provisioned.ranges == raw_ranges(table, "death") == {"age": [48.0, 80.0], "kappa": [0.9, 2.1]}
+    steps = [s.to_dict() for s in fl.pipeline]
+    new = Table(
+        {
+            "age": np.array([30.0, 60.0, np.nan, 99.0]),
+            "sex": np.array(["F", "x", None, "M"], dtype=object),
+            "kappa": np.array([1.0, 1.0, 5.0, 1.0]),
+        }
+    )
+    warnings = record_warnings(steps, provisioned.fitted, provisioned.ranges, new)
+    assert warnings == [
+        "column 'sex': 1 record(s) hold a category the model never saw (known: 2); "
+        "they score as none of the categories",
+        "column 'age': 2 record(s) outside the training range (1 below, 1 above); the model extrapolates there",
+        "column 'kappa': 1 record(s) outside the training range (0 below, 1 above); the model extrapolates there",
+    ]
+    assert record_warnings(steps, provisioned.fitted, None, new)[1:] == []  # an artifact without ranges

@@ -419,7 +419,7 @@ def test_validate_header_errors_name_the_field(overrides, field):
         validate_header(header(**overrides))
 
 
-@pytest.mark.parametrize("kind", [pb.AGGREGATION_KIND_UNSPECIFIED, 10])
+@pytest.mark.parametrize("kind", [pb.AGGREGATION_KIND_UNSPECIFIED, max(pb.AggregationKind.values()) + 1, 99])
 def test_validate_header_rejects_unknown_kind(kind):
     with pytest.raises(ProtocolError, match=r"header\.kind"):
         validate_header(header(kind=kind))
