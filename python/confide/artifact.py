@@ -62,6 +62,12 @@ class ModelArtifact:
     def load(cls, path: str | os.PathLike) -> ModelArtifact:
         """Read and check an artifact; errors name the file and what is wrong with it."""
         path = Path(path)
+        if path.name.endswith(".model.cvw"):
+            raise InvalidParameterError(
+                f"{path}: a vertical job's model part (<party>.model.cvw), which `confide model` does not read yet; "
+                "with every site's part in one place, from_parts of confide.vertical.estimators' SecureBoost and "
+                "Hetero NN estimators loads the whole model (Hetero LR parts have no loader yet)"
+            )
         try:
             with zipfile.ZipFile(path) as archive:
                 manifest = json.loads(archive.read("manifest.json"))

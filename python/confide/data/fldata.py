@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from confide.data.catalog import Table
-from confide.data.flops import ROW, column_kind, keys, missing_mask
+from confide.data.flops import ROW, column_kind, keys, missing_mask, text_hint
 from confide.data.flsteps import (
     FORMAT,
     FORMAT_VERSION,
@@ -573,7 +573,9 @@ class FLData:
                 raise DataProblemError(
                     f"{where}, {last}: {what} column {c!r} is text",
                     columns=[c],
-                    hint="the label must be a number" if c == label else "add an encode step for it, or drop it",
+                    hint="the label must be a number"
+                    if c == label
+                    else text_hint(len({v for v in cols[c] if v is not None})),
                 )
             nan = int(missing_mask(cols[c]).sum())
             if nan:

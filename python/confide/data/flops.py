@@ -29,6 +29,8 @@ __all__ = [
     "ROW",
     "Operation",
     "StepError",
+    "ID_HINT",
+    "TEXT_HINT",
     "category_text",
     "column_kind",
     "column_name",
@@ -99,6 +101,21 @@ def missing_mask(arr: np.ndarray) -> np.ndarray:
     if arr.dtype.kind in "iu":
         return np.zeros(arr.shape[0], dtype=bool)
     return np.array([v is None for v in arr], dtype=bool)
+
+
+#: What a text feature needs: an encoding, unless it has too many distinct values to encode.
+TEXT_HINT = "add an encode step for it, or drop it"
+ID_HINT = (
+    "it holds too many distinct values to encode (a record id or free text): drop it, or, in a vertical job, "
+    "name it as the id the join step matches records on"
+)
+#: More distinct values than a published profile lists categories for (catalog.MAX_PUBLISHED_CATEGORIES).
+ID_LIKE_DISTINCT = 64
+
+
+def text_hint(distinct: int) -> str:
+    """The hint for a text column that reaches a step or the features, by its number of distinct values."""
+    return ID_HINT if distinct > ID_LIKE_DISTINCT else TEXT_HINT
 
 
 def category_text(arr: np.ndarray) -> np.ndarray:

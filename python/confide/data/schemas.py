@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from confide.data.fldata import FLData, localize_step
+from confide.data.flops import ID_HINT, TEXT_HINT
 
 __all__ = ["SchemaProblem", "agree_categories", "check_schemas"]
 
@@ -53,7 +54,10 @@ def _simulate(
     party: str, dataset: str, fl_data: FLData, schema: list[dict], *, label: str | None, id_column: str | None
 ) -> list[SchemaProblem]:
     """Run the pipeline over the schema (a vertical job's steps localized to this party's columns)."""
-    cols = {c["name"]: {"dtype": c["dtype"], "missing": bool(c.get("missing", False))} for c in schema}
+    cols = {
+        c["name"]: {"dtype": c["dtype"], "missing": bool(c.get("missing", False)), "categories": "categories" in c}
+        for c in schema
+    }
     problems: list[SchemaProblem] = []
     if id_column is not None:  # a vertical job's record ids: taken out before the pipeline
         ids = cols.pop(id_column, None)
@@ -140,7 +144,8 @@ def _simulate(
         if c == label:
             continue
         if v["dtype"] not in NUMERIC:
-            problem(None, c, "is text", "add an encode step for it, or drop it")
+            # a published text column without categories has more distinct values than a profile lists
+            problem(None, c, "is text", TEXT_HINT if v.get("categories", True) else ID_HINT)
         elif v["missing"]:
             problem(None, c, "has missing values and no step imputes them", "add an impute step (or a notnull filter)")
     return problems

@@ -193,3 +193,26 @@ def test_new_records_outside_what_training_saw_are_counted_never_shown(tmp_path)
         "column 'kappa': 1 record(s) outside the training range (0 below, 1 above); the model extrapolates there",
     ]
     assert record_warnings(steps, provisioned.fitted, None, new)[1:] == []  # an artifact without ranges
+
+
+def test_a_record_id_left_among_the_features_is_called_an_id_not_a_category():
+    schema = [
+        {"name": "patient", "dtype": "str", "missing": False},  # no categories: too many distinct values
+        {"name": "sex", "dtype": "str", "missing": False, "categories": ["F", "M"]},
+        {"name": "death", "dtype": "int", "missing": False},
+    ]
+    texts = sorted(p.text() for p in check_schemas(_fl([]), {"a": schema}))
+    assert texts[0].startswith("a/records: column 'patient' is text; it holds too many distinct values to encode")
+    assert "drop it, or, in a vertical job, name it as the id" in texts[0]
+    assert texts[1] == "a/records: column 'sex' is text; add an encode step for it, or drop it"
+    rows = 80
+    table = Table(
+        {
+            "patient": np.array([f"P-{i:04d}" for i in range(rows)], dtype=object),
+            "age": np.arange(rows, dtype=np.float64),
+            "death": np.arange(rows, dtype=np.float64) % 2,
+        }
+    )
+    with pytest.raises(DataProblemError, match="feature column 'patient' is text") as raised:
+        _fl([]).provision("a", table)
+    assert "too many distinct values to encode (a record id or free text)" in raised.value.hint
