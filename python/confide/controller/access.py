@@ -399,9 +399,12 @@ class Access:
             )
             for decision in decisions:
                 if "dataset" in decision:
-                    # The owner's view: every attempt to use its dataset, allowed or not.
+                    # The owner's view: every attempt to use its dataset, with the request's final
+                    # decision: a granted dataset of a refused request was not used (a deny, why).
                     detail = {"job_id": spec.job_id, "request": target, **decision}
-                    self._audit(db, caller, f"use:{action}", decision["dataset"], decision["decision"], detail)
+                    if problem is not None and decision["decision"] == "allow":
+                        detail = {**detail, **_refused_use(decision["dataset"], decisions)}
+                    self._audit(db, caller, f"use:{action}", decision["dataset"], detail["decision"], detail)
         if problem is not None:
             log.info("%s %s denied: %s", caller.name, action, denied)
             raise problem
@@ -488,3 +491,22 @@ class Access:
                 "no aggregator is registered and alive; start one with 'confide aggregator --controller URL'"
             )
         return [{"name": p.name, "address": p.address} for p in nodes[:1]]
+
+
+def _refused_use(dataset: str, decisions: list[dict]) -> dict:
+    """The audit detail of a granted dataset whose request was refused: denied, and why."""
+    schema = next((d for d in decisions if d.get("reason") == "schema"), None)
+    if schema is not None:
+        own = [text for text in schema["problems"] if text.startswith(f"{dataset}:") or text.startswith(f"{dataset},")]
+        return {
+            "decision": "deny",
+            "grant": "allow",
+            "reason": "schema" if own else "schema (another dataset of the request)",
+            "problems": own,
+        }
+    others = [d.get("dataset") or d.get("party") for d in decisions if d["decision"] == "deny"]
+    return {
+        "decision": "deny",
+        "grant": "allow",
+        "reason": f"the request was refused: {', '.join(map(str, others))} denied",
+    }

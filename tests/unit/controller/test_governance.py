@@ -207,6 +207,13 @@ def test_submit_checks_the_pipeline_against_published_schemas(controller, fed):
     assert controller.sessions(ADMIN) == []  # nothing started
     denied = [e for e in controller.audit(ADMIN) if e["action"] == "submit"][-1]
     assert denied["decision"] == "deny" and any(c.get("reason") == "schema" for c in denied["detail"]["checks"])
+    # The owner sees the refused submissions as denied uses of its data, with its own problems.
+    uses = [e for e in controller.audit(party("hospital-a")) if e["action"] == "use:submit"]
+    assert len(uses) == 2 and {e["decision"] for e in uses} == {"deny"}
+    assert uses[0]["detail"]["grant"] == "allow" and uses[0]["detail"]["reason"] == "schema"
+    assert any("column 'sex' is text" in text for text in uses[0]["detail"]["problems"])
+    assert all(text.startswith("hospital-a/records") for text in uses[0]["detail"]["problems"])
+    assert controller.uses(party("hospital-a")) == []  # nothing ran
 
 
 def test_encode_categories_are_agreed_from_the_published_schemas(controller, fed):
