@@ -87,6 +87,8 @@ def test_submit_without_grant_is_refused_and_audited_then_runs_once_granted(depl
     assert "completed" in done.stdout
     listed = cli(deployment, "alice", "data", "list")
     assert "hospital-b" in listed.stdout and "breast-cancer" in listed.stdout
+    # The columns and their types, without --json.
+    assert "hospital-b/breast-cancer: " in listed.stdout and " float" in listed.stdout
 
 
 def test_tuning_pushes_only_the_changed_setting_and_parties_apply_it(deployment):

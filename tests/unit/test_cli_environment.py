@@ -31,3 +31,18 @@ def test_every_confide_process_sets_them_before_numpy_is_imported():
     env = {k: v for k, v in os.environ.items() if k not in NUMERIC_ENVIRONMENT}
     out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.split()[-2:] == [NUMERIC_ENVIRONMENT["OPENBLAS_THREAD_TIMEOUT"], "False"]
+
+
+def test_data_list_names_each_datasets_columns_and_types():
+    from confide.cli.controller import _columns_line
+
+    schema = [
+        {"name": "age", "dtype": "float", "missing": True},
+        {"name": "sex", "dtype": "str", "missing": False, "categories": ["F", "M"]},
+        {"name": "ward", "dtype": "str", "categories": [f"w{i}" for i in range(12)]},
+        {"name": "death", "dtype": "int"},
+    ]
+    assert _columns_line(schema) == (
+        "age float (gaps), sex str [F, M], ward str [w0, w1, w2, w3, w4, w5, w6, w7, ... 12 in all], death int"
+    )
+    assert _columns_line([]) == "(no columns published)"

@@ -370,12 +370,28 @@ def _table(rows: list[dict], columns: list[str]) -> str:
     return "\n".join(lines)
 
 
+def _columns_line(schema: list[dict]) -> str:
+    """``age float (gaps), sex str [F, M], death int``: what a dataset's published columns are."""
+    parts = []
+    for column in schema:
+        text = f"{column['name']} {column['dtype']}" + (" (gaps)" if column.get("missing") else "")
+        categories = column.get("categories")
+        if categories:
+            shown = ", ".join(categories[:8]) + (f", ... {len(categories)} in all" if len(categories) > 8 else "")
+            text += f" [{shown}]"
+        parts.append(text)
+    return ", ".join(parts) or "(no columns published)"
+
+
 def _data(args, client) -> int:
     if args.data_command == "list":
         rows = client.datasets()
         for row in rows:
             row["columns"] = len(row["schema"])
-        _print(args, rows, _table(rows, ["owner", "name", "rows", "columns", "granted", "description"]))
+        text = _table(rows, ["owner", "name", "rows", "columns", "granted", "description"])
+        if rows:
+            text += "\n\n" + "\n".join(f"{r['owner']}/{r['name']}: {_columns_line(r['schema'])}" for r in rows)
+        _print(args, rows, text)
     elif args.data_command == "uses":
         rows = client.uses()
         for row in rows:
