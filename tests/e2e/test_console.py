@@ -231,6 +231,11 @@ def test_console_end_to_end(deployment, browser, tmp_path):
     developer.get_by_role("button", name="Verify checkpoint and resume").click()
     expect(developer.locator("#state")).to_have_text("completed", timeout=180_000)
     expect(developer.locator("table.log")).to_contain_text("resume")
+    # The final held-out metrics as numbers: each party's and their weighted mean.
+    results = developer.locator("#results-table")
+    expect(results.locator("tbody tr")).to_have_count(len(PARTIES) + 1)
+    mean = re.compile(r"all \(weighted by held-out rows\)\s*0\.\d{4}")
+    expect(results.locator("tbody tr").last).to_contain_text(mean)
     screens.take(developer, "job-completed")
 
     # The audit log shows the refusal, the grant, the submission and the resume.

@@ -47,6 +47,10 @@ def test_secureboost_job_aligns_trains_and_writes_each_party_its_own_part(tmp_pa
     guest = json.loads((tmp_path / "parties" / "hospital.report.json").read_text())
     host = json.loads((tmp_path / "parties" / "lab.report.json").read_text())
     assert guest["role"] == "guest" and host["role"] == "host" and host["splits_owned"] > 0
+    # Both sites report each boosting round with the bytes their channel carried (the console's curves).
+    assert [r["round"] for r in host["rounds"]] == [r["round"] for r in guest["rounds"]] == [1, 2, 3]
+    assert all(r["bytes_sent"] > 0 and r["bytes_received"] > 0 for r in host["rounds"] + guest["rounds"])
+    assert sum(r["bytes_sent"] for r in host["rounds"]) <= host["bytes"]["sent"]
     parts = {p: tmp_path / "parties" / f"{p}.model.cvw" for p in ("hospital", "lab")}
     estimator = SecureBoostClassifier.from_parts(parts)
     # The loaded parts predict through the protocol, on rows aligned by id.

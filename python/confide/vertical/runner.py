@@ -203,21 +203,28 @@ def run_vertical_party(
             if snapshot is not None and interval and (number % interval == 0 or number == spec.rounds or final):
                 _write_state(checkpoint_dir, number, snapshot())
 
-        def on_round(entry: dict, snapshot=None) -> None:
+        wire_mark = [channel.bytes_sent, channel.bytes_received]
+
+        def on_round(entry: dict, snapshot=None, final: bool | None = None) -> None:
             # "round": the epoch, or boosting round (a multi-class round grows one tree per
             # class), the progress the agent forwards to the controller
             if "class" in entry:
                 number = int(entry["round"]) + 1
             else:
                 number = resume_round + len(report["rounds"]) + 1
-            report["rounds"].append({**_jsonable(entry), "round": number})
+            entry = _jsonable(entry)
+            if "bytes_sent" not in entry:  # what this party's channel carried since the last entry
+                entry["bytes_sent"] = channel.bytes_sent - wire_mark[0]
+                entry["bytes_received"] = channel.bytes_received - wire_mark[1]
+            wire_mark[:] = [channel.bytes_sent, channel.bytes_received]
+            report["rounds"].append({**entry, "round": number})
             _write(report_path, report)
-            checkpoint(number, snapshot, final=bool(entry.get("stopped_early")))
+            checkpoint(number, snapshot, final=bool(entry.get("stopped_early")) if final is None else final)
             hooks.round_done(number)
 
         if spec.model.algorithm == "secureboost":
             part = _secureboost(
-                spec, channel, role, guest, hosts, X, y, train, test, report, on_round, checkpoint, resume_state, engine
+                spec, channel, role, guest, hosts, X, y, train, test, report, on_round, resume_state, engine
             )
         elif spec.model.algorithm == "hetero_nn":
             part = _hetero_nn(spec, channel, role, guest, hosts, X, y, train, test, report, on_round, resume_state)
@@ -345,9 +352,7 @@ def _open_engine(compute: str | None, spec: JobSpec, role: str, report: dict, *,
     return engine
 
 
-def _secureboost(
-    spec, channel, role, guest, hosts, X, y, train, test, report, on_round, checkpoint, resume, engine=None
-) -> dict:
+def _secureboost(spec, channel, role, guest, hosts, X, y, train, test, report, on_round, resume, engine=None) -> dict:
     from confide.vertical import secureboost as sb
 
     params = secureboost_params(spec)
@@ -375,7 +380,15 @@ def _secureboost(
 
     def on_tree(tree: int, snapshot, last: bool) -> None:  # after a whole boosting round: the lookup table so far
         if (tree + 1) % per_round == 0:
-            checkpoint((tree + 1) // per_round, lambda: {"lookup": snapshot()}, final=last)
+            # a round entry like the guest's, so the host's progress and bytes reach the console
+            on_round(
+                {"trees": tree + 1, "seconds": time.perf_counter() - round_started[0]},
+                lambda: {"lookup": snapshot()},
+                final=last,
+            )
+            round_started[0] = time.perf_counter()
+
+    round_started = [time.perf_counter()]
 
     start = sb.SecureBoostHostModel.from_dict(resume["lookup"]) if resume is not None else None
     lookup = sb.serve_host(

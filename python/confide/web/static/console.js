@@ -26,6 +26,7 @@
     };
     redraw();
     drawLineage();
+    showEvaluation(JSON.parse(document.getElementById("initial-evaluation").textContent));
     if (root.dataset.final === "true" || !window.EventSource) return;
     const source = new EventSource("/jobs/" + encodeURIComponent(token) + "/events");
     source.addEventListener("status", function (event) {
@@ -55,7 +56,11 @@
 
     function value(row, key) {
       if (!row) return null;
-      if (key === "bytes") return (row.bytes_sent || 0) + (row.bytes_received || 0);
+      if (key === "bytes") {
+        // a round that did not count its bytes is a gap, not a zero
+        if (typeof row.bytes_sent !== "number" && typeof row.bytes_received !== "number") return null;
+        return (row.bytes_sent || 0) + (row.bytes_received || 0);
+      }
       return typeof row[key] === "number" ? row[key] : null;
     }
 
@@ -95,7 +100,7 @@
         const aligned = [d.rounds].concat(d.series);
         if (c.plot && c.signature === signature) { c.plot.setData(aligned); return; }
         if (c.plot) c.plot.destroy();
-        element.textContent = d.series.length ? "" : "No rounds reported yet.";
+        element.textContent = d.series.length ? "" : (d.rounds.length ? "Not measured in this job's rounds." : "No rounds reported yet.");
         if (!d.series.length) { c.plot = null; return; }
         const width = Math.max(320, element.clientWidth || 560);
         c.plot = new window.uPlot({
@@ -129,6 +134,7 @@
         row.querySelector(".error-text").textContent = p.error || "";
       });
       if (status.protection) showProtection(status.protection);
+      if ("evaluation" in status) showEvaluation(status.evaluation);
       const stop = document.getElementById("stop-form");
       if (stop) stop.hidden = FINAL.indexOf(status.state) >= 0;
       const checkpoint = document.getElementById("checkpoint-round");
@@ -169,6 +175,47 @@
   }
 
   // The protection each party reports running, anomalies first (text only: never HTML).
+  // Final held-out metrics as numbers: each completed party's, and their mean weighted by held-out rows.
+  function showEvaluation(evaluation) {
+    const box = document.getElementById("results");
+    if (!box) return;
+    box.textContent = "";
+    if (!evaluation) {
+      const none = document.createElement("p");
+      none.className = "muted";
+      none.textContent = "No party has completed with held-out metrics yet.";
+      box.appendChild(none);
+      return;
+    }
+    const table = document.createElement("table");
+    table.id = "results-table";
+    const caption = document.createElement("caption");
+    caption.className = "visually-hidden";
+    caption.textContent = "Final held-out metrics per party";
+    table.appendChild(caption);
+    const head = table.createTHead().insertRow();
+    ["Party", "Test AUC", "Test accuracy", "Held-out rows"].forEach(function (text) {
+      const th = document.createElement("th");
+      th.scope = "col";
+      th.textContent = text;
+      head.appendChild(th);
+    });
+    const body = table.createTBody();
+    function row(name, m) {
+      const tr = body.insertRow();
+      tr.dataset.name = name;
+      [name, fixed(m.test_auc), fixed(m.test_accuracy), m.test_samples === undefined ? "" : String(m.test_samples)]
+        .forEach(function (text) { tr.insertCell().textContent = text; });
+    }
+    Object.keys(evaluation.parties).sort().forEach(function (name) { row(name, evaluation.parties[name]); });
+    if (evaluation.aggregate.parties > 1) row("all (weighted by held-out rows)", evaluation.aggregate);
+    box.appendChild(table);
+  }
+
+  function fixed(value) {
+    return typeof value === "number" ? value.toFixed(4) : "";
+  }
+
   function showProtection(protection) {
     const box = document.getElementById("protection");
     if (!box) return;
