@@ -43,7 +43,15 @@ import numpy as np
 from confide.checkpoints import UNREADABLE_FILE_ERRORS
 from confide.errors import InvalidParameterError
 
-__all__ = ["ModelArtifact", "check_records", "export_onnx", "predict", "read_records", "write_artifact"]
+__all__ = [
+    "ModelArtifact",
+    "check_records",
+    "export_onnx",
+    "predict",
+    "read_records",
+    "write_artifact",
+    "write_vertical_artifact",
+]
 
 FORMAT = "confide.model"
 VERSION = 1
@@ -90,12 +98,32 @@ class ModelArtifact:
         return cls(manifest, weights)
 
     @property
+    def vertical(self) -> dict | None:
+        """A vertical job's part: ``{"role", "guest", "hosts", "id_column", "common_records"}``; None otherwise."""
+        return self.manifest.get("vertical")
+
+    def _whole_model_needed(self) -> None:
+        if self.vertical is not None:
+            raise InvalidParameterError(
+                f"this is {self.manifest['party']}'s part of a vertical {self.manifest['model']['spec']['algorithm']} "
+                f"model (the {self.vertical['role']}; partners {', '.join(self._partners())}): it scores only together "
+                "with its partners' parts, and federated scoring through the controller is not built yet; with every "
+                "site's part in one place, confide.vertical.estimators' from_parts loads the whole model "
+                "(SecureBoost, Hetero NN)"
+            )
+
+    def _partners(self) -> list[str]:
+        v = self.vertical or {}
+        return [p for p in [v.get("guest"), *(v.get("hosts") or [])] if p and p != self.manifest["party"]]
+
+    @property
     def features(self) -> list[str]:
         """Input columns of the model, in order (after the pipeline)."""
         return list(self.manifest["features"])
 
     def model(self, keras_backend: str | None = None):
         """The model of the seam with these weights loaded (a Keras network on ``keras_backend``)."""
+        self._whole_model_needed()
         from confide.ml import WeightLayout, build_model
         from confide.spec import ModelSpec
 
@@ -173,6 +201,65 @@ def write_artifact(
     return path
 
 
+def write_vertical_artifact(
+    path: str | os.PathLike,
+    *,
+    spec,
+    party: str,
+    session: str | None,
+    runtime_job_id: str | None,
+    report: dict,
+    part: bytes,
+) -> Path:
+    """Write a vertical job's ``<party>.model.zip``: this site's part of the model, described.
+
+    The manifest says what ``confide model show`` prints for any model (job, session, party,
+    rounds, protection, metrics: at the guest only) and, under ``vertical``, the site's role,
+    its partners, the id column and how many records PSI found in common. ``part.cvw`` is the
+    part itself (the same bytes as ``<party>.model.cvw``); ``weights.npz`` is empty.
+    """
+    guest = spec.guest
+    manifest = {
+        "format": FORMAT,
+        "version": VERSION,
+        "created_at": datetime.now(timezone.utc).isoformat(),
+        "job_id": spec.job_id,
+        "runtime_job_id": runtime_job_id,
+        "session": session,
+        "party": party,
+        "label": spec.fl_data.label if spec.fl_data is not None and party == guest else None,
+        "features": list(report.get("columns") or []),
+        "pipeline": None,
+        "fitted": None,
+        "dataset": (spec.datasets() or {}).get(party),
+        "model": {"spec": spec.model.model_dump(mode="json"), "network": None, "layout": None},
+        "rounds": len(report.get("rounds") or []),
+        "protection": (report.get("protection") or {}).get("ran"),
+        "metrics": report.get("metrics") or {},
+        "checkpoint": None,
+        "vertical": {
+            "role": report.get("role"),
+            "holds_labels": party == guest,
+            "guest": guest,
+            "hosts": [p for p in spec.parties if p != guest],
+            "id_column": spec.data.id_column,
+            "common_records": (report.get("psi") or {}).get("intersection"),
+        },
+    }
+    path = Path(path)
+    temporary = path.with_suffix(".tmp")
+    with zipfile.ZipFile(temporary, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("manifest.json", json.dumps(manifest, indent=1, sort_keys=True))
+        buffer = io.BytesIO()
+        np.savez(buffer)
+        archive.writestr("weights.npz", buffer.getvalue())
+        archive.writestr("part.cvw", part)
+    with open(temporary, "rb+") as handle:
+        os.fsync(handle.fileno())
+    os.replace(temporary, path)
+    return path
+
+
 def read_records(path: str | os.PathLike, delimiter: str = "auto", missing: list[str] | None = None):
     """A CSV (or Parquet) of records as a catalog reads it (delimiter detected, missing markers)."""
     from confide.data.catalog import MISSING_MARKERS, Catalog
@@ -205,6 +292,7 @@ def predict(artifact: ModelArtifact, records, **reader) -> tuple[np.ndarray, np.
 
 
 def _fl_data_manifest(artifact: ModelArtifact) -> dict:
+    artifact._whole_model_needed()
     manifest = artifact.manifest
     if manifest.get("features") is None or manifest.get("pipeline") is None:
         raise InvalidParameterError(

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import zipfile
 from pathlib import Path
 
 import numpy as np
 import pytest
 import yaml
 
+from confide.artifact import ModelArtifact
 from confide.data.vertical import vertical_party_data
-from confide.errors import JobFailedError
+from confide.errors import InvalidParameterError, JobFailedError
 from confide.spec import load_job, parse_job
 from confide.vertical.estimators import HeteroNNClassifier, SecureBoostClassifier
 from tests.fixtures.faults import with_faults
@@ -51,7 +55,29 @@ def test_secureboost_job_aligns_trains_and_writes_each_party_its_own_part(tmp_pa
     assert [r["round"] for r in host["rounds"]] == [r["round"] for r in guest["rounds"]] == [1, 2, 3]
     assert all(r["bytes_sent"] > 0 and r["bytes_received"] > 0 for r in host["rounds"] + guest["rounds"])
     assert sum(r["bytes_sent"] for r in host["rounds"]) <= host["bytes"]["sent"]
+    # Each site's model file is one `confide model show` reads; scoring alone is refused, saying why.
+    shown = {
+        p: subprocess.run(
+            [sys.executable, "-m", "confide", "model", "show", str(tmp_path / "parties" / f"{p}.model.zip")],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        for p in ("hospital", "lab")
+    }
+    assert shown["hospital"].returncode == 0, shown["hospital"].stderr
+    assert "model secureboost (vertical) of job" in shown["hospital"].stdout
+    assert "hospital's part, the guest, with lab (3 rounds, protection paillier)" in shown["hospital"].stdout
+    assert "held-out metrics (at the guest): " in shown["hospital"].stdout
+    assert "lab's part, the host, with hospital" in shown["lab"].stdout and "no labels here" in shown["lab"].stdout
+    assert f"{report['psi']['intersection']} in common" in shown["lab"].stdout
+    artifact = ModelArtifact.load(tmp_path / "parties" / "lab.model.zip")
+    assert artifact.vertical["role"] == "host" and artifact.manifest["metrics"] == {}
+    with pytest.raises(InvalidParameterError, match="scores only together with its partners' parts"):
+        artifact.model()
     parts = {p: tmp_path / "parties" / f"{p}.model.cvw" for p in ("hospital", "lab")}
+    with zipfile.ZipFile(tmp_path / "parties" / "lab.model.zip") as archive:
+        assert archive.read("part.cvw") == parts["lab"].read_bytes()
     estimator = SecureBoostClassifier.from_parts(parts)
     # The loaded parts predict through the protocol, on rows aligned by id.
     pooled = {p: vertical_party_data(p, ["hospital", "lab"], "hospital", overlap=1.0) for p in parts}

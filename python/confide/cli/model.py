@@ -116,6 +116,9 @@ def _show(artifact, as_json: bool) -> None:
         print(json.dumps(m, indent=1, sort_keys=True))
         return
     spec = m["model"]["spec"]
+    if m.get("vertical"):
+        _show_vertical(m, spec)
+        return
     lines = [
         f"model {spec['algorithm']} of job {m['job_id']}"
         + (f", session {m['session']}" if m.get("session") else "")
@@ -130,4 +133,25 @@ def _show(artifact, as_json: bool) -> None:
     if m.get("checkpoint"):
         leaf = m["checkpoint"]
         lines.append(f"final checkpoint leaf {leaf['name']} sha256 {leaf['sha256']} (see 'confide session log')")
+    print("\n".join(lines))
+
+
+def _show_vertical(m: dict, spec: dict) -> None:
+    v = m["vertical"]
+    partners = [p for p in [v["guest"], *v["hosts"]] if p != m["party"]]
+    lines = [
+        f"model {spec['algorithm']} (vertical) of job {m['job_id']}"
+        + (f", session {m['session']}" if m.get("session") else "")
+        + f": {m['party']}'s part, the {v['role']}, with {', '.join(partners)}"
+        + f" ({m['rounds']} rounds, protection {m.get('protection')})",
+        (f"labels {m['label']} held here" if v.get("holds_labels") else "no labels here (a host)")
+        + f"; {len(m.get('features') or [])} own features: {', '.join(m.get('features') or [])}",
+        f"records joined by PSI on {v.get('id_column') or 'the ids'}: {v.get('common_records')} in common",
+    ]
+    if m.get("metrics"):
+        lines.append("held-out metrics (at the guest): " + ", ".join(f"{k} {v:.4g}" for k, v in m["metrics"].items()))
+    lines.append(
+        "scoring needs every partner's part: federated scoring is not built yet (part.cvw in this archive; "
+        "confide.vertical.estimators' from_parts loads SecureBoost and Hetero NN parts together)"
+    )
     print("\n".join(lines))

@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from confide import checkpoints as ckpt
-from confide.artifact import write_artifact
+from confide.artifact import write_artifact, write_vertical_artifact
 from confide.compute.base import peak_rss_mb
 from confide.crypto.identity import Identity
 from confide.errors import (
@@ -134,7 +134,7 @@ def run_party(
     if spec.vertical:
         from confide.vertical.runner import run_vertical_party
 
-        return run_vertical_party(
+        report = run_vertical_party(
             spec,
             party_id,
             aggregator=aggregator,
@@ -146,6 +146,18 @@ def run_party(
             resume_round=resume_round,
             compute=compute,
         )
+        part = Path(workdir) / f"{party_id}.model.cvw"
+        if report.get("status") == "completed" and part.exists():
+            write_vertical_artifact(
+                Path(workdir) / f"{party_id}.model.zip",
+                spec=spec,
+                party=party_id,
+                session=session,
+                runtime_job_id=runtime_job_id,
+                report=report,
+                part=part.read_bytes(),
+            )
+        return report
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else workdir / f"{party_id}.checkpoints"
