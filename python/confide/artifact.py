@@ -33,6 +33,7 @@ import json
 import os
 import time
 import zipfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -48,6 +49,7 @@ __all__ = [
     "check_records",
     "export_onnx",
     "predict",
+    "predict_stream",
     "read_records",
     "write_artifact",
     "write_vertical_artifact",
@@ -260,14 +262,60 @@ def write_vertical_artifact(
     return path
 
 
-def read_records(path: str | os.PathLike, delimiter: str = "auto", missing: list[str] | None = None):
-    """A CSV (or Parquet) of records as a catalog reads it (delimiter detected, missing markers)."""
-    from confide.data.catalog import MISSING_MARKERS, Catalog
+def _records_entry(path: str | os.PathLike, delimiter: str, missing: list[str] | None) -> tuple[dict, Path]:
+    from confide.data.catalog import MISSING_MARKERS
 
     path = Path(path).resolve()
     entry = {"source": "csv", "path": str(path), "delimiter": delimiter, "missing": list(missing or MISSING_MARKERS)}
     if path.suffix in (".parquet", ".pq") or path.is_dir():
         entry = {"source": "parquet", "path": str(path)}
+    return entry, path
+
+
+def predict_stream(
+    artifact: ModelArtifact,
+    records: str | os.PathLike,
+    *,
+    delimiter: str = "auto",
+    missing: list[str] | None = None,
+    keep: Sequence[str] = (),
+    block_bytes: int = 8 << 20,
+):
+    """:func:`predict` over a file too large to hold: ``(row numbers, scores, kept columns)`` block by block.
+
+    Memory holds one block of the file (about ``block_bytes`` of CSV, a Parquet row group) and its
+    scores. Row numbers count from the file's first record; ``keep`` names columns returned as
+    they are, for each scored row (an id column). The last item yielded is the
+    :class:`~confide.data.flsteps.RecordChecks` of every block. Columns the pipeline encodes or
+    compares with text (and those in ``keep``) are read as text, all others as numbers.
+    """
+    from confide.data.flsteps import RecordChecks, read_columns
+    from confide.data.onnx_graph import text_columns
+    from confide.data.sources import iter_records, parse_entry
+
+    manifest = _fl_data_manifest(artifact)
+    entry, path = _records_entry(records, delimiter, missing)
+    parsed = parse_entry("records", entry, path.parent)
+    checks = RecordChecks(manifest["pipeline"], manifest["fitted"], manifest.get("ranges"))
+    start = 0
+    needed = read_columns(manifest["pipeline"], manifest["fitted"], manifest["features"]) | set(keep)
+    text = text_columns(manifest["pipeline"]) | set(keep)
+    for table in iter_records(parsed, needed, text, block_bytes):
+        missing_keep = [c for c in keep if c not in table.columns]
+        if missing_keep:
+            raise InvalidParameterError(f"the records lack the column(s) {missing_keep}")
+        checks.add(table)
+        rows, scores = predict(artifact, table)
+        yield rows + start, scores, {c: table.columns[c][rows] for c in keep}
+        start += table.rows
+    yield checks
+
+
+def read_records(path: str | os.PathLike, delimiter: str = "auto", missing: list[str] | None = None):
+    """A CSV (or Parquet) of records as a catalog reads it (delimiter detected, missing markers)."""
+    from confide.data.catalog import Catalog
+
+    entry, path = _records_entry(path, delimiter, missing)
     return Catalog.from_mapping({"datasets": {"records": entry}}, base_dir=path.parent).table("records")
 
 

@@ -113,6 +113,37 @@ def test_one_new_patient_is_prepared_with_the_training_statistics(trained, tmp_p
     assert refused.returncode == 2 and "kappa" in refused.stderr and "Traceback" not in refused.stderr
 
 
+def test_a_file_scored_block_by_block_gets_the_scores_of_the_whole_file(trained, tmp_path):
+    from confide.artifact import predict_stream
+
+    artifact_path = trained / "run" / "parties" / "hospital-b.model.zip"
+    artifact = ModelArtifact.load(artifact_path)
+    records = trained / "hospital-b" / "patients.csv"
+    rows, scores = predict(artifact, records)
+    blocks = list(predict_stream(artifact, records, block_bytes=4096))
+    checks = blocks.pop()
+    assert len(blocks) > 10  # the file was read in many blocks
+    np.testing.assert_array_equal(np.concatenate([b[0] for b in blocks]), rows)
+    # the same up to float64 rounding (a block's matrix product may sum in another order)
+    np.testing.assert_allclose(np.concatenate([b[1] for b in blocks]), scores, rtol=1e-12, atol=1e-15)
+    assert checks.warnings() == []  # the site's own records hold nothing the model never saw
+    # The CLI: --stream writes the same CSV as without it.
+    whole = _cli("model", "predict", str(artifact_path), str(records))
+    streamed = _cli("model", "predict", str(artifact_path), str(records), "--stream")
+    assert whole.returncode == streamed.returncode == 0, streamed.stderr
+    table = [line.split(",") for line in whole.stdout.strip().splitlines()]
+    again = [line.split(",") for line in streamed.stdout.strip().splitlines()]
+    assert again[0] == table[0] == ["row", "p_death"] and len(again) == len(table) == len(rows) + 1
+    assert [r[0] for r in again] == [r[0] for r in table]
+    np.testing.assert_allclose([float(r[1]) for r in again[1:]], [float(r[1]) for r in table[1:]], rtol=1e-12)
+    # A cell that is not a number in a column the model reads as one: the column is named, not the cell.
+    bad = tmp_path / "bad.csv"
+    bad.write_text(records.read_text().replace("\n54,", "\nfifty-four,", 1))
+    refused = _cli("model", "predict", str(artifact_path), str(bad), "--stream")
+    assert refused.returncode == 2 and "a cell of column 'age' is not a number" in refused.stderr
+    assert "fifty" not in refused.stderr
+
+
 def test_onnx_export_scores_the_raw_records_as_predict_does(trained, tmp_path):
     onnxruntime = pytest.importorskip("onnxruntime", reason="the 'export' extra is not installed")
     artifact_path = trained / "run" / "parties" / "hospital-c.model.zip"

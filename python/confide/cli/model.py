@@ -32,6 +32,11 @@ def add_commands(commands) -> None:
         metavar="NAME",
         help="write this column of the records (a patient id) instead of the row number, to join the scores back",
     )
+    predict.add_argument(
+        "--stream",
+        action="store_true",
+        help="read and score the file block by block (a file larger than memory); warnings come at the end",
+    )
     predict.add_argument("--delimiter", default="auto", help="CSV delimiter (default: detected)")
     predict.add_argument(
         "--missing", action="append", default=None, metavar="MARKER", help="a cell text meaning missing (repeat)"
@@ -51,7 +56,7 @@ def add_commands(commands) -> None:
 
 def dispatch(args) -> int:
     """Run a ``confide model`` command."""
-    from confide.artifact import ModelArtifact, check_records, export_onnx, predict, read_records
+    from confide.artifact import ModelArtifact, export_onnx
 
     artifact = ModelArtifact.load(args.artifact)
     if args.model_command == "show":
@@ -59,30 +64,7 @@ def dispatch(args) -> int:
     elif args.model_command == "predict":
         if len(args.delimiter) != 1 and args.delimiter != "auto":
             raise InvalidParameterError(f"--delimiter must be one character or 'auto', got {args.delimiter!r}")
-        table = read_records(args.records, delimiter=args.delimiter, missing=args.missing)
-        if args.id_column is not None and args.id_column not in table.columns:
-            raise InvalidParameterError(
-                f"--id-column {args.id_column!r} is not a column of the records; columns: {table.names[:20]}"
-            )
-        for warning in check_records(artifact, table):
-            print(f"warning: {warning}", file=sys.stderr)
-        rows, scores = predict(artifact, table)
-        key = "row" if args.id_column is None else args.id_column
-        ids = rows if args.id_column is None else table.columns[args.id_column][rows]
-        handle = open(args.out, "w", newline="", encoding="utf-8") if args.out else sys.stdout  # noqa: SIM115
-        try:
-            writer = csv.writer(handle)
-            if scores.ndim == 1:
-                writer.writerow([key, f"p_{artifact.manifest['label']}"])
-                writer.writerows([_cell(r), f"{s:.17g}"] for r, s in zip(ids, scores, strict=True))
-            else:
-                writer.writerow([key, *(f"p_class_{k}" for k in range(scores.shape[1]))])
-                writer.writerows([_cell(r), *(f"{v:.17g}" for v in s)] for r, s in zip(ids, scores, strict=True))
-        finally:
-            if args.out:
-                handle.close()
-        if args.out:
-            print(f"scored {len(rows)} records into {args.out}", file=sys.stderr)
+        _predict(artifact, args)
     else:
         path = export_onnx(artifact, args.out, prepared=args.prepared)
         if args.prepared:
@@ -99,6 +81,65 @@ def dispatch(args) -> int:
             outputs = ", ".join(o.name for o in graph.output)
             print(f"wrote {path} (ONNX; raw columns in: {inputs}; out: {outputs})")
     return 0
+
+
+def _blocks(artifact, args):
+    """``(row numbers, scores, id values or None)`` per block, then the warnings."""
+    from confide.artifact import check_records, predict, predict_stream, read_records
+
+    keep = [args.id_column] if args.id_column is not None else []
+    if args.stream:
+        blocks = predict_stream(artifact, args.records, delimiter=args.delimiter, missing=args.missing, keep=keep)
+        for item in blocks:
+            if isinstance(item, tuple):
+                rows, scores, kept = item
+                yield rows, scores, kept.get(args.id_column)
+            else:
+                yield item.warnings()
+        return
+    table = read_records(args.records, delimiter=args.delimiter, missing=args.missing)
+    if keep and keep[0] not in table.columns:
+        raise InvalidParameterError(
+            f"--id-column {keep[0]!r} is not a column of the records; columns: {table.names[:20]}"
+        )
+    warnings = check_records(artifact, table)
+    rows, scores = predict(artifact, table)
+    yield rows, scores, table.columns[keep[0]][rows] if keep else None
+    yield warnings
+
+
+def _predict(artifact, args) -> None:
+    """Scores as CSV: a row number (or the id column) and the probabilities, written block by block."""
+    handle = open(args.out, "w", newline="", encoding="utf-8") if args.out else sys.stdout  # noqa: SIM115
+    key = "row" if args.id_column is None else args.id_column
+    scored, header = 0, False
+    try:
+        writer = csv.writer(handle)
+        for item in _blocks(artifact, args):
+            if isinstance(item, list):
+                for warning in item:
+                    print(f"warning: {warning}", file=sys.stderr)
+                continue
+            rows, scores, ids = item
+            ids = rows if ids is None else ids
+            if not header:
+                names = (
+                    [f"p_{artifact.manifest['label']}"]
+                    if scores.ndim == 1
+                    else [f"p_class_{k}" for k in range(scores.shape[1])]
+                )
+                writer.writerow([key, *names])
+                header = True
+            if scores.ndim == 1:
+                writer.writerows([_cell(r), f"{s:.17g}"] for r, s in zip(ids, scores, strict=True))
+            else:
+                writer.writerows([_cell(r), *(f"{v:.17g}" for v in s)] for r, s in zip(ids, scores, strict=True))
+            scored += len(rows)
+    finally:
+        if args.out:
+            handle.close()
+    if args.out:
+        print(f"scored {scored} records into {args.out}", file=sys.stderr)
 
 
 def _cell(value) -> str:

@@ -238,40 +238,82 @@ def raw_ranges(table: Table, label: str | None) -> dict[str, list[float]]:
     return out
 
 
+def read_columns(pipeline: Sequence[dict], fitted: Sequence[dict], features: Sequence[str]) -> set[str]:
+    """Every column name new records may need for ``pipeline`` and ``features``: what a streaming reader reads.
+
+    The names the steps' parameters and fitted statistics mention, and the features (names a step
+    makes, such as ``sex=F``, are in it too; a reader keeps those its file has).
+    """
+    names = set(features)
+    for step, stats in zip(pipeline, fitted, strict=True):
+        params = step.get("params") or {}
+        names.update(params.get("columns") or [])
+        names.update(params.get("bounds") or {})
+        names.update(params.get("categories") or {})
+        if "column" in params:
+            names.add(params["column"])
+        names.update((stats or {}).get("columns") or {})
+        names.update((stats or {}).get("categories") or {})
+    return names
+
+
+class RecordChecks:
+    """What in new records the model never saw, counted over any number of tables (blocks of a file).
+
+    Counts only, never a value: per ``encode`` column, the non-missing values outside its
+    categories (they score as none of them); per raw numeric column with a training range
+    (``ranges``: :func:`raw_ranges`; absent in artifacts older than it), the values below and
+    above it.
+    """
+
+    def __init__(
+        self, pipeline: Sequence[dict], fitted: Sequence[dict], ranges: Mapping[str, Sequence[float]] | None
+    ) -> None:
+        self.categories: dict[str, set[str]] = {}
+        for step, stats in zip(pipeline, fitted, strict=True):
+            if step["op"] == "encode":
+                known = {**(step.get("params") or {}).get("categories", {}), **(stats or {}).get("categories", {})}
+                for column in step["params"]["columns"]:
+                    if column in known:
+                        self.categories[column] = set(known[column])
+        self.ranges = dict(ranges or {})
+        self.unseen = dict.fromkeys(self.categories, 0)
+        self.outside = {column: [0, 0] for column in self.ranges}
+
+    def add(self, table: Table) -> RecordChecks:
+        """Count ``table``'s records."""
+        cols = table.columns
+        for column, known in self.categories.items():
+            if column in cols:
+                self.unseen[column] += sum(1 for v in category_text(cols[column]) if v is not None and v not in known)
+        for column, (low, high) in self.ranges.items():
+            if column not in cols or column_kind(cols[column]) == "str":
+                continue
+            with np.errstate(invalid="ignore"):
+                x = cols[column].astype(np.float64)
+                self.outside[column][0] += int((x < low).sum())
+                self.outside[column][1] += int((x > high).sum())
+        return self
+
+    def warnings(self) -> list[str]:
+        """One line per column with something the model never saw."""
+        out = [
+            f"column {column!r}: {count} record(s) hold a category the model never saw "
+            f"(known: {len(self.categories[column])}); they score as none of the categories"
+            for column, count in self.unseen.items()
+            if count
+        ]
+        out += [
+            f"column {column!r}: {below + above} record(s) outside the training range "
+            f"({below} below, {above} above); the model extrapolates there"
+            for column, (below, above) in self.outside.items()
+            if below or above
+        ]
+        return out
+
+
 def record_warnings(
     pipeline: Sequence[dict], fitted: Sequence[dict], ranges: Mapping[str, Sequence[float]] | None, table: Table
 ) -> list[str]:
-    """What in new records the model never saw: counts per column, never a value.
-
-    A category an ``encode`` step does not know (it scores as none of the categories: all-zero
-    one-hot columns, a missing ordinal), and a number outside the column's training range
-    (``ranges``: :func:`raw_ranges` of the training table; absent in artifacts older than it).
-    """
-    out: list[str] = []
-    cols = table.columns
-    for step, stats in zip(pipeline, fitted, strict=True):
-        if step["op"] != "encode":
-            continue
-        categories = {**(step.get("params") or {}).get("categories", {}), **(stats or {}).get("categories", {})}
-        for column in step["params"]["columns"]:
-            if column not in cols or column not in categories:
-                continue
-            known = set(categories[column])
-            unseen = sum(1 for v in category_text(cols[column]) if v is not None and v not in known)
-            if unseen:
-                out.append(
-                    f"column {column!r}: {unseen} record(s) hold a category the model never saw "
-                    f"(known: {len(known)}); they score as none of the categories"
-                )
-    for column, (low, high) in (ranges or {}).items():
-        if column not in cols or column_kind(cols[column]) == "str":
-            continue
-        with np.errstate(invalid="ignore"):
-            x = cols[column].astype(np.float64)
-            below, above = int((x < low).sum()), int((x > high).sum())
-        if below or above:
-            out.append(
-                f"column {column!r}: {below + above} record(s) outside the training range "
-                f"({below} below, {above} above); the model extrapolates there"
-            )
-    return out
+    """:class:`RecordChecks` of one table: what in new records the model never saw (counts, never a value)."""
+    return RecordChecks(pipeline, fitted, ranges).add(table).warnings()

@@ -43,7 +43,8 @@ from __future__ import annotations
 
 import codecs
 import csv
-from collections.abc import Callable, Mapping
+import re
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -251,15 +252,8 @@ def _sniff_delimiter(where: str, path: Path, encoding: str) -> str:
     return best
 
 
-def _load_csv(name: str, spec: Mapping[str, Any]) -> Table:
-    """Read with pyarrow: a header row, then cells; numbers become float, missing markers missing.
-
-    Error messages name the file, the row number and the column, never a cell's value (they may
-    travel to the developer in a failure report).
-    """
-    import pyarrow as pa
-    import pyarrow.csv as pacsv
-
+def _csv_layout(name: str, spec: Mapping[str, Any]) -> tuple[str, Path, str, str, list[str]]:
+    """``(where, path, encoding, delimiter, header)`` of a CSV entry, its header checked."""
     path: Path = spec["path"]
     where = f"datasets.{name} ({path.name})"
     encoding = spec.get("encoding", "utf-8")
@@ -290,30 +284,123 @@ def _load_csv(name: str, spec: Mapping[str, Any]) -> Table:
         if h in seen:
             raise InvalidParameterError(f"{where}: duplicate column {h!r} in the header")
         seen.add(h)
+    return where, path, encoding, delimiter, header
+
+
+def _csv_options(
+    spec: Mapping[str, Any],
+    header: list[str],
+    encoding: str,
+    delimiter: str,
+    invalid: Callable[[Any], str],
+    *,
+    column_types: dict | None = None,
+    block_size: int | None = None,
+) -> dict[str, Any]:
+    """The read, parse and convert options of pyarrow for a CSV entry (header given, missing markers null)."""
+    import pyarrow.csv as pacsv
+
+    read = pacsv.ReadOptions(column_names=header, skip_rows=1, encoding=encoding)
+    if block_size is not None:
+        read.block_size = block_size
+    return {
+        "read_options": read,
+        "parse_options": pacsv.ParseOptions(delimiter=delimiter, invalid_row_handler=invalid),
+        "convert_options": pacsv.ConvertOptions(
+            strings_can_be_null=True,
+            null_values=list(spec.get("missing", MISSING_MARKERS)),
+            column_types=column_types or {},
+        ),
+    }
+
+
+def _load_csv(name: str, spec: Mapping[str, Any]) -> Table:
+    """Read with pyarrow: a header row, then cells; numbers become float, missing markers missing.
+
+    Error messages name the file, the row number and the column, never a cell's value (they may
+    travel to the developer in a failure report).
+    """
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    where, path, encoding, delimiter, header = _csv_layout(name, spec)
     bad: list[Any] = []
 
     def invalid(row: Any) -> str:
         bad.append(row)
         return "error"
 
-    markers = list(spec.get("missing", MISSING_MARKERS))
     try:
-        table = pacsv.read_csv(
-            path,
-            read_options=pacsv.ReadOptions(column_names=header, skip_rows=1, encoding=encoding),
-            parse_options=pacsv.ParseOptions(delimiter=delimiter, invalid_row_handler=invalid),
-            convert_options=pacsv.ConvertOptions(strings_can_be_null=True, null_values=markers),
-        )
+        table = pacsv.read_csv(path, **_csv_options(spec, header, encoding, delimiter, invalid))
     except (pa.ArrowInvalid, OSError, UnicodeDecodeError) as e:
-        if bad:
-            row = bad[0]
-            raise InvalidParameterError(
-                f"{where}: a data row has {row.actual_columns} cells, the header has {row.expected_columns}"
-                f"{_row_number(path, delimiter, len(header), encoding)}"
-            ) from None
-        # pyarrow's message may quote a row: say only what kind of problem it is.
-        raise InvalidParameterError(f"{where}: cannot read the file ({type(e).__name__})") from None
+        raise _csv_error(where, path, delimiter, header, encoding, bad, e) from None
     return from_arrow(where, table)
+
+
+def _csv_error(where, path, delimiter, header, encoding, bad, error) -> InvalidParameterError:
+    if bad:
+        row = bad[0]
+        return InvalidParameterError(
+            f"{where}: a data row has {row.actual_columns} cells, the header has {row.expected_columns}"
+            f"{_row_number(path, delimiter, len(header), encoding)}"
+        )
+    # pyarrow's message may quote a row: say only what kind of problem it is.
+    return InvalidParameterError(f"{where}: cannot read the file ({type(error).__name__})")
+
+
+def iter_records(
+    entry: Mapping[str, Any], columns: set[str], text_columns: set[str], block_bytes: int = 8 << 20
+) -> Iterator[Table]:
+    """A CSV or Parquet entry (:func:`parse_entry`'s form) as tables of consecutive rows, one block at a time.
+
+    What ``confide model predict --stream`` reads: memory holds one block (about ``block_bytes``
+    of CSV, or one Parquet row group), never the file, and only the file's ``columns`` among
+    those named. In a CSV, those in ``text_columns`` are read as text and the others as numbers in
+    every block, so that no block guesses a column's type differently from the one before (a cell
+    that is not a number in a numeric column is an error naming the column).
+    """
+    import pyarrow as pa
+
+    if entry["source"] == "parquet":
+        import pyarrow.parquet as pq
+
+        where = f"records ({entry['path'].name})"
+        try:
+            data = pq.ParquetFile(entry["path"])
+            wanted = [name for name in data.schema_arrow.names if name in columns]
+            for batch in data.iter_batches(columns=wanted):
+                yield from_arrow(where, pa.Table.from_batches([batch]))
+        except (pa.ArrowException, OSError) as e:
+            raise InvalidParameterError(f"{where}: cannot read the Parquet data: {e}") from None
+        return
+    import pyarrow.csv as pacsv
+
+    where, path, encoding, delimiter, header = _csv_layout("records", entry)
+    bad: list[Any] = []
+
+    def invalid(row: Any) -> str:
+        bad.append(row)
+        return "error"
+
+    wanted = [name for name in header if name in columns]
+    types = {name: pa.string() if name in text_columns else pa.float64() for name in wanted}
+    options = _csv_options(entry, header, encoding, delimiter, invalid, column_types=types, block_size=block_bytes)
+    options["convert_options"].include_columns = wanted
+    try:
+        with pacsv.open_csv(path, **options) as reader:
+            for batch in reader:
+                yield from_arrow(where, pa.Table.from_batches([batch]))
+    except (pa.ArrowInvalid, OSError, UnicodeDecodeError) as e:
+        if not bad and "conversion error" in str(e).lower():
+            # pyarrow's message quotes the cell: name only the column (#i counts the file's columns)
+            found = re.search(r"column #(\d+)", str(e))
+            column = header[int(found.group(1))] if found and int(found.group(1)) < len(header) else None
+            raise InvalidParameterError(
+                f"{where}: a cell of column {column!r} is not a number, and the model reads that column as one"
+                if column
+                else f"{where}: a cell is not a number where the model reads one"
+            ) from None
+        raise _csv_error(where, path, delimiter, header, encoding, bad, e) from None
 
 
 def _row_number(path: Path, delimiter: str, width: int, encoding: str = "utf-8") -> str:
