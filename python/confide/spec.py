@@ -316,6 +316,25 @@ class TransportSpec(_Strict):
     message_timeout_s: float = Field(300.0, gt=0, le=86_400)
 
 
+class TrackingSpec(_Strict):
+    """Where the developer's side records the job: an MLflow tracking server (docs/tracking.md)."""
+
+    #: The tracking server, ``http(s)://host:port`` (``mlflow server``); nothing is sent elsewhere.
+    mlflow_uri: str = Field(pattern=r"^https?://[^\s/]+(/[^\s]*)?$", max_length=2048)
+    #: The MLflow experiment (default: the job id).
+    experiment: str | None = Field(None, min_length=1, max_length=256)
+    #: Register the final model under this name in the model registry (None: no registration).
+    register_model: str | None = Field(None, min_length=1, max_length=256)
+    #: Whose model file is registered (it holds that party's fitted statistics); default the first party.
+    register_from: Name | None = None
+    #: Parties whose own per-round metrics may be logged; the others contribute the federated figures only.
+    party_metrics: list[Name] = Field(default_factory=list, max_length=MAX_PARTIES)
+    #: A server that cannot be reached never fails the job: the record is kept to send later
+    #: (``confide tracking replay``) or dropped; a warning says which.
+    when_unreachable: Literal["buffer", "drop"] = "buffer"
+    timeout_s: float = Field(10.0, gt=0, le=600)
+
+
 class JobSpec(_Strict):
     """A whole job."""
 
@@ -335,6 +354,17 @@ class JobSpec(_Strict):
     #: Parties and aggregator checkpoint every this many rounds (0: never).
     checkpoint_interval: int = Field(5, ge=0, le=100_000)
     metrics: list[Literal["loss", "auc", "accuracy"]] = ["loss", "auc"]
+    #: Record the job in MLflow (None: nowhere).
+    tracking: TrackingSpec | None = None
+
+    @model_validator(mode="after")
+    def _tracking_names_parties(self) -> JobSpec:
+        if self.tracking is not None:
+            named = [*self.tracking.party_metrics, self.tracking.register_from or self.parties[0]]
+            unknown = sorted({p for p in named if p not in self.parties})
+            if unknown:
+                raise ValueError(f"tracking names {unknown}, which are not parties of the job {self.parties}")
+        return self
 
     @model_validator(mode="before")
     @classmethod

@@ -194,6 +194,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     controller_commands.add_commands(commands)
     model_commands.add_commands(commands)
+    tracking = commands.add_parser("tracking", help="records kept for an MLflow server that was not reached")
+    tracking_commands = tracking.add_subparsers(dest="tracking_command", required=True)
+    replay = tracking_commands.add_parser("replay", help="send a kept record (mlflow-pending.json) to its server")
+    replay.add_argument("record", help="the mlflow-pending.json a job wrote next to its report")
+    replay.add_argument("--uri", default=None, help="another tracking server than the one the job named")
     return parser
 
 
@@ -237,6 +242,15 @@ def main(argv: list[str] | None = None) -> int:
             return controller_commands.dispatch(args)
         if args.command == "model":
             return model_commands.dispatch(args)
+        if args.command == "tracking":
+            from confide.tracking import replay
+
+            sent = replay(args.record, args.uri)
+            print(
+                f"sent: MLflow run {sent['run_id']}"
+                + (f", model version {sent['model_version']}" if sent["model_version"] else "")
+            )
+            return 0
         return _launch(args)
     except ConfideError as error:
         print(f"confide: error: {error}", file=sys.stderr)
@@ -498,6 +512,7 @@ def _run(args) -> int:
         max_restarts=args.max_restarts,
     )
     print_summary(report)
+    _track(spec, report, workdir)
     return 0
 
 
@@ -528,7 +543,16 @@ def _resume(args, load_job) -> int:
         resume=True,
     )
     print_summary(report)
+    _track(spec, report, workdir)
     return 0
+
+
+def _track(spec, report: dict, workdir) -> None:
+    """Record the job in MLflow where its ``tracking`` section says (a server down warns, never fails)."""
+    if spec.tracking is not None:
+        from confide.tracking import track
+
+        track(spec, report, workdir)
 
 
 def _per_party(option: str, form: str, items: list[str]) -> dict[str, str]:

@@ -295,3 +295,23 @@ def test_the_hf_example_parses_and_its_base_folder_is_taken_from_the_file():
     example = load_job(EXAMPLE.parent / "hf_lora.yaml")
     assert example.model.algorithm == "hf" and example.data.dataset == "text"
     assert example.model.hf.pretrained == str((EXAMPLE.parents[1] / "build" / "tiny-bert").resolve())
+
+
+def test_tracking_names_a_server_and_only_parties_of_the_job():
+    tracking = {"mlflow_uri": "http://127.0.0.1:5000", "party_metrics": ["a"], "register_model": "m"}
+    assert parse_job(spec(parties=["a", "b"], tracking=tracking)).tracking.when_unreachable == "buffer"
+    assert "tracking names ['z'], which are not parties" in error_of(
+        spec(parties=["a", "b"], tracking={**tracking, "register_from": "z"})
+    )
+    assert "tracking.mlflow_uri" in error_of(spec(parties=["a", "b"], tracking={"mlflow_uri": "file:///tmp/x"}))
+    assert "tracking.when_unreachable" in error_of(
+        spec(parties=["a", "b"], tracking={**tracking, "when_unreachable": "retry"})
+    )
+
+
+def test_tracking_params_are_the_flattened_spec_within_mlflows_limit():
+    from confide.tracking import MAX_PARAM_CHARS, _flatten
+
+    flat = _flatten({"model": {"learning_rate": 0.2, "network": {"layers": ["x" * 7000]}}, "rounds": 3})
+    assert flat["model.learning_rate"] == "0.2" and flat["rounds"] == "3"
+    assert len(flat["model.network.layers"]) <= MAX_PARAM_CHARS and flat["model.network.layers"].endswith("job.json)")

@@ -1,0 +1,178 @@
+"""A job recorded in a real MLflow server (SQLite backend, started here): run, metrics, model registry, lineage.
+
+The server is full MLflow from its own venv (scripts/ensure-mlflow-server.sh, which `make test`
+runs); Confide talks to it with the client (mlflow-skinny). Three hospitals train on their CSV
+exports with `confide run`; then the run, its per-round metrics (a party's own only where the
+job lets it), its artifacts and the registered model version with its lineage tags are read back.
+A server that is down: the job completes, the record waits, and `confide tracking replay` sends it.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.fixtures.waiting import wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+MLFLOW = ROOT / "build" / "mlflow-venv" / "bin" / "mlflow"
+EXAMPLE = ROOT / "examples" / "hospital_csv"
+PARTIES = ("hospital-a", "hospital-b", "hospital-c")
+
+pytest.importorskip("mlflow", reason="the 'mlflow' extra (mlflow-skinny) is not installed (make test installs it)")
+pytestmark = pytest.mark.skipif(
+    not MLFLOW.exists(), reason="no MLflow server venv (scripts/ensure-mlflow-server.sh, run by make test)"
+)
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _healthy(uri: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{uri}/health", timeout=2) as answer:
+            return answer.status == 200
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("mlflow")
+    uri = f"http://127.0.0.1:{_port()}"
+    log = (root / "server.log").open("w")
+    process = subprocess.Popen(
+        [
+            str(MLFLOW),
+            "server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            uri.rsplit(":", 1)[1],
+            "--backend-store-uri",
+            f"sqlite:///{root / 'mlflow.db'}",
+            "--artifacts-destination",
+            str(root / "artifacts"),
+            "--workers",
+            "1",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        wait_for(lambda: _healthy(uri), 180, "the MLflow server to answer", alive=lambda: process.poll() is None)
+        yield uri
+    finally:
+        process.terminate()
+        try:
+            process.wait(15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+        log.close()
+
+
+def _run(root: Path, tracking: dict, job_id: str) -> subprocess.CompletedProcess:
+    for party in PARTIES:
+        if not (root / party).exists():
+            shutil.copytree(EXAMPLE / party, root / party)
+    spec = yaml.safe_load((EXAMPLE / "job.yaml").read_text())
+    spec.update(job_id=job_id, rounds=4, checkpoint_interval=2, tracking=tracking)
+    job = root / f"{job_id}.yaml"
+    job.write_text(yaml.safe_dump(spec))
+    catalogs = [arg for p in PARTIES for arg in ("--catalog", f"{p}={root / p / 'catalog.yaml'}")]
+    return subprocess.run(
+        [sys.executable, "-m", "confide", "run", str(job), *catalogs, "--workdir", str(root / job_id), "--no-progress"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def test_a_job_is_a_run_with_its_metrics_and_a_registered_model_with_its_lineage(server, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    from confide import checkpoints
+    from confide.spec import load_job
+
+    tracking = {"mlflow_uri": server, "register_model": "flc-mortality", "party_metrics": ["hospital-a"]}
+    done = _run(tmp_path, tracking, "flc-tracked")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "tracking: MLflow run " in done.stdout and "model 'flc-mortality' version 1" in done.stdout
+    report = json.loads((tmp_path / "flc-tracked" / "report.json").read_text())
+
+    client = MlflowClient(tracking_uri=server, registry_uri=server)
+    experiment = client.get_experiment_by_name("flc-tracked")
+    [run] = client.search_runs([experiment.experiment_id])
+    assert run.data.params["model.learning_rate"] == "0.2" and run.data.params["protection.mode"] == "secagg"
+    assert run.data.tags["confide.protection.ran"] == "secagg"
+    # The federated figures of every round, with the round as the step.
+    auc = client.get_metric_history(run.info.run_id, "federated/auc")
+    assert [m.step for m in auc] == [1, 2, 3, 4]
+    assert [m.value for m in auc] == pytest.approx([r["auc"] for r in report["rounds"]])
+    assert run.data.metrics["final/auc"] == pytest.approx(report["final_auc"])
+    # A party's own figures only where the job lets it: hospital-a's, no one else's.
+    own = {key.split("/")[1] for key in run.data.metrics if key.startswith("party/")}
+    assert own == {"hospital-a"}
+    assert len(client.get_metric_history(run.info.run_id, "party/hospital-a/auc")) == 4
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"report.json", "job.json", "model"} <= artifacts
+    model_files = {a.path for a in client.list_artifacts(run.info.run_id, "model")}
+    assert model_files == {"model/hospital-a.model.zip", "model/model.onnx"}
+
+    # The registered version: the run's model folder, its lineage in the tags.
+    [version] = client.search_model_versions("name='flc-mortality'")
+    assert version.run_id == run.info.run_id and version.source.endswith("/model")
+    tags = version.tags
+    spec = load_job(tmp_path / "flc-tracked" / "job.json")
+    fl_data = spec.fl_data_object()
+    assert tags["confide.fl_data.fingerprint"] == fl_data.fingerprint
+    assert tags["confide.fl_data.version"] == str(fl_data.version)
+    assert tags["confide.parties"] == ",".join(PARTIES) and tags["confide.protection"] == "secagg"
+    assert json.loads(tags["confide.datasets"]) == {p: "patients" for p in PARTIES}
+    final = checkpoints.round_name(4)
+    leaves = {
+        p: checkpoints.manifest(tmp_path / "flc-tracked" / "parties" / f"{p}.checkpoints" / final, prefix=f"{final}/")
+        for p in PARTIES
+    }
+    assert tags["confide.checkpoint.root"] == checkpoints.root_of(leaves)
+    # The registered file is the party's model file, byte for byte.
+    local = Path(client.download_artifacts(run.info.run_id, "model/hospital-a.model.zip", str(tmp_path / "down")))
+    assert local.read_bytes() == (tmp_path / "flc-tracked" / "parties" / "hospital-a.model.zip").read_bytes()
+
+
+def test_a_server_that_is_down_never_fails_the_job_and_the_record_is_sent_later(server, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    down = f"http://127.0.0.1:{_port()}"
+    done = _run(tmp_path, {"mlflow_uri": down, "timeout_s": 2, "register_model": "flc-later"}, "flc-offline")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    pending = tmp_path / "flc-offline" / "mlflow-pending.json"
+    assert f"warning: tracking server {down} not reached" in done.stdout and pending.exists()
+    assert "final test AUC" in done.stdout  # the job's own summary, as without tracking
+    # Sent later, to the server that is up now.
+    replayed = subprocess.run(
+        [sys.executable, "-m", "confide", "tracking", "replay", str(pending), "--uri", server],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert replayed.returncode == 0, replayed.stderr
+    assert "sent: MLflow run " in replayed.stdout and "model version 1" in replayed.stdout and not pending.exists()
+    client = MlflowClient(tracking_uri=server, registry_uri=server)
+    [run] = client.search_runs([client.get_experiment_by_name("flc-offline").experiment_id])
+    assert len(client.get_metric_history(run.info.run_id, "federated/loss")) == 4
+    # Dropped, as a job may ask instead.
+    dropped = _run(tmp_path, {"mlflow_uri": down, "timeout_s": 2, "when_unreachable": "drop"}, "flc-dropped")
+    assert dropped.returncode == 0 and "the record is dropped" in dropped.stdout
+    assert not (tmp_path / "flc-dropped" / "mlflow-pending.json").exists()
