@@ -144,6 +144,32 @@ class ModelArtifact:
         return model
 
 
+def _head(spec, party: str, session: str | None, runtime_job_id: str | None) -> dict:
+    """The manifest keys every model file starts with."""
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "created_at": datetime.now(timezone.utc).isoformat(),
+        "job_id": spec.job_id,
+        "runtime_job_id": runtime_job_id,
+        "session": session,
+        "party": party,
+    }
+
+
+def _write_archive(path: str | os.PathLike, manifest: dict, fill) -> Path:
+    """``path`` written atomically (temporary file, fsync, rename): the manifest, then what ``fill(archive)`` adds."""
+    path = Path(path)
+    temporary = path.with_suffix(".tmp")
+    with zipfile.ZipFile(temporary, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("manifest.json", json.dumps(manifest, indent=1, sort_keys=True))
+        fill(archive)
+    with open(temporary, "rb+") as handle:
+        os.fsync(handle.fileno())
+    os.replace(temporary, path)
+    return path
+
+
 def write_artifact(
     path: str | os.PathLike,
     *,
@@ -162,13 +188,7 @@ def write_artifact(
     """Write ``path`` atomically (temporary file, fsync, rename)."""
     fl_data = spec.fl_data_object()
     manifest = {
-        "format": FORMAT,
-        "version": VERSION,
-        "created_at": datetime.now(timezone.utc).isoformat(),
-        "job_id": spec.job_id,
-        "runtime_job_id": runtime_job_id,
-        "session": session,
-        "party": party,
+        **_head(spec, party, session, runtime_job_id),
         "label": fl_data.label if fl_data is not None else None,
         "features": list(data.feature_names) if data.feature_names else None,
         "pipeline": [step.to_dict() for step in fl_data.pipeline] if fl_data is not None else None,
@@ -187,20 +207,16 @@ def write_artifact(
         "metrics": metrics or {},
         "checkpoint": checkpoint_leaf,
     }
-    path = Path(path)
-    temporary = path.with_suffix(".tmp")
-    with zipfile.ZipFile(temporary, "w", compression=zipfile.ZIP_DEFLATED) as archive:
-        archive.writestr("manifest.json", json.dumps(manifest, indent=1, sort_keys=True))
+
+    def fill(archive: zipfile.ZipFile) -> None:
         # Streamed into the archive: a large model's artifact holds no second copy of it in memory.
         # Stored, not deflated: float weights barely compress, and deflating 400 MB takes seconds.
         info = zipfile.ZipInfo("weights.npz", date_time=time.localtime()[:6])
         info.compress_type = zipfile.ZIP_STORED
         with archive.open(info, "w", force_zip64=True) as entry:
             np.savez(entry, **model.get_weights())
-    with open(temporary, "rb+") as handle:
-        os.fsync(handle.fileno())
-    os.replace(temporary, path)
-    return path
+
+    return _write_archive(path, manifest, fill)
 
 
 def write_vertical_artifact(
@@ -222,13 +238,7 @@ def write_vertical_artifact(
     """
     guest = spec.guest
     manifest = {
-        "format": FORMAT,
-        "version": VERSION,
-        "created_at": datetime.now(timezone.utc).isoformat(),
-        "job_id": spec.job_id,
-        "runtime_job_id": runtime_job_id,
-        "session": session,
-        "party": party,
+        **_head(spec, party, session, runtime_job_id),
         "label": spec.fl_data.label if spec.fl_data is not None and party == guest else None,
         "features": list(report.get("columns") or []),
         "pipeline": None,
@@ -248,18 +258,14 @@ def write_vertical_artifact(
             "common_records": (report.get("psi") or {}).get("intersection"),
         },
     }
-    path = Path(path)
-    temporary = path.with_suffix(".tmp")
-    with zipfile.ZipFile(temporary, "w", compression=zipfile.ZIP_DEFLATED) as archive:
-        archive.writestr("manifest.json", json.dumps(manifest, indent=1, sort_keys=True))
+
+    def fill(archive: zipfile.ZipFile) -> None:
         buffer = io.BytesIO()
         np.savez(buffer)
         archive.writestr("weights.npz", buffer.getvalue())
         archive.writestr("part.cvw", part)
-    with open(temporary, "rb+") as handle:
-        os.fsync(handle.fileno())
-    os.replace(temporary, path)
-    return path
+
+    return _write_archive(path, manifest, fill)
 
 
 def _records_entry(path: str | os.PathLike, delimiter: str, missing: list[str] | None) -> tuple[dict, Path]:
