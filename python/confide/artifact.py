@@ -48,9 +48,12 @@ __all__ = [
     "ModelArtifact",
     "check_records",
     "export_onnx",
+    "export_xgboost",
+    "load_vertical_part",
     "predict",
     "predict_stream",
     "read_records",
+    "vertical_part_path",
     "write_artifact",
     "write_vertical_artifact",
 ]
@@ -67,6 +70,8 @@ class ModelArtifact:
 
     manifest: dict[str, Any]
     weights: dict[str, np.ndarray]
+    #: A vertical job's part (``part.cvw``, confide.vertical.wire); None for a whole model.
+    part: bytes | None = None
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> ModelArtifact:
@@ -74,15 +79,16 @@ class ModelArtifact:
         path = Path(path)
         if path.name.endswith(".model.cvw"):
             raise InvalidParameterError(
-                f"{path}: a vertical job's model part (<party>.model.cvw), which `confide model` does not read yet; "
-                "with every site's part in one place, from_parts of confide.vertical.estimators' SecureBoost and "
-                "Hetero NN estimators loads the whole model (Hetero LR parts have no loader yet)"
+                f"{path}: the raw part of a vertical model (<party>.model.cvw); `confide model` reads the model file "
+                f"beside it, {path.name.removesuffix('.model.cvw')}.model.zip; new records are scored by a scoring job "
+                "through the controller (docs/vertical.md#scoring-new-records)"
             )
         try:
             with zipfile.ZipFile(path) as archive:
                 manifest = json.loads(archive.read("manifest.json"))
                 with np.load(io.BytesIO(archive.read("weights.npz")), allow_pickle=False) as npz:
                     weights = {name: npz[name] for name in npz.files}
+                part = archive.read("part.cvw") if "part.cvw" in archive.namelist() else None
         except FileNotFoundError:
             raise InvalidParameterError(f"{path}: no such model file") from None
         except UNREADABLE_FILE_ERRORS as error:
@@ -97,7 +103,7 @@ class ModelArtifact:
                 f"{path}: format {manifest.get('format')!r} version {manifest.get('version')!r}, "
                 f"expected {FORMAT!r} version {VERSION}"
             )
-        return cls(manifest, weights)
+        return cls(manifest, weights, part)
 
     @property
     def vertical(self) -> dict | None:
@@ -109,9 +115,8 @@ class ModelArtifact:
             raise InvalidParameterError(
                 f"this is {self.manifest['party']}'s part of a vertical {self.manifest['model']['spec']['algorithm']} "
                 f"model (the {self.vertical['role']}; partners {', '.join(self._partners())}): it scores only together "
-                "with its partners' parts, and federated scoring through the controller is not built yet; with every "
-                "site's part in one place, confide.vertical.estimators' from_parts loads the whole model "
-                "(SecureBoost, Hetero NN)"
+                "with its partners' parts, in a scoring job through the controller (score: {session: ...}, "
+                "docs/vertical.md#scoring-new-records)"
             )
 
     def _partners(self) -> list[str]:
@@ -228,21 +233,27 @@ def write_vertical_artifact(
     runtime_job_id: str | None,
     report: dict,
     part: bytes,
+    prepared: dict | None = None,
 ) -> Path:
     """Write a vertical job's ``<party>.model.zip``: this site's part of the model, described.
 
     The manifest says what ``confide model show`` prints for any model (job, session, party,
     rounds, protection, metrics: at the guest only) and, under ``vertical``, the site's role,
     its partners, the id column and how many records PSI found in common. ``part.cvw`` is the
-    part itself (the same bytes as ``<party>.model.cvw``); ``weights.npz`` is empty.
+    part itself (the same bytes as ``<party>.model.cvw``); ``weights.npz`` is empty. ``prepared``
+    (jobs over FL_Data): the site's pipeline steps as they ran there, their fitted statistics and
+    the raw columns' ranges, with which a scoring job prepares new records of this site.
     """
     guest = spec.guest
+    fl_data = spec.fl_data_object()
+    prepared = prepared or {}
     manifest = {
         **_head(spec, party, session, runtime_job_id),
-        "label": spec.fl_data.label if spec.fl_data is not None and party == guest else None,
+        "label": fl_data.label if fl_data is not None and party == guest else None,
         "features": list(report.get("columns") or []),
-        "pipeline": None,
-        "fitted": None,
+        "pipeline": prepared.get("steps"),
+        "fitted": prepared.get("fitted"),
+        "ranges": prepared.get("ranges"),
         "dataset": (spec.datasets() or {}).get(party),
         "model": {"spec": spec.model.model_dump(mode="json"), "network": None, "layout": None},
         "rounds": len(report.get("rounds") or []),
@@ -266,6 +277,50 @@ def write_vertical_artifact(
         archive.writestr("part.cvw", part)
 
     return _write_archive(path, manifest, fill)
+
+
+def vertical_part_path(model_from: str | os.PathLike, party: str) -> Path:
+    """Where ``party``'s part of a vertical model is: an agent's session folder (its current run) or a folder."""
+    folder = Path(model_from)
+    current = folder / "current-run"
+    if current.exists():
+        folder = folder / f"run-{int(current.read_text().strip())}"
+    return folder / f"{party}.model.zip"
+
+
+def load_vertical_part(spec, party: str, model_from: str | os.PathLike | None) -> tuple[ModelArtifact, dict]:
+    """The part of a vertical model a scoring job (``spec.score``) uses at ``party``, checked against the job.
+
+    Errors say which part is missing, or which model it belongs to when it is not the job's.
+    """
+    from confide.errors import JobFailedError
+    from confide.vertical import wire
+
+    if model_from is None:
+        raise JobFailedError(f"party {party!r}: a scoring job needs the folder of the trained model")
+    path = vertical_part_path(model_from, party)
+    if not path.exists():
+        raise JobFailedError(
+            f"party {party!r}: no part of the trained model at {path}: the training run did not complete at this site"
+        )
+    artifact = ModelArtifact.load(path)
+    vertical = artifact.vertical
+    trained = artifact.manifest["model"]["spec"]["algorithm"]
+    if vertical is None:
+        raise JobFailedError(f"party {party!r}: {path} holds a whole {trained} model, not a part of a vertical one")
+    hosts = sorted(p for p in spec.parties if p != spec.guest)
+    if trained != spec.model.algorithm or vertical["guest"] != spec.guest or sorted(vertical["hosts"]) != hosts:
+        raise JobFailedError(
+            f"party {party!r}: {path} is a part of a {trained} model with guest {vertical['guest']!r} and hosts "
+            f"{sorted(vertical['hosts'])}; this job scores with a {spec.model.algorithm} model, guest {spec.guest!r} "
+            f"and hosts {hosts}"
+        )
+    if artifact.manifest.get("pipeline") is None:
+        raise JobFailedError(
+            f"party {party!r}: {path} was trained on embedded example data (or written before model files recorded "
+            "the fitted pipeline): it has no steps to prepare new records with"
+        )
+    return artifact, wire.decode(artifact.part)
 
 
 def _records_entry(path: str | os.PathLike, delimiter: str, missing: list[str] | None) -> tuple[dict, Path]:
@@ -404,6 +459,35 @@ def export_onnx(artifact: ModelArtifact, path: str | os.PathLike, *, prepared: b
     )
     path = Path(path)
     onnx.save_model(model, str(path))
+    return path
+
+
+def export_xgboost(artifact: ModelArtifact, path: str | os.PathLike) -> Path:
+    """A SecureBoost guest's trees as an XGBoost JSON model, when every split is the guest's.
+
+    The model takes the guest's prepared features (the manifest's ``features``, in order, as
+    float32): the pipeline is not in it. Refused, with the reason, for another model, a host's
+    part, or trees that split on hosts' features
+    (:mod:`confide.vertical.secureboost.xgboost_json`).
+    """
+    import json as json_module
+
+    from confide.vertical import wire
+    from confide.vertical.secureboost.tree import SecureBoostGuestModel
+    from confide.vertical.secureboost.xgboost_json import guest_trees_json
+
+    manifest = artifact.manifest
+    algorithm = manifest["model"]["spec"]["algorithm"]
+    vertical = artifact.vertical or {}
+    if algorithm != "secureboost" or vertical.get("role") != "guest":
+        what = f"the {vertical['role']}'s part of a {algorithm} model" if vertical else f"a {algorithm} model"
+        raise InvalidParameterError(
+            f"this is {what}: XGBoost's format holds a SecureBoost guest's trees only (the guest's model.zip)"
+        )
+    model = SecureBoostGuestModel.from_dict(wire.decode(artifact.part)["model"])
+    document = guest_trees_json(model, list(manifest["features"]))
+    path = Path(path)
+    path.write_text(json_module.dumps(document))
     return path
 
 

@@ -216,6 +216,17 @@ class VerticalPartyReport(_Report):
     seconds: float | None = None
     bytes: dict[str, int] | None = None
     reconnects: int = 0
+    #: "score": a scoring job (``score`` in the spec), which trains nothing; None: training.
+    task: Literal["score"] | None = None
+    #: A scoring job's trained model: its job id, session and run at the aggregator.
+    model_from: dict[str, Any] | None = None
+    #: Records both sites hold and the model scored (every party learns the count).
+    scored: int | None = None
+    #: The guest's scores file, beside its report (a host has none).
+    scores: str | None = None
+    #: What in the new records the model never saw (unseen categories, values outside the
+    #: training range), counted per column, never a value.
+    warnings: list[str] = []
 
 
 class PartyResult(_Report):

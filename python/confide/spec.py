@@ -42,6 +42,7 @@ __all__ = [
     "JobSpec",
     "ModelSpec",
     "ProtectionSpec",
+    "ScoreSpec",
     "StrategySpec",
     "TransportSpec",
     "load_job",
@@ -335,6 +336,28 @@ class TrackingSpec(_Strict):
     timeout_s: float = Field(10.0, gt=0, le=600)
 
 
+class ScoreSpec(_Strict):
+    """A vertical job that scores new records with a trained vertical model (docs/vertical.md#scoring).
+
+    Each site runs its own part of the model: the new records go through the pipeline with the
+    statistics fitted at training, PSI aligns their ids, and the model's prediction protocol
+    runs; only the guest learns the scores (``<guest>.scores.csv``, beside its report).
+    """
+
+    #: The controller session that trained the model (the controller fills in the model, the
+    #: guest, the id column, the label and the pipeline from it; each agent finds its site's part).
+    session: str | None = Field(None, pattern=r"^[0-9a-f]{32}$")
+    #: Without a controller (``confide run``): the folder holding every site's ``<party>.model.zip``
+    #: (a previous run's work folder).
+    model_dir: str | None = Field(None, min_length=1, max_length=4096)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ScoreSpec:
+        if (self.session is None) == (self.model_dir is None):
+            raise ValueError("score: name exactly one of session (a controller session) and model_dir (a folder)")
+        return self
+
+
 class JobSpec(_Strict):
     """A whole job."""
 
@@ -356,6 +379,8 @@ class JobSpec(_Strict):
     metrics: list[Literal["loss", "auc", "accuracy"]] = ["loss", "auc"]
     #: Record the job in MLflow (None: nowhere).
     tracking: TrackingSpec | None = None
+    #: Score new records with a trained vertical model instead of training (None: train).
+    score: ScoreSpec | None = None
 
     @model_validator(mode="after")
     def _tracking_names_parties(self) -> JobSpec:
@@ -444,6 +469,11 @@ class JobSpec(_Strict):
                 raise ValueError(f"data.id_column {self.data.id_column!r} differs from the fl_data join's by {join!r}")
         if len(set(self.parties)) != len(self.parties):
             raise ValueError("parties must be distinct")
+        if self.score is not None and not self.vertical:
+            raise ValueError(
+                f"score: scoring through a job is for vertical models (each site holds a part); model.algorithm "
+                f"{self.model.algorithm} leaves whole models: score with 'confide model predict'"
+            )
         if self.vertical:
             if self.protection.mode != "paillier":
                 raise ValueError(

@@ -87,6 +87,32 @@ def test_secureboost_job_aligns_trains_and_writes_each_party_its_own_part(tmp_pa
     from sklearn.metrics import roc_auc_score
 
     assert roc_auc_score(y, estimator.predict_proba(X)[:, 1]) > 0.97
+    # XGBoost's format holds a guest's trees only where every split is the guest's: here the lab's are too.
+    exported = {
+        p: subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "confide",
+                "model",
+                "export",
+                str(tmp_path / "parties" / f"{p}.model.zip"),
+                "--format",
+                "xgboost",
+                "--out",
+                str(tmp_path / f"{p}.json"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )  # fmt: skip
+        for p in ("hospital", "lab")
+    }
+    assert exported["hospital"].returncode != 0 and "split(s) of the model are on hosts' features (lab)" in (
+        exported["hospital"].stderr
+    )
+    assert exported["lab"].returncode != 0 and "the host's part of a secureboost model" in exported["lab"].stderr
+    assert not (tmp_path / "hospital.json").exists()
 
 
 def test_multiclass_secureboost_job_on_digits_split_by_columns(tmp_path):
@@ -171,6 +197,22 @@ def test_vertical_job_on_the_sites_own_csv_exports(tmp_path, model):
         assert site["data"]["id_column"] == "patient_id"
         assert site["data"]["join"]["common"] == report["psi"]["intersection"]
     assert hospital["data"]["fl_data_fingerprint"] == lab["data"]["fl_data_fingerprint"]
+
+    # Without a controller, a scoring job names the folder of the sites' model files: here it scores the
+    # same records (the guest's labelled, so its report has metrics on every joined record).
+    scoring = parse_job(
+        {**spec.model_dump(mode="json"), "job_id": "scoring", "score": {"model_dir": str(tmp_path / "parties")}}
+    )
+    scored = run_local(scoring, tmp_path / "scoring", progress=False, echo=quiet, catalogs=CSV_CATALOGS)
+    guest = json.loads((tmp_path / "scoring" / "parties" / "hospital.report.json").read_text())
+    host = json.loads((tmp_path / "scoring" / "parties" / "lab.report.json").read_text())
+    assert (
+        guest["task"] == host["task"] == "score" and guest["scored"] == host["scored"] == report["psi"]["intersection"]
+    )
+    assert guest["metrics"]["auc"] > 0.97 and "metrics" not in host and guest["warnings"] == []
+    lines = (tmp_path / "scoring" / "parties" / "hospital.scores.csv").read_text().splitlines()
+    assert lines[0] == "patient_id,score" and len(lines) == guest["scored"] + 1
+    assert scored["task"] == "score" and scored["scores"].endswith("hospital.scores.csv"), scored
 
 
 def test_a_vertical_pipeline_naming_a_column_no_site_holds_is_refused_before_any_process(tmp_path):

@@ -11,7 +11,7 @@ from confide.errors import InvalidParameterError
 def test_a_vertical_model_part_is_named_for_what_it_is(tmp_path):
     part = tmp_path / "clinic.model.cvw"
     part.write_bytes(b"\x00" * 16)
-    with pytest.raises(InvalidParameterError, match=r"a vertical job's model part \(<party>.model.cvw\)"):
+    with pytest.raises(InvalidParameterError, match=r"raw part of a vertical model .* beside it, clinic.model.zip"):
         ModelArtifact.load(part)
 
 

@@ -142,6 +142,12 @@ def _parser() -> argparse.ArgumentParser:
         "ask the peers to take it back, go on from the round they admit it to",
     )
     party.add_argument(
+        "--model-from",
+        default=None,
+        help="a scoring job's trained model: the training session's folder at this site (agents pass it), "
+        "or a folder of <party>.model.zip files",
+    )
+    party.add_argument(
         "--stop-file", default=None, help="stop at the next round boundary once this file exists (agents use it)"
     )
     party.add_argument(
@@ -448,6 +454,7 @@ def _party(args) -> int:
         session=session,
         compute=args.compute,
         rejoin=args.rejoin,
+        model_from=args.model_from,
     )
     logging.getLogger("confide.party").info(
         "%s: %s after %d rounds", args.party, report["status"], len(report["rounds"])

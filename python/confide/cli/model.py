@@ -42,10 +42,17 @@ def add_commands(commands) -> None:
         "--missing", action="append", default=None, metavar="MARKER", help="a cell text meaning missing (repeat)"
     )
     export = sub.add_parser(
-        "export", help="the model in ONNX with the training pipeline in front: it scores raw records"
+        "export",
+        help="the model in ONNX with the training pipeline in front (it scores raw records); or a SecureBoost "
+        "guest's trees in XGBoost's JSON format",
     )
     export.add_argument("artifact", help="a <party>.model.zip")
-    export.add_argument("--format", choices=["onnx"], default="onnx")
+    export.add_argument(
+        "--format",
+        choices=["onnx", "xgboost"],
+        default="onnx",
+        help="onnx; xgboost: a SecureBoost guest's trees where every split is the guest's (prepared features)",
+    )
     export.add_argument("--out", required=True, help="file to write, e.g. model.onnx")
     export.add_argument(
         "--prepared",
@@ -56,7 +63,7 @@ def add_commands(commands) -> None:
 
 def dispatch(args) -> int:
     """Run a ``confide model`` command."""
-    from confide.artifact import ModelArtifact, export_onnx
+    from confide.artifact import ModelArtifact, export_onnx, export_xgboost
 
     artifact = ModelArtifact.load(args.artifact)
     if args.model_command == "show":
@@ -65,6 +72,12 @@ def dispatch(args) -> int:
         if len(args.delimiter) != 1 and args.delimiter != "auto":
             raise InvalidParameterError(f"--delimiter must be one character or 'auto', got {args.delimiter!r}")
         _predict(artifact, args)
+    elif args.format == "xgboost":
+        path = export_xgboost(artifact, args.out)
+        print(
+            f"wrote {path} (XGBoost JSON; input: the guest's {len(artifact.features or [])} prepared features "
+            "in the manifest's order, as float32)"
+        )
     else:
         path = export_onnx(artifact, args.out, prepared=args.prepared)
         if args.prepared:
@@ -192,7 +205,7 @@ def _show_vertical(m: dict, spec: dict) -> None:
     if m.get("metrics"):
         lines.append("held-out metrics (at the guest): " + ", ".join(f"{k} {v:.4g}" for k, v in m["metrics"].items()))
     lines.append(
-        "scoring needs every partner's part: federated scoring is not built yet (part.cvw in this archive; "
-        "confide.vertical.estimators' from_parts loads SecureBoost and Hetero NN parts together)"
+        "new records score with every partner's part: a scoring job through the controller "
+        "(score: {session: ...}; docs/vertical.md#scoring-new-records); part.cvw in this archive is the part itself"
     )
     print("\n".join(lines))

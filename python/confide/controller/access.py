@@ -444,7 +444,9 @@ class Access:
                 decisions.append({"dataset": f"{party}/{dataset}", "decision": "allow"})
             if problem is None:
                 fl_data = agree_categories(fl_data, schemas)
-                problems = check_schemas(fl_data, schemas, vertical=spec.vertical_layout())
+                problems = check_schemas(
+                    fl_data, schemas, vertical=spec.vertical_layout(), scoring=spec.score is not None
+                )
                 if problems:
                     problem = InvalidParameterError(
                         "fl_data does not fit the published schemas:\n  " + "\n  ".join(p.text() for p in problems[:20])
@@ -460,7 +462,7 @@ class Access:
         """
         _require(caller, "developer", "admin")
         try:
-            spec = parse_job(spec_data)
+            spec = parse_job(self._scoring_request(caller, spec_data))
         except InvalidParameterError as error:
             problems = str(error).removeprefix("invalid job specification: ").split("; ")
             return {"valid": False, "problems": problems, "datasets": [], "job_id": None}

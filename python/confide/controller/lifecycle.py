@@ -137,7 +137,7 @@ class Lifecycle:
     def submit(self, caller: Caller, spec_data: dict) -> dict:
         """Validate, check access, and start a job as a new session; returns its token."""
         _require(caller, "developer", "admin")
-        spec = parse_job(spec_data)
+        spec = parse_job(self._scoring_request(caller, spec_data))
         token = secrets.token_hex(16)  # 128 bits; hex, so a token never looks like a command-line flag
         approvals, spec = self._check_access(caller, spec, "submit", f"job/{spec.job_id}")
         with self.store.transaction() as db:
@@ -178,6 +178,60 @@ class Lifecycle:
                 session.state = "awaiting"
                 session.message = "waiting for the owners' approval of " + ", ".join(pending)
         return {"session": token, "job_id": spec.job_id, "seq": 1, "state": session.state}
+
+    def _scoring_request(self, caller: Caller, spec_data: Any) -> Any:
+        """A scoring job (``score.session``) completed from its training session; other jobs as they are.
+
+        The developer names the trained session and each site's dataset of new records; the
+        model, the guest, the id column, the label, the pipeline and the protection are the
+        session's (its last configuration), so they cannot differ from what trained the parts.
+        """
+        score = spec_data.get("score") if isinstance(spec_data, dict) else None
+        token = score.get("session") if isinstance(score, dict) else None
+        if not isinstance(token, str):
+            return spec_data  # no scoring job, or one the specification's checks describe
+        with self.store.transaction() as db:
+            session = self._session(db, caller, token)
+            trained, state = dict(self._head(db, session).spec), session.state
+        if state != "completed":
+            raise InvalidParameterError(
+                f"score.session {token}: the session is {state}; its model scores new records once it completed"
+            )
+        model = parse_job(trained)
+        if not model.vertical or model.score is not None:
+            what = "scores records" if model.score is not None else f"trained a {model.model.algorithm} model"
+            raise InvalidParameterError(
+                f"score.session {token}: the session {what}; a scoring job names a session that trained a vertical "
+                "model (a horizontal model scores with 'confide model predict')"
+            )
+        fl_data = spec_data.get("fl_data")
+        participants = fl_data.get("participants") if isinstance(fl_data, dict) else None
+        if not isinstance(participants, dict) or sorted(participants) != sorted(model.parties):
+            given = sorted(participants) if isinstance(participants, dict) else None
+            raise InvalidParameterError(
+                f"fl_data.participants: a scoring job names each site's dataset of new records, for the sites "
+                f"{sorted(model.parties)} of the model (each holds its part); got {given}"
+            )
+        fixed = sorted(k for k in ("model", "data", "protection", "privacy", "parties") if k in spec_data)
+        fixed += [f"fl_data.{k}" for k in ("label", "pipeline") if k in fl_data]
+        if fixed:
+            raise InvalidParameterError(
+                f"score.session: {', '.join(fixed)} come from the training session {token}; leave them out"
+            )
+        trained_fl_data = model.fl_data_object()
+        return {
+            **spec_data,
+            "model": trained["model"],
+            "data": {"guest": model.guest, "id_column": model.data.id_column},
+            "protection": trained["protection"],
+            "rounds": 1,
+            "checkpoint_interval": 0,
+            "fl_data": {
+                "participants": participants,
+                "label": trained_fl_data.label,
+                "pipeline": [step.to_dict() for step in trained_fl_data.pipeline if step.op != "join"],
+            },
+        }
 
     def tune(
         self,

@@ -31,9 +31,9 @@ from confide.data.flsteps import (
     Step,
     localize_step,
     raw_ranges,
-    record_ids,
     row_local,
     run_step,
+    take_ids,
     transform,
 )
 from confide.data.lineage import (
@@ -101,6 +101,10 @@ class VerticalRows:
     y: np.ndarray | None
     feature_names: list[str]
     fitted: list[dict] | None = None
+    #: The steps as they ran at this party, in step with ``fitted`` (each restricted to its
+    #: columns; None for a step that did nothing here, the join among them): what new records of
+    #: this party go through (:func:`confide.data.flsteps.transform`) to be scored.
+    steps: list[dict] | None = None
 
 
 class FLData:
@@ -409,7 +413,7 @@ class FLData:
             ``party`` is not a participant, or the table does not fit the pipeline (the message
             names the party, the step and the column).
         """
-        p, rng, where, last, cols, row_numbers, fitted = self._run_pipeline(party, table)
+        p, rng, where, last, cols, row_numbers, fitted, _ran = self._run_pipeline(party, table)
         label = self.label
         features = self._checked_features(
             where, last, cols, label, "check fl_data.label against the dataset's published schema"
@@ -477,7 +481,7 @@ class FLData:
         p = parties[party]
         if table.rows == 0:
             raise InvalidParameterError(f"{where}: the partition has no rows")
-        _p, _rng, _where, last, cols, _rows, fitted = self._run_pipeline(party, table)
+        _p, _rng, _where, last, cols, _rows, fitted, _ran = self._run_pipeline(party, table)
         features = self._checked_features(
             where, last, cols, self.label, "check fl_data.label against the dataset's published schema"
         )
@@ -504,20 +508,15 @@ class FLData:
                 f"{where}: the pipeline joins by {self.join_column!r} but the job's id column is {id_column!r}"
             )
         columns = table.columns
-        if id_column not in columns:
-            raise DataProblemError(
-                f"{where}: id column {id_column!r} is not in the table; columns: {list(columns)[:50]}",
-                columns=[id_column],
-                hint="set data.id_column to the column holding the record ids",
-            )
-        ids = record_ids(where, id_column, columns.pop(id_column))
-        p, _rng, where, last, cols, row_numbers, fitted = self._run_pipeline(party, Table(columns), localize=True)
+        ids = take_ids(where, columns, id_column, "set data.id_column to the column holding the record ids")
+        p, _rng, where, last, cols, row_numbers, fitted, ran = self._run_pipeline(party, Table(columns), localize=True)
         label = self.label if with_label else None
         hint = "the guest holds the label: check fl_data.label against its published schema"
         features = self._checked_features(where, last, cols, label, hint)
         X = np.column_stack([cols[c].astype(np.float64) for c in features])
         y = cols[label].astype(np.float64) if label is not None else None
-        return VerticalRows(ids[row_numbers], X, y, features, fitted)
+        steps = [None if step is None else step.to_dict() for step in ran]
+        return VerticalRows(ids[row_numbers], X, y, features, fitted, steps)
 
     def _run_pipeline(self, party: str, table: Table, localize: bool = False):
         parties = self._state.party_map()
@@ -546,14 +545,16 @@ class FLData:
             rows = np.sort(rng.choice(n, size=k, replace=False))
             cols = {c: v[rows] for c, v in cols.items()}
         fitted: list[dict] = []
+        ran: list[Step | None] = []
         for step in self._state.pipeline:
             fitted.append({})
             local = localize_step(step, set(cols)) if localize else step
+            ran.append(local)
             if local is not None:
                 cols = run_step(party, local, cols, self.label, record=fitted[-1])
         last = f"after the pipeline (last step {self.pipeline[-1].name!r})" if self.pipeline else "(empty pipeline)"
         row_numbers = cols.pop(ROW)
-        return p, rng, where, last, cols, row_numbers, fitted
+        return p, rng, where, last, cols, row_numbers, fitted, ran
 
     @staticmethod
     def _checked_features(where: str, last: str, cols: dict, label: str | None, label_hint: str = "") -> list[str]:

@@ -153,6 +153,17 @@ def localize_step(step: Step, present: set[str]) -> Step | None:
     return Step(step.name, step.op, params)
 
 
+def take_ids(where: str, columns: dict, id_column: str, hint: str) -> np.ndarray:
+    """The record ids, taken out of ``columns`` (no step sees them); a missing id column is named."""
+    if id_column not in columns:
+        raise DataProblemError(
+            f"{where}: id column {id_column!r} is not in the table; columns: {list(columns)[:50]}",
+            columns=[id_column],
+            hint=hint,
+        )
+    return record_ids(where, id_column, columns.pop(id_column))
+
+
 def record_ids(where: str, name: str, values: np.ndarray) -> np.ndarray:
     """Record ids as int64 or str; missing, fractional or repeated ids are errors naming the column."""
     if values.dtype == object:

@@ -152,17 +152,24 @@ def _simulate(
 
 
 def check_schemas(
-    fl_data: FLData, schemas: Mapping[str, list[dict]], *, vertical: tuple[str, str] | None = None
+    fl_data: FLData,
+    schemas: Mapping[str, list[dict]],
+    *,
+    vertical: tuple[str, str] | None = None,
+    scoring: bool = False,
 ) -> list[SchemaProblem]:
     """Every problem of ``fl_data`` over the published ``schemas`` ({party: columns}); empty when it fits.
 
     ``vertical``: ``(guest, id_column)`` for a vertical job: only the guest holds the label, every
-    party holds the id column (not a feature; present and never missing).
+    party holds the id column (not a feature; present and never missing). ``scoring``: new records
+    to score, which may come without the label.
     """
     datasets = fl_data.datasets()
     out: list[SchemaProblem] = []
     for party in sorted(schemas):
         label = fl_data.label if vertical is None or party == vertical[0] else None
+        if scoring and label not in {c["name"] for c in schemas[party]}:
+            label = None
         id_column = vertical[1] if vertical is not None else None
         out += _simulate(party, datasets[party], fl_data, schemas[party], label=label, id_column=id_column)
     if vertical is not None:  # each step runs where its columns are; a column nobody holds is a typo

@@ -33,6 +33,9 @@ class VerticalPartyData:
     X: np.ndarray
     y: np.ndarray | None
     columns: list[str]
+    #: Under FL_Data: what new records of this party go through to be scored (``steps``,
+    #: ``fitted``, the raw columns' training ``ranges``, the ``label``); it stays at the party.
+    prepared: dict | None = None
 
 
 def column_split(total: int, parties: list[str], guest: str, columns: dict[str, int] | None, guest_share: int) -> dict:

@@ -559,6 +559,14 @@ def _follow_vertical(federation: LocalFederation, echo) -> None:
         time.sleep(0.2)
 
 
+def _scoring_summary(federation: LocalFederation, guest: dict) -> dict:
+    """A scoring job's outcome: records scored, and the guest's scores file (scores stay in it)."""
+    if guest.get("task") != "score":
+        return {}
+    scores = federation.workdir / "parties" / guest["scores"]
+    return {"task": "score", "scored": guest.get("scored"), "scores": str(scores)}
+
+
 def _vertical_report(federation: LocalFederation, wall_seconds: float) -> dict:
     spec = federation.spec
     reports = {p: federation.report_of(p) or {"status": "failed"} for p in spec.parties}
@@ -570,7 +578,8 @@ def _vertical_report(federation: LocalFederation, wall_seconds: float) -> dict:
     report = {
         "job_id": spec.job_id,
         "algorithm": spec.model.algorithm,
-        "mode": "paillier",
+        "mode": "paillier" if spec.score is None else "none (the prediction protocol of a scoring job)",
+        **_scoring_summary(federation, guest),
         "guest": spec.guest,
         "hosts": [p for p in spec.parties if p != spec.guest],
         "psi": guest.get("psi"),

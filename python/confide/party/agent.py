@@ -103,6 +103,9 @@ class PartyWorker:
             command += ["--datasets", str(self.catalog_path)]
         if joining and resume_round:
             command += ["--joining", ",".join(joining)]
+        trained = (spec.get("score") or {}).get("session")
+        if trained:  # a scoring job: this site's part of the model is in the training session's folder
+            command += ["--model-from", str(directory.parent / trained)]
         # The controller told us to run, having checked every grant again: a stop left by an
         # earlier revocation no longer applies to this run.
         stop_file = directory / STOP_FILE

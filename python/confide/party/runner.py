@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from confide import checkpoints as ckpt
-from confide.artifact import write_artifact, write_vertical_artifact
+from confide.artifact import load_vertical_part, write_artifact, write_vertical_artifact
 from confide.compute.base import peak_rss_mb
 from confide.crypto.identity import Identity
 from confide.errors import (
@@ -104,6 +104,7 @@ def run_party(
     session: str | None = None,
     compute: str | None = None,
     rejoin: bool = False,
+    model_from: str | os.PathLike | None = None,
 ) -> dict:
     """Run this party's side of a job to the end; returns (and writes) its report.
 
@@ -123,7 +124,8 @@ def run_party(
     :func:`confide.compute.open_compute`). ``rejoin``: this process replaces one of this party that
     died mid-job: it reloads its latest checkpoint, asks its peers to take it back and goes on
     from the round they admit it to (:mod:`confide.party.rejoin`); its report keeps the rounds
-    before the crash and names the ones it missed.
+    before the crash and names the ones it missed. ``model_from``: a scoring job's trained model
+    (``spec.score``): the training session's folder at this site, or a folder of model files.
 
     Any failure is written to the report as a :class:`~confide.reports.Failure` (step, dataset,
     columns, error class, message, hint; never a value), which the agent forwards to the
@@ -132,9 +134,7 @@ def run_party(
     if party_id not in spec.parties:
         raise JobFailedError(f"party {party_id!r} is not in the job's parties {spec.parties}")
     if spec.vertical:
-        from confide.vertical.runner import run_vertical_party
-
-        report = run_vertical_party(
+        return _run_vertical(
             spec,
             party_id,
             aggregator=aggregator,
@@ -145,19 +145,9 @@ def run_party(
             checkpoint_dir=checkpoint_dir,
             resume_round=resume_round,
             compute=compute,
+            session=session,
+            model_from=model_from,
         )
-        part = Path(workdir) / f"{party_id}.model.cvw"
-        if report.get("status") == "completed" and part.exists():
-            write_vertical_artifact(
-                Path(workdir) / f"{party_id}.model.zip",
-                spec=spec,
-                party=party_id,
-                session=session,
-                runtime_job_id=runtime_job_id,
-                report=report,
-                part=part.read_bytes(),
-            )
-        return report
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else workdir / f"{party_id}.checkpoints"
@@ -463,6 +453,32 @@ def _stop_on_sigterm(stop_file: str | os.PathLike | None) -> Callable[[], None]:
 
     previous = signal.signal(signal.SIGTERM, stopped)
     return lambda: signal.signal(signal.SIGTERM, previous)
+
+
+def _run_vertical(spec: JobSpec, party_id: str, *, session, model_from, workdir, **options) -> dict:
+    """A vertical job's side at this party; a training run leaves the site's model file, a scoring run uses it."""
+    from confide.vertical.runner import run_vertical_party
+
+    scoring = None
+    if spec.score is not None:
+
+        def scoring() -> tuple[dict, dict]:
+            artifact, part = load_vertical_part(spec, party_id, model_from or spec.score.model_dir)
+            return artifact.manifest, part
+
+    def on_part(part: bytes, prepared: dict | None, report: dict) -> None:
+        write_vertical_artifact(
+            Path(workdir) / f"{party_id}.model.zip",
+            spec=spec,
+            party=party_id,
+            session=session,
+            runtime_job_id=options.get("runtime_job_id"),
+            report=report,
+            part=part,
+            prepared=prepared,
+        )
+
+    return run_vertical_party(spec, party_id, workdir=workdir, scoring=scoring, on_part=on_part, **options)
 
 
 def _check_stop(stop_file: str | os.PathLike | None) -> None:

@@ -28,7 +28,9 @@ import numpy as np
 from confide import checkpoints as ckpt
 from confide.crypto import gpu
 from confide.crypto.identity import Identity
+from confide.data.catalog import Table
 from confide.data.flops import JOIN_PROTOCOL
+from confide.data.flsteps import raw_ranges
 from confide.data.vertical import VerticalPartyData, vertical_party_data
 from confide.errors import ConfideError, JobFailedError
 from confide.hooks import load_hooks
@@ -95,6 +97,8 @@ def run_vertical_party(
     checkpoint_dir: str | os.PathLike | None = None,
     resume_round: int = 0,
     compute: str | None = None,
+    scoring=None,
+    on_part=None,
 ) -> dict:
     """Run this party's side of a vertical job; returns (and writes) its report.
 
@@ -114,6 +118,13 @@ def run_vertical_party(
     hashes and blinds (every algorithm), a SecureBoost guest encrypts its gradients (public-key
     path: the secret key stays here) and a host builds its encrypted histograms (by row ranges,
     combined exactly). The party's rows still live in this process.
+
+    ``scoring`` (a scoring job, ``spec.score``): returns the manifest and the part of this site's
+    trained model (:func:`confide.artifact.load_vertical_part`); the job scores the party's new records
+    instead of training (:mod:`confide.vertical.scoring`). ``on_part(part_bytes, prepared, report)``:
+    called with the trained part, what new records of this site go through (steps, fitted
+    statistics, ranges: they stay at the party) and the report; the party process writes its
+    model file with them.
     """
     if party_id not in spec.parties:
         raise JobFailedError(f"party {party_id!r} is not in the job's parties {spec.parties}")
@@ -136,6 +147,9 @@ def run_vertical_party(
         "protection": {"mode": "paillier", "key_bits": spec.protection.key_bits, "ran": "paillier"},
         "resumed_after_round": resume_round,
     }
+    if scoring is not None:
+        report["task"] = "score"
+        report["protection"]["ran"] = "none: the prediction protocol (docs/vertical.md#scoring-new-records)"
     client = AggregatorClient(
         aggregator,
         Identity.load(certs_dir, party_id),
@@ -152,9 +166,15 @@ def run_vertical_party(
         _drop_later_checkpoints(checkpoint_dir, resume_round)
         client.connect()
         try:
-            partitions = _partitions(spec, party_id, role, catalog)
+            partitions = None if scoring is not None else _partitions(spec, party_id, role, catalog)
             engine = _open_engine(compute, spec, role, report, partitioned=partitions is not None)
-            if partitions is not None:
+            if scoring is not None:
+                from confide.vertical import scoring as scores
+
+                manifest, part = scoring()
+                report["model_from"] = {k: manifest.get(k) for k in ("job_id", "session", "runtime_job_id")}
+                data = scores.records(spec, party_id, manifest, catalog, report)
+            elif partitions is not None:
                 data = _partitioned_columns(spec, party_id, partitions, engine, report)
                 held = data.ids
             else:
@@ -193,6 +213,9 @@ def run_vertical_party(
             }
         X = data.X[rows]
         y = data.y[rows] if data.y is not None else None
+        if scoring is not None:
+            _score(spec, channel, role, guest, hosts, part, X, y, [data.ids[i] for i in rows], workdir, report)
+            return report
         train, test = _split(len(rows), d.test_fraction, spec.seed)
         report.update(samples=len(train), test_samples=len(test), status="running")
         _write(report_path, report)
@@ -230,8 +253,11 @@ def run_vertical_party(
             part = _hetero_nn(spec, channel, role, guest, hosts, X, y, train, test, report, on_round, resume_state)
         else:
             part = _hetero_lr(spec, channel, role, guest, hosts, X, y, train, test, report, on_round, resume_state)
-        (workdir / f"{party_id}.model.cvw").write_bytes(wire.encode(part))
+        encoded = wire.encode(part)
+        (workdir / f"{party_id}.model.cvw").write_bytes(encoded)
         report["status"] = "completed"
+        if on_part is not None:
+            on_part(encoded, data.prepared, report)
     except ConfideError as error:
         report["status"] = "failed"
         report["error"] = f"{type(error).__name__}: {error}"
@@ -298,6 +324,31 @@ class _AlignedColumns:
         return self.columns.view(f"rows-{self.views}", self.rows[index])
 
 
+def _score(spec, channel, role, guest, hosts, part, X, y, ids, workdir: Path, report: dict) -> None:
+    """A scoring job's protocol on the aligned rows: the guest writes the scores, a host learns their count."""
+    from confide.vertical import scoring
+
+    started = time.perf_counter()
+    predictions = scoring.score(spec, channel, role, guest, hosts, part, X)
+    report["scored"] = len(ids)
+    report["rounds"].append({"round": 1, "seconds": time.perf_counter() - started, "scored": len(ids)})
+    if predictions is not None:
+        path = workdir / scoring.SCORES.format(party=channel.party)
+        scoring.write_scores(path, spec.data.id_column, ids, predictions)
+        report["scores"] = path.name
+        if y is not None and len(y):
+            report["metrics"] = evaluate(_objective(spec, predictions), y, predictions)
+    report["status"] = "completed"
+
+
+def _objective(spec: JobSpec, predictions: np.ndarray) -> str:
+    if spec.model.algorithm == "hetero_lr":
+        return "binary:logistic"
+    if spec.model.objective == "reg:squarederror":
+        return "reg:squarederror"
+    return "multi:softprob" if np.asarray(predictions).ndim == 2 else "binary:logistic"
+
+
 def _party_rows(spec: JobSpec, party_id: str, guest: str, catalog, report: dict):
     """The ids, columns and (at the guest) labels of ``party_id``: FL_Data over its catalog, or embedded."""
     d = spec.data
@@ -319,9 +370,10 @@ def _party_rows(spec: JobSpec, party_id: str, guest: str, catalog, report: dict)
         raise JobFailedError(f"the job provisions data as FL_Data but party {party_id!r} has no dataset catalog")
     fl_data = spec.fl_data_object()
     dataset = fl_data.datasets()[party_id]
-    rows = fl_data.provision_columns(
-        party_id, catalog.table(dataset), id_column=d.id_column, with_label=party_id == guest
-    )
+    table = catalog.table(dataset)
+    # the raw columns' training ranges, before any step runs: new records are checked against them
+    ranges = raw_ranges(Table({c: v for c, v in table.columns.items() if c != d.id_column}), fl_data.label)
+    rows = fl_data.provision_columns(party_id, table, id_column=d.id_column, with_label=party_id == guest)
     report["data"] = {
         "dataset": dataset,
         "fl_data_version": fl_data.version,
@@ -329,7 +381,9 @@ def _party_rows(spec: JobSpec, party_id: str, guest: str, catalog, report: dict)
         "id_column": d.id_column,
     }
     ids = rows.ids.tolist()
-    return VerticalPartyData(ids=ids, X=rows.X, y=rows.y, columns=list(rows.feature_names))
+    ran = [i for i, step in enumerate(rows.steps) if step is not None]
+    prepared = {"steps": [rows.steps[i] for i in ran], "fitted": [rows.fitted[i] for i in ran], "ranges": ranges}
+    return VerticalPartyData(ids=ids, X=rows.X, y=rows.y, columns=list(rows.feature_names), prepared=prepared)
 
 
 def _open_engine(compute: str | None, spec: JobSpec, role: str, report: dict, *, partitioned: bool = False):

@@ -315,3 +315,14 @@ def test_tracking_params_are_the_flattened_spec_within_mlflows_limit():
     flat = _flatten({"model": {"learning_rate": 0.2, "network": {"layers": ["x" * 7000]}}, "rounds": 3})
     assert flat["model.learning_rate"] == "0.2" and flat["rounds"] == "3"
     assert len(flat["model.network.layers"]) <= MAX_PARAM_CHARS and flat["model.network.layers"].endswith("job.json)")
+
+
+def test_a_scoring_job_names_one_trained_model_of_a_vertical_algorithm():
+    vertical = {"algorithm": "secureboost"}
+    session = "0123456789abcdef0123456789abcdef"
+    assert parse_job(spec(model=vertical, score={"session": session})).score.session == session
+    assert parse_job(spec(model=vertical, score={"model_dir": "runs/parties"})).score.model_dir == "runs/parties"
+    assert "exactly one of session" in error_of(spec(model=vertical, score={}))
+    assert "exactly one of session" in error_of(spec(model=vertical, score={"session": session, "model_dir": "x"}))
+    assert "score.session" in error_of(spec(model=vertical, score={"session": "../../etc"}))
+    assert "score with 'confide model predict'" in error_of(spec(score={"session": session}))
