@@ -61,7 +61,7 @@ __all__ = [
 FORMAT = "confide.model"
 VERSION = 1
 #: Export formats by model algorithm (what a standard format can hold).
-EXPORTS = {"homo_lr": ("onnx",), "keras": ("onnx",)}
+EXPORTS = {"homo_lr": ("onnx",), "keras": ("onnx",), "custom": ("onnx",), "secureboost": ("xgboost",)}
 
 
 @dataclass
@@ -430,7 +430,10 @@ def export_onnx(artifact: ModelArtifact, path: str | os.PathLike, *, prepared: b
     records it gives what :func:`predict` gives, to float32 precision. ``prepared``: the model
     alone, taking the prepared features (float32, the manifest's order) as its one input.
     Linear models (``homo_lr``) through skl2onnx's converter; Keras networks through Keras's own
-    exporter on the torch backend. Other models (own PyTorch or scikit-learn code) have none yet.
+    exporter on the torch backend; own PyTorch code (``custom`` with a
+    :class:`~confide.ml.torch_adapter.TorchModel`) through PyTorch's exporter, with the sigmoid or
+    softmax of :meth:`~confide.ml.torch_adapter.TorchModel.predict` in the graph. Own scikit-learn
+    code has none yet.
     """
     algorithm = artifact.manifest["model"]["spec"]["algorithm"]
     if "onnx" not in EXPORTS.get(algorithm, ()):
@@ -443,7 +446,8 @@ def export_onnx(artifact: ModelArtifact, path: str | os.PathLike, *, prepared: b
         import onnx
     except ImportError:
         raise InvalidParameterError("ONNX export needs the 'export' extra: pip install 'confide[export]'") from None
-    model = _keras_onnx(artifact) if algorithm == "keras" else _linear_onnx(artifact)
+    exporters = {"keras": _keras_onnx, "custom": _torch_onnx, "homo_lr": _linear_onnx}
+    model = exporters[algorithm](artifact)
     manifest = artifact.manifest
     if not prepared:
         if manifest.get("features") is None or manifest.get("pipeline") is None:
@@ -503,6 +507,62 @@ def _keras_onnx(artifact: ModelArtifact):
     with tempfile.TemporaryDirectory() as folder:
         target = Path(folder) / "model.onnx"
         artifact.model(keras_backend="torch").export_onnx(str(target))
+        return onnx.load_model(str(target))
+
+
+def _torch_onnx(artifact: ModelArtifact):
+    """Own PyTorch code: the module, then the sigmoid (one logit) or softmax ``predict`` applies.
+
+    Input ``features`` (rows x the manifest's features, float32), output ``probabilities``: P(label
+    = 1) in one column for one logit, else one column per class. A module fed through an
+    ``input_transform`` (Python on numpy arrays, which a graph cannot hold) is refused.
+    """
+    import tempfile
+
+    import onnx
+
+    from confide.ml.torch_adapter import TorchModel, import_torch
+
+    model = artifact.model()
+    entry = artifact.manifest["model"]["spec"].get("entry")
+    if not isinstance(model, TorchModel):
+        raise InvalidParameterError(
+            f"model.entry {entry!r} builds a {type(model).__name__}: the ONNX export of own code covers PyTorch "
+            "modules (confide.ml.torch_adapter.TorchModel)"
+        )
+    if model.input_transform is not None:
+        raise InvalidParameterError(
+            f"model.entry {entry!r} feeds its module through an input_transform, Python on numpy arrays that an "
+            "ONNX graph cannot hold: reshape inside the module's forward to export it"
+        )
+    torch = import_torch()
+
+    class Scores(torch.nn.Module):
+        def __init__(self, net) -> None:
+            super().__init__()
+            self.net = net
+
+        def forward(self, features):
+            logits = self.net(features)
+            if logits.ndim == 1 or logits.shape[-1] == 1:
+                return torch.sigmoid(logits.reshape(-1, 1))
+            return torch.softmax(logits, dim=1)
+
+    module = Scores(model.module).eval()
+    example = torch.zeros((2, *artifact.manifest["model"]["example_shape"]), dtype=torch.float32)
+    with tempfile.TemporaryDirectory() as folder:
+        target = Path(folder) / "model.onnx"
+        with torch.no_grad():
+            torch.onnx.export(
+                module,
+                (example,),
+                str(target),
+                input_names=["features"],
+                output_names=["probabilities"],
+                dynamic_axes={"features": {0: "rows"}, "probabilities": {0: "rows"}},
+                opset_version=17,
+                dynamo=False,
+            )
         return onnx.load_model(str(target))
 
 

@@ -225,3 +225,76 @@ def test_a_keras_network_is_scored_and_exported_like_a_linear_model(tmp_path):
     np.testing.assert_allclose(onnx_scores, ours, atol=1e-5)  # JAX's scores, ONNX from the torch backend
     report = json.loads((tmp_path / "run" / "parties" / "hospital-a.report.json").read_text())
     assert m["metrics"]["test_auc"] == report["rounds"][-1]["test_auc"]
+
+
+TORCH_CODE = """
+import torch
+import torch.nn.functional as F
+
+from confide.ml.torch_adapter import TorchModel
+
+
+def train(net, loader, epochs):
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.05)
+    for _ in range(epochs):
+        for features, labels in loader:
+            optimizer.zero_grad()
+            loss = F.binary_cross_entropy_with_logits(net(features).reshape(-1), labels.float())
+            loss.backward()
+            optimizer.step()
+    return {"loss": float(loss)}
+
+
+def federated_model():
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.LazyLinear(8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    return TorchModel(net, train, batch_size=64)
+
+
+def with_transform():
+    model = federated_model()
+    model.input_transform = lambda X: torch.from_numpy(X)
+    return model
+"""
+
+
+def test_own_pytorch_code_is_exported_with_the_pipeline_and_scores_raw_records_as_predict(tmp_path):
+    pytest.importorskip("onnxruntime", reason="the 'export' extra is not installed")
+    pytest.importorskip("torch", reason="PyTorch is not installed (make test installs it)")
+    import onnxruntime
+
+    (tmp_path / "tabular_net.py").write_text(TORCH_CODE)
+    text = (
+        (EXAMPLE / "job.yaml")
+        .read_text()
+        .replace("rounds: 30", "rounds: 3")
+        .replace("job_id: flc-mortality", "job_id: flc-torch")
+    )
+    model = "model: {algorithm: custom, entry: tabular_net.py:federated_model, local_epochs: 1}\n"
+    _run_example(tmp_path, text.split("model:")[0] + model + "protection: {mode: secagg}\n")
+    artifact = tmp_path / "run" / "parties" / "hospital-b.model.zip"
+    records = tmp_path / "hospital-b" / "patients.csv"
+    scored = _cli("model", "predict", str(artifact), str(records), "--out", str(tmp_path / "scores.csv"))
+    assert scored.returncode == 0, scored.stderr
+    with (tmp_path / "scores.csv").open() as f:
+        ours = np.array([float(r["p_death"]) for r in csv.DictReader(f)])
+    exported = _cli("model", "export", str(artifact), "--out", str(tmp_path / "net.onnx"))
+    assert exported.returncode == 0, exported.stderr
+    table = Catalog.load(tmp_path / "hospital-b" / "catalog.yaml").table("patients")
+    session = onnxruntime.InferenceSession(str(tmp_path / "net.onnx"), providers=["CPUExecutionProvider"])
+    assert [o.name for o in session.get_outputs()] == ["probabilities", "kept"]
+    onnx_scores = session.run(None, feeds(session, table))[0][:, 0]  # from the raw columns, NA markers and text
+    assert ours.shape == onnx_scores.shape == (table.rows,) and 0.05 < ours.std()
+    np.testing.assert_allclose(onnx_scores, ours, atol=1e-5)
+    # A module fed through an input_transform (Python on numpy) cannot go into a graph: refused, saying why.
+    job = json.loads(json.dumps(ModelArtifact.load(artifact).manifest))
+    assert job["model"]["spec"]["entry"].endswith("tabular_net.py:federated_model")
+    from confide.artifact import export_onnx
+    from confide.errors import InvalidParameterError
+
+    loaded = ModelArtifact.load(artifact)
+    loaded.manifest["model"]["spec"]["entry"] = loaded.manifest["model"]["spec"]["entry"].replace(
+        "federated_model", "with_transform"
+    )
+    with pytest.raises(InvalidParameterError, match="input_transform, Python on numpy arrays"):
+        export_onnx(loaded, tmp_path / "refused.onnx")
