@@ -177,6 +177,24 @@ def test_onnx_export_scores_the_raw_records_as_predict_does(trained, tmp_path):
     assert "trained by hospital-c" in shown.stdout and "sex=F" in shown.stdout
 
 
+def _predict_and_export(root, party: str):
+    """The party's records scored by `confide model predict` and by its ONNX export in onnxruntime (raw columns)."""
+    import onnxruntime
+
+    artifact = root / "run" / "parties" / f"{party}.model.zip"
+    scored = _cli("model", "predict", str(artifact), str(root / party / "patients.csv"), "--out", str(root / "s.csv"))
+    assert scored.returncode == 0, scored.stderr
+    with (root / "s.csv").open() as f:
+        ours = np.array([float(r["p_death"]) for r in csv.DictReader(f)])
+    exported = _cli("model", "export", str(artifact), "--out", str(root / "net.onnx"))
+    assert exported.returncode == 0, exported.stderr
+    table = Catalog.load(root / party / "catalog.yaml").table("patients")
+    session = onnxruntime.InferenceSession(str(root / "net.onnx"), providers=["CPUExecutionProvider"])
+    onnx_scores = session.run(None, feeds(session, table))[0][:, 0]  # from the raw columns, NA markers and text
+    assert ours.shape == onnx_scores.shape == (table.rows,)
+    return ours, onnx_scores, session
+
+
 KERAS_MODEL = """model:
   algorithm: keras
   learning_rate: 0.01
@@ -199,7 +217,6 @@ def test_a_keras_network_is_scored_and_exported_like_a_linear_model(tmp_path):
 
     if importlib.util.find_spec("keras") is None or importlib.util.find_spec("torch") is None:
         pytest.skip("Keras 3 and PyTorch are not installed (make test installs them)")
-    import onnxruntime
 
     text = (
         (EXAMPLE / "job.yaml")
@@ -209,19 +226,9 @@ def test_a_keras_network_is_scored_and_exported_like_a_linear_model(tmp_path):
     )
     _run_example(tmp_path, text.split("model:")[0] + KERAS_MODEL + "protection: {mode: secagg}\n")
     artifact = tmp_path / "run" / "parties" / "hospital-a.model.zip"  # trained on JAX
-    records = tmp_path / "hospital-a" / "patients.csv"
-    scored = _cli("model", "predict", str(artifact), str(records), "--out", str(tmp_path / "scores.csv"))
-    assert scored.returncode == 0, scored.stderr
-    with (tmp_path / "scores.csv").open() as f:
-        ours = np.array([float(r["p_death"]) for r in csv.DictReader(f)])
-    exported = _cli("model", "export", str(artifact), "--out", str(tmp_path / "net.onnx"))
-    assert exported.returncode == 0, exported.stderr
+    ours, onnx_scores, session = _predict_and_export(tmp_path, "hospital-a")
     m = ModelArtifact.load(artifact).manifest
-    table = Catalog.load(tmp_path / "hospital-a" / "catalog.yaml").table("patients")
-    session = onnxruntime.InferenceSession(str(tmp_path / "net.onnx"), providers=["CPUExecutionProvider"])
     assert session.get_outputs()[-1].name == "kept"
-    onnx_scores = session.run(None, feeds(session, table))[0][:, 0]  # from the raw columns
-    assert ours.shape == onnx_scores.shape == (table.rows,)
     np.testing.assert_allclose(onnx_scores, ours, atol=1e-5)  # JAX's scores, ONNX from the torch backend
     report = json.loads((tmp_path / "run" / "parties" / "hospital-a.report.json").read_text())
     assert m["metrics"]["test_auc"] == report["rounds"][-1]["test_auc"]
@@ -261,7 +268,6 @@ def with_transform():
 def test_own_pytorch_code_is_exported_with_the_pipeline_and_scores_raw_records_as_predict(tmp_path):
     pytest.importorskip("onnxruntime", reason="the 'export' extra is not installed")
     pytest.importorskip("torch", reason="PyTorch is not installed (make test installs it)")
-    import onnxruntime
 
     (tmp_path / "tabular_net.py").write_text(TORCH_CODE)
     text = (
@@ -273,18 +279,9 @@ def test_own_pytorch_code_is_exported_with_the_pipeline_and_scores_raw_records_a
     model = "model: {algorithm: custom, entry: tabular_net.py:federated_model, local_epochs: 1}\n"
     _run_example(tmp_path, text.split("model:")[0] + model + "protection: {mode: secagg}\n")
     artifact = tmp_path / "run" / "parties" / "hospital-b.model.zip"
-    records = tmp_path / "hospital-b" / "patients.csv"
-    scored = _cli("model", "predict", str(artifact), str(records), "--out", str(tmp_path / "scores.csv"))
-    assert scored.returncode == 0, scored.stderr
-    with (tmp_path / "scores.csv").open() as f:
-        ours = np.array([float(r["p_death"]) for r in csv.DictReader(f)])
-    exported = _cli("model", "export", str(artifact), "--out", str(tmp_path / "net.onnx"))
-    assert exported.returncode == 0, exported.stderr
-    table = Catalog.load(tmp_path / "hospital-b" / "catalog.yaml").table("patients")
-    session = onnxruntime.InferenceSession(str(tmp_path / "net.onnx"), providers=["CPUExecutionProvider"])
+    ours, onnx_scores, session = _predict_and_export(tmp_path, "hospital-b")
     assert [o.name for o in session.get_outputs()] == ["probabilities", "kept"]
-    onnx_scores = session.run(None, feeds(session, table))[0][:, 0]  # from the raw columns, NA markers and text
-    assert ours.shape == onnx_scores.shape == (table.rows,) and 0.05 < ours.std()
+    assert 0.05 < ours.std()
     np.testing.assert_allclose(onnx_scores, ours, atol=1e-5)
     # A module fed through an input_transform (Python on numpy) cannot go into a graph: refused, saying why.
     job = json.loads(json.dumps(ModelArtifact.load(artifact).manifest))
