@@ -318,10 +318,13 @@ class TransportSpec(_Strict):
 
 
 class TrackingSpec(_Strict):
-    """Where the developer's side records the job: an MLflow tracking server (docs/tracking.md)."""
+    """Where the developer's side records the job: MLflow, TensorBoard event files (docs/tracking.md)."""
 
     #: The tracking server, ``http(s)://host:port`` (``mlflow server``); nothing is sent elsewhere.
-    mlflow_uri: str = Field(pattern=r"^https?://[^\s/]+(/[^\s]*)?$", max_length=2048)
+    mlflow_uri: str | None = Field(None, pattern=r"^https?://[^\s/]+(/[^\s]*)?$", max_length=2048)
+    #: Also write the metrics as TensorBoard event files (no server): ``<workdir>/tensorboard`` for
+    #: ``confide run``, ``tensorboard/`` beside the controller's store for a session.
+    tensorboard: bool = False
     #: The MLflow experiment (default: the job id).
     experiment: str | None = Field(None, min_length=1, max_length=256)
     #: Register the final model under this name in the model registry (None: no registration).
@@ -334,6 +337,18 @@ class TrackingSpec(_Strict):
     #: (``confide tracking replay``) or dropped; a warning says which.
     when_unreachable: Literal["buffer", "drop"] = "buffer"
     timeout_s: float = Field(10.0, gt=0, le=600)
+
+    @model_validator(mode="after")
+    def _somewhere(self) -> TrackingSpec:
+        if self.mlflow_uri is None and not self.tensorboard:
+            raise ValueError(
+                "tracking: name an MLflow server (mlflow_uri) or ask for TensorBoard event files (tensorboard)"
+            )
+        if self.mlflow_uri is None and self.register_model is not None:
+            raise ValueError(
+                "tracking.register_model registers in MLflow's model registry: it needs tracking.mlflow_uri"
+            )
+        return self
 
 
 class ScoreSpec(_Strict):

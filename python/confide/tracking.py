@@ -39,7 +39,17 @@ from typing import Any
 
 from confide.errors import InvalidParameterError
 
-__all__ = ["PENDING", "record_of", "replay", "send", "track"]
+__all__ = [
+    "PENDING",
+    "deliver",
+    "record_of",
+    "replay",
+    "send",
+    "session_record",
+    "tensorboard_files",
+    "track",
+    "write_tensorboard",
+]
 
 #: The record of a job that could not be sent, next to its report.
 PENDING = "mlflow-pending.json"
@@ -148,6 +158,128 @@ def record_of(spec, report: dict, workdir: str | os.PathLike) -> dict:
     }
 
 
+#: Per-round figures of a session's parties: averaged over the parties (weighted by their held-out
+#: rows where known), summed (bytes), or the slowest party's (seconds).
+MEAN_KEYS = ("loss", "test_loss", "auc", "accuracy")
+SUM_KEYS = ("bytes_sent", "bytes_received")
+
+
+def session_record(
+    spec,
+    *,
+    session: str,
+    run: int,
+    participants: list[dict],
+    grants: list[str],
+    checkpoint_root: str | None,
+    evaluation: dict | None,
+) -> dict:
+    """What :func:`send` records for a completed controller session, as plain JSON.
+
+    ``participants``: per party ``{"name", "metrics" (its per-round rows), "result", "protection"}``
+    as the controller stored them. A party's own rows are logged (``party/<name>/...``) only where
+    the job names it in ``tracking.party_metrics`` *and* its agent consents
+    (``confide agent --share-metrics-with-tracking``, which the party's final result carries).
+    The model file stays at the party: the registered version's ``model/`` folder holds where it
+    is (``model-location.json``: party, session, run, file), with the lineage in its tags.
+    """
+    tracking = spec.tracking
+    step_time = int(time.time() * 1000)
+    weights = {p["name"]: float((p.get("result") or {}).get("test_samples") or 1) for p in participants}
+    by_round: dict[int, list[tuple[str, dict]]] = {}
+    for party in participants:
+        for row in party.get("metrics") or []:
+            if isinstance(row, dict) and isinstance(row.get("round"), int):
+                by_round.setdefault(row["round"], []).append((party["name"], row))
+    metrics: list[list] = []
+    for number, rows in sorted(by_round.items()):
+        for key in (*MEAN_KEYS, *SUM_KEYS, "seconds"):
+            having = [(name, float(row[key])) for name, row in rows if isinstance(row.get(key), (int, float))]
+            if not having:
+                continue
+            if key in SUM_KEYS:
+                value = sum(v for _, v in having)
+            elif key == "seconds":
+                value = max(v for _, v in having)
+            else:
+                total = sum(weights[name] for name, _ in having)
+                value = sum(weights[name] * v for name, v in having) / total
+            metrics.append([f"federated/{key}", value, step_time, number])
+    final_step = max(by_round) if by_round else 0
+    for key, value in ((evaluation or {}).get("aggregate") or {}).items():
+        if key.startswith("test_") and isinstance(value, (int, float)):
+            metrics.append([f"final/{key.removeprefix('test_')}", float(value), step_time, final_step])
+    consenting = {p["name"] for p in participants if (p.get("result") or {}).get("metrics_to_tracking")}
+    shared = [name for name in tracking.party_metrics if name in consenting]
+    withheld = sorted(set(tracking.party_metrics) - consenting)
+    for party in participants:
+        if party["name"] not in shared:
+            continue
+        for row in party.get("metrics") or []:
+            for key, value in row.items():
+                if key != "round" and isinstance(value, (int, float)):
+                    metrics.append([f"party/{party['name']}/{key}", float(value), step_time, int(row["round"])])
+    # what ran, as each party's own report states it (a vertical party's "ran", else its "mode")
+    ran = sorted(
+        {str(p["protection"].get("ran") or p["protection"].get("mode")) for p in participants if p.get("protection")}
+    )
+    epsilons = [
+        float(((p.get("protection") or {}).get("privacy") or {}).get("epsilon_spent"))
+        for p in participants
+        if isinstance(((p.get("protection") or {}).get("privacy") or {}).get("epsilon_spent"), (int, float))
+    ]
+    if epsilons:
+        metrics.append(["dp/epsilon_spent", max(epsilons), step_time, final_step])
+    fl_data = spec.fl_data_object()
+    source = tracking.register_from or spec.parties[0]
+    lineage = {
+        "confide.job_id": spec.job_id,
+        "confide.session": session,
+        "confide.run": str(run),
+        "confide.parties": ",".join(spec.parties),
+        "confide.datasets": json.dumps(spec.datasets() or {}, sort_keys=True),
+        "confide.fl_data.version": str(fl_data.version) if fl_data is not None else "none (embedded data)",
+        "confide.fl_data.fingerprint": fl_data.fingerprint if fl_data is not None else "none (embedded data)",
+        "confide.grants": "; ".join(grants) or "none",
+        "confide.protection": ",".join(ran) or str(spec.protection.mode),
+        "confide.dp.epsilon": str(max(epsilons)) if epsilons else "none (no differential privacy)",
+        "confide.checkpoint.root": checkpoint_root or "none (no checkpoint of the last round recorded)",
+        "confide.model_from": source,
+    }
+    location = {
+        "party": source,
+        "session": session,
+        "run": run,
+        "file": f"sessions/{session}/run-{run}/{source}.model.zip",
+        "note": "the model file stays at its party (in its agent's work folder); it leaves only by the party's choice",
+    }
+    summary = {
+        "session": session,
+        "run": run,
+        "evaluation": evaluation,
+        "protection": {p["name"]: p.get("protection") for p in participants},
+    }
+    return {
+        "format": FORMAT,
+        "experiment": tracking.experiment or spec.job_id,
+        "run_name": f"{spec.job_id} ({session[:8]})",
+        "params": _flatten(spec.model_dump(mode="json", exclude={"tracking"})),
+        "metrics": metrics,
+        "tags": {
+            "confide.protection.ran": ",".join(ran) or "unknown",
+            "confide.protection.requested": str(spec.protection.mode),
+            "confide.party_metrics.withheld": ",".join(withheld) or "none",
+            **lineage,
+        },
+        "files": {
+            "session.json": json.dumps(summary, indent=1, sort_keys=True, default=str),
+            "job.json": json.dumps(spec.model_dump(mode="json"), indent=1, sort_keys=True),
+        },
+        "model": {"artifact": None, "location": location, "name": tracking.register_model},
+        "lineage": lineage,
+    }
+
+
 def _reachable(uri: str, timeout_s: float) -> str | None:
     """None if the MLflow server answers its health check, else why not (no value of the job in it)."""
     try:
@@ -190,6 +322,11 @@ def send(record: dict, uri: str, timeout_s: float = 10.0) -> dict:
             if path.exists():
                 client.log_artifact(run_id, str(path))
         model = record["model"]
+        if model.get("location") is not None:  # a controller session: the model file stays at its party
+            where = folder / "model" / "model-location.json"
+            where.parent.mkdir()
+            where.write_text(json.dumps(model["location"], indent=1, sort_keys=True))
+            client.log_artifact(run_id, str(where), "model")
         if model["artifact"] is not None:
             client.log_artifact(run_id, model["artifact"], "model")
             onnx_note = _onnx_of(model["artifact"], folder / "model.onnx")
@@ -197,7 +334,7 @@ def send(record: dict, uri: str, timeout_s: float = 10.0) -> dict:
                 client.log_artifact(run_id, str(folder / "model.onnx"), "model")
             else:
                 client.set_tag(run_id, "confide.onnx", onnx_note)
-        if model["name"] is not None and model["artifact"] is not None:
+        if model["name"] is not None and (model["artifact"] is not None or model.get("location") is not None):
             try:
                 client.create_registered_model(model["name"])
             except MlflowException as error:
@@ -230,7 +367,8 @@ def track(spec, report: dict, workdir: str | os.PathLike, echo=print) -> dict | 
     """Record a finished job where its ``tracking`` section says; never raises for an unreachable server.
 
     Returns what :func:`send` returned, ``{"pending": path}`` when the record waits to be sent
-    again, ``{"dropped": reason}``, or None for a job without tracking.
+    again, ``{"dropped": reason}`` (and ``{"tensorboard": folder}`` with ``tracking.tensorboard``),
+    or None for a job without tracking.
     """
     if spec.tracking is None:
         return None
@@ -239,8 +377,70 @@ def track(spec, report: dict, workdir: str | os.PathLike, echo=print) -> dict | 
         from confide.spec import load_job
 
         spec = load_job(ran)
-    tracking = spec.tracking
     record = record_of(spec, report, workdir)
+    outcome: dict = {}
+    if spec.tracking.tensorboard:
+        outcome.update(tensorboard_files(record, Path(workdir) / "tensorboard", echo))
+    if spec.tracking.mlflow_uri is not None:
+        outcome.update(deliver(record, spec.tracking, Path(workdir) / PENDING, echo))
+    return outcome
+
+
+def write_tensorboard(record: dict, root: str | os.PathLike, echo=print) -> Path:
+    """The record's metrics as TensorBoard event files: ``<root>/<experiment>/<run name>`` (no server).
+
+    Every metric is a scalar under its MLflow name (``federated/auc``, ``party/<name>/loss``) at
+    its step (the round); the lineage tags go in as one text summary, ``confide/lineage``. Needs
+    the ``tensorboard`` extra (TensorBoard's own event writer); ``tensorboard --logdir ROOT``
+    shows the curves.
+    """
+    try:
+        from tensorboard.compat.proto.event_pb2 import Event
+        from tensorboard.compat.proto.summary_pb2 import Summary
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
+        from tensorboard.util.tensor_util import make_tensor_proto
+    except ImportError:
+        raise InvalidParameterError(
+            "tracking.tensorboard needs the 'tensorboard' extra: pip install 'confide[tensorboard]'"
+        ) from None
+    folder = Path(root) / _safe_name(record["experiment"]) / _safe_name(record["run_name"])
+    folder.mkdir(parents=True, exist_ok=True)
+    writer = EventFileWriter(str(folder))
+    try:
+        for name, value, stamp, step in record["metrics"]:
+            summary = Summary(value=[Summary.Value(tag=name, simple_value=float(value))])
+            writer.add_event(Event(wall_time=stamp / 1000.0, step=int(step), summary=summary))
+        lineage = "\n".join(f"{key}: {value}" for key, value in sorted(record["lineage"].items()))
+        text = Summary.Value(tag="confide/lineage", tensor=make_tensor_proto([lineage]))
+        text.metadata.plugin_data.plugin_name = "text"
+        writer.add_event(Event(wall_time=time.time(), step=0, summary=Summary(value=[text])))
+    finally:
+        writer.close()
+    echo(f"tracking: TensorBoard event files in {folder} (tensorboard --logdir {Path(root)})")
+    return folder
+
+
+def tensorboard_files(record: dict, root: str | os.PathLike, echo=print) -> dict:
+    """:func:`write_tensorboard`, a failure of which warns and never fails the job: ``{"tensorboard": ...}``."""
+    try:
+        return {"tensorboard": str(write_tensorboard(record, root, echo))}
+    except (InvalidParameterError, OSError) as error:
+        echo(f"warning: no TensorBoard event files: {error}")
+        return {"tensorboard": None}
+
+
+def _safe_name(name: str) -> str:
+    """A folder name from an experiment or run name (letters, digits, ``._-``, spaces as ``_``)."""
+    cleaned = "".join(c if c.isalnum() or c in "._-" else "_" for c in name).strip("._") or "run"
+    return cleaned[:128]
+
+
+def deliver(record: dict, tracking, pending: str | os.PathLike, echo=print) -> dict:
+    """Send ``record`` to ``tracking.mlflow_uri``; where the server fails, keep it at ``pending`` or drop it.
+
+    Returns what :func:`send` returned, ``{"pending": path}`` or ``{"dropped": reason}``; a
+    warning (through ``echo``) names the server and why it was not reached. Never raises for it.
+    """
     problem = _reachable(tracking.mlflow_uri, tracking.timeout_s)
     if problem is None:
         try:
@@ -260,7 +460,8 @@ def track(spec, report: dict, workdir: str | os.PathLike, echo=print) -> dict | 
     if tracking.when_unreachable == "drop":
         echo(f"warning: tracking server {tracking.mlflow_uri} not reached ({problem}); the record is dropped")
         return {"dropped": problem}
-    path = Path(workdir) / PENDING
+    path = Path(pending)
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({**record, "uri": tracking.mlflow_uri}, indent=1))
     echo(
         f"warning: tracking server {tracking.mlflow_uri} not reached ({problem}); the record waits in {path}: "

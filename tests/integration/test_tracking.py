@@ -176,3 +176,108 @@ def test_a_server_that_is_down_never_fails_the_job_and_the_record_is_sent_later(
     dropped = _run(tmp_path, {"mlflow_uri": down, "timeout_s": 2, "when_unreachable": "drop"}, "flc-dropped")
     assert dropped.returncode == 0 and "the record is dropped" in dropped.stdout
     assert not (tmp_path / "flc-dropped" / "mlflow-pending.json").exists()
+
+
+def test_a_controller_session_is_recorded_with_its_lineage_and_only_consenting_parties_metrics(server, tmp_path):
+    """The controller records a completed session; hospital-b is named but its agent does not consent."""
+    from mlflow.tracking import MlflowClient
+
+    from confide.local import LocalDeployment
+
+    deployment = LocalDeployment(tmp_path / "deploy", share_metrics_with_tracking=["hospital-a"])
+    deployment.start()
+    try:
+        deployment.grant_all("alice")
+        spec = yaml.safe_load((EXAMPLE.parent / "breast_cancer_controller.yaml").read_text())
+        tracking = {"mlflow_uri": server, "register_model": "bc-session", "party_metrics": ["hospital-a", "hospital-b"]}
+        down = f"http://127.0.0.1:{_port()}"
+        with deployment.client("alice") as alice:
+            token = alice.submit({**spec, "job_id": "bc-tracked", "rounds": 3, "tracking": tracking})["session"]
+            offline = alice.submit(
+                {
+                    **spec,
+                    "job_id": "bc-offline",
+                    "rounds": 3,
+                    "tracking": {"mlflow_uri": down, "timeout_s": 2, "tensorboard": True},
+                }
+            )["session"]
+            status = deployment.wait_session(token, "alice")
+            assert status["state"] == "completed", status
+            assert deployment.wait_session(offline, "alice")["state"] == "completed"
+
+            def entry(session: str):
+                return next((e for e in alice.log(session) if e["kind"] == "tracking"), None)
+
+            wait_for(lambda: entry(token) and entry(offline), 120, "both sessions' tracking entries")
+            log = alice.log(token)
+            stored = alice.entry(token, 1)["spec"]
+            noted, missed = entry(token)["note"], entry(offline)["note"]
+    finally:
+        deployment.stop()
+    assert "tracking: MLflow run " in noted and "model 'bc-session' version 1" in noted
+    # A server that is down: the session completed all the same, the record waits beside the store.
+    pending = tmp_path / "deploy" / "tracking-pending" / f"{offline}.mlflow-pending.json"
+    assert f"warning: tracking server {down} not reached" in missed and pending.exists()
+    # ... and its metrics are in TensorBoard event files beside the store all the same.
+    [board] = (tmp_path / "deploy" / "tensorboard" / "bc-offline").iterdir()
+    assert f"TensorBoard event files in {board}" in missed
+    assert [step for step, _ in _scalars(board, "federated/auc")] == [1, 2, 3]
+
+    client = MlflowClient(tracking_uri=server, registry_uri=server)
+    [run] = client.search_runs([client.get_experiment_by_name("bc-tracked").experiment_id])
+    assert run.data.params["protection.mode"] == "secagg" and run.data.tags["confide.protection.ran"] == "secagg"
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "federated/auc")] == [1, 2, 3]
+    assert run.data.metrics["final/auc"] == pytest.approx(status["evaluation"]["aggregate"]["test_auc"])
+    # hospital-a consents and is named; hospital-b is named but did not consent; hospital-c is not named.
+    own = {key.split("/")[1] for key in run.data.metrics if key.startswith("party/")}
+    assert own == {"hospital-a"} and run.data.tags["confide.party_metrics.withheld"] == "hospital-b"
+    # The registered version's lineage matches the session log.
+    [version] = client.search_model_versions("name='bc-session'")
+    tags = version.tags
+    checkpoint = [e for e in log if e["kind"] == "checkpoint"][-1]["checkpoint"]
+    assert tags["confide.session"] == token and tags["confide.checkpoint.root"] == checkpoint["root"]
+    from confide.spec import parse_job
+
+    assert tags["confide.fl_data.fingerprint"] == parse_job(stored).fl_data_object().fingerprint
+    assert "hospital-a/breast-cancer to alice" in tags["confide.grants"]
+    location = json.loads(
+        Path(client.download_artifacts(run.info.run_id, "model/model-location.json", str(tmp_path / "d"))).read_text()
+    )
+    assert location["party"] == "hospital-a" and location["file"] == f"sessions/{token}/run-1/hospital-a.model.zip"
+    assert (tmp_path / "deploy" / "parties" / "hospital-a" / location["file"]).exists()
+
+
+def _scalars(folder: Path, tag: str) -> list[tuple[int, float]]:
+    """(step, value) of a scalar in the TensorBoard event files of ``folder``, read by TensorBoard's own reader."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(folder))
+    events.Reload()
+    return [(e.step, e.value) for e in events.Scalars(tag)]
+
+
+def test_tensorboard_event_files_are_the_no_server_option(tmp_path):
+    pytest.importorskip("tensorboard", reason="the 'tensorboard' extra is not installed (make test installs it)")
+    done = _run(tmp_path, {"tensorboard": True, "party_metrics": ["hospital-b"]}, "flc-board")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads((tmp_path / "flc-board" / "report.json").read_text())
+    board = tmp_path / "flc-board" / "tensorboard" / "flc-board" / "flc-board"
+    assert f"tracking: TensorBoard event files in {board}" in done.stdout
+    auc = _scalars(board, "federated/auc")
+    assert [s for s, _ in auc] == [1, 2, 3, 4]
+    assert [v for _, v in auc] == pytest.approx([r["auc"] for r in report["rounds"]], rel=1e-6)  # float32
+    assert len(_scalars(board, "party/hospital-b/loss")) == 4
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(board))
+    events.Reload()
+    assert not [t for t in events.Tags()["scalars"] if t.startswith("party/hospital-a")]
+    # A tracking section must say where: a registry needs MLflow.
+    from confide.errors import InvalidParameterError
+    from confide.spec import parse_job
+
+    base = {"job_id": "x", "parties": ["a", "b"]}
+    with pytest.raises(InvalidParameterError, match="name an MLflow server"):
+        parse_job({**base, "tracking": {}})
+    with pytest.raises(InvalidParameterError, match="register_model registers in MLflow's model registry"):
+        parse_job({**base, "tracking": {"tensorboard": True, "register_model": "m"}})

@@ -108,6 +108,12 @@ def add_commands(commands) -> None:
             "job's developer, the admins and this party's owners (0: share nothing)"
         ),
     )
+    agent.add_argument(
+        "--share-metrics-with-tracking",
+        action="store_true",
+        help="let this party's own per-round metrics go to the MLflow server of a job that names this party in "
+        "tracking.party_metrics (without it they never do; the federated figures are recorded either way)",
+    )
 
     data = commands.add_parser("data", help="datasets published to the controller (metadata only)")
     data_commands = data.add_subparsers(dest="data_command", required=True)
@@ -343,7 +349,12 @@ def _agent(args) -> int:
     if not 0 <= args.share_log_lines <= 1000:
         raise InvalidParameterError(f"--share-log-lines must be in [0, 1000], got {args.share_log_lines}")
     worker = PartyWorker(
-        args.name, args.certs, args.datasets, workdir / "sessions", share_log_lines=args.share_log_lines
+        args.name,
+        args.certs,
+        args.datasets,
+        workdir / "sessions",
+        share_log_lines=args.share_log_lines,
+        share_metrics_with_tracking=args.share_metrics_with_tracking,
     )
     client = ControllerClient(args.controller, certs_dir=args.certs, name=args.name)
     agent = Agent(client, worker, workdir, datasets=metadata, interval_s=args.interval)

@@ -76,6 +76,7 @@ class AgentSync:
         touch = clock - self._seen_written.get(caller.name, -math.inf) >= self.last_seen_write_s
         # Without reports a heartbeat writes one row at most (last_seen_at) and reads the rest:
         # autocommit spares it the BEGIN and COMMIT round trips (the most frequent request).
+        self._track_completed(committed=False)  # what a failed sync of this thread queued is void
         with self.store.autocommit() if not reports else self.store.transaction() as db:
             if touch and db.execute(_TOUCH, {"who": caller.name, "at": now}).rowcount != 1:
                 raise NotFoundError(f"{caller.name!r} is not registered; register before syncing")
@@ -88,6 +89,7 @@ class AgentSync:
                 if known is None or not self._apply_light(db, *known, report):
                     self._apply_report(db, caller, index, report)
             instructions = self._instructions(db, rows)
+        self._track_completed()  # sessions this sync completed, now committed
         # Only once committed: a heartbeat that failed stored nothing, so the next one writes.
         if touch:
             self._seen_written[caller.name] = clock
@@ -343,6 +345,8 @@ class AgentSync:
             session.message = f"run {session.run} completed" + (
                 f"; checkpoint of round {last_round} recorded" if spec.get("checkpoint_interval") else ""
             )
+            if spec.get("tracking"):
+                self._tracking_due(session.token)
 
     def _digest(self, db: Session, session: JobSession, name: str) -> str | None:
         """Digest of ``name``'s configuration at the session's head entry (cached; entries never change)."""

@@ -159,7 +159,7 @@ class ControllerServer:
         # A CRL that is there but not signed by the federation CA stops the start-up (CertificateError).
         self.revocations = RevocationList(crl_path_for(certs_dir, crl), identity.ca_pem)
         self.store = open_store(database, migrate=migrate)
-        self.controller = Controller(self.store, alive_s=alive_s)
+        self.controller = Controller(self.store, alive_s=alive_s, tracking_dir=tracking_dir_for(database))
         app = create_app(self.controller, ca_pem=identity.ca_pem, revocations=self.revocations)
         self.socket = _bound_socket(address, reuse_port=reuse_port)
         if reuse_port:
@@ -239,6 +239,16 @@ def _write_port(path: str, port: int) -> None:
     temporary = Path(f"{path}.tmp")
     temporary.write_text(str(port))
     os.replace(temporary, path)
+
+
+def tracking_dir_for(database: str) -> Path:
+    """Where MLflow records of completed sessions wait for a server that was not reached.
+
+    ``tracking-pending`` beside a SQLite store's file; in the working directory for PostgreSQL.
+    """
+    if "://" not in database or database.startswith("sqlite:///"):
+        return Path(database.removeprefix("sqlite:///")).resolve().parent / "tracking-pending"
+    return Path.cwd() / "tracking-pending"
 
 
 def serve(

@@ -37,15 +37,20 @@ from confide.controller.common import (  # noqa: F401 - re-exported: the API, co
 from confide.controller.lifecycle import Lifecycle
 from confide.controller.registry import Registry
 from confide.controller.store import Store, utcnow
+from confide.controller.tracked import SessionTracking
 
 __all__ = ["Caller", "Controller", "certificate_digest"]
 
 
-class Controller(Registry, Access, Lifecycle, AgentSync):
+class Controller(Registry, Access, Lifecycle, AgentSync, SessionTracking):
     """Registry, access control, sessions and their logs."""
 
-    def __init__(self, store: Store, *, alive_s: float = 30.0) -> None:
+    def __init__(self, store: Store, *, alive_s: float = 30.0, tracking_dir=None) -> None:
         self.store = store
+        #: Where MLflow records of completed sessions wait for a server that was not reached.
+        self.tracking_dir = tracking_dir
+        # Per thread: the sessions its open transaction completed (recorded once it commits).
+        self._tracking_queue = threading.local()
         #: A party or aggregator not heard from for this long is reported as offline.
         self.alive_s = alive_s
         #: Seconds between two writes of one agent's ``last_seen_at`` (see LAST_SEEN_WRITE_S).

@@ -44,6 +44,8 @@ class LocalDeployment:
     alive_s: float = 30.0
     #: Lines of each run's party.log the agents share with the controller (0: none).
     share_log_lines: int = 0
+    #: Parties whose agents consent to their own metrics going to a job's MLflow server.
+    share_metrics_with_tracking: list[str] = field(default_factory=list)
     extra_env: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -202,6 +204,7 @@ class LocalDeployment:
                 "0.5",
                 "--share-log-lines",
                 str(self.share_log_lines),
+                *(["--share-metrics-with-tracking"] if party in self.share_metrics_with_tracking else []),
             ],
         )
 

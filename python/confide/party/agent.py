@@ -51,11 +51,14 @@ class PartyWorker:
         sessions_root: str | os.PathLike,
         extra_env=None,
         share_log_lines: int = 0,
+        share_metrics_with_tracking: bool = False,
     ) -> None:
         self.name = name
         #: The last lines of each run's party.log shared with the controller (0: none; the
         #: party's choice, ``confide agent --share-log-lines``).
         self.share_log_lines = share_log_lines
+        #: This party consents to its own per-round metrics going to a job's MLflow server.
+        self.share_metrics_with_tracking = share_metrics_with_tracking
         self.sessions_root = Path(sessions_root)
         self.certs_dir = Path(certs_dir)
         self.catalog_path = Path(catalog_path) if catalog_path else None
@@ -174,6 +177,8 @@ class PartyWorker:
         state = _state_of(run, report, code, self._stopping.get(session))
         if self.share_log_lines:
             state["log_tail"] = log_tail(run_dir / "party.log", self.share_log_lines)
+        if self.share_metrics_with_tracking and isinstance(state.get("result"), dict):
+            state["result"]["metrics_to_tracking"] = True  # the party's consent, with its final result
         return state
 
     def _orphan_state(self, session: str) -> RunState | None:
