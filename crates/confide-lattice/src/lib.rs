@@ -18,6 +18,8 @@
 //! samplers map random bits with arithmetic; the NTT and the modular operations are data
 //! independent); secrets are zeroized when dropped.
 
+pub mod shamir;
+
 use rand_core::{CryptoRng, RngCore};
 use sha3::digest::{ExtendableOutput, Update, XofReader};
 use sha3::Shake128;
@@ -40,6 +42,12 @@ pub enum LatticeError {
     Message { index: usize, value: u64, bits: u32 },
     #[error("{parties} parties: the summed error can reach {bound}, over the decryption margin {margin}")]
     Noise { parties: usize, bound: u64, margin: u64 },
+    #[error("threshold {threshold} of {parties} parties: needs 1 <= threshold <= parties <= 65535")]
+    Threshold { threshold: usize, parties: usize },
+    #[error("share points: {0}")]
+    Points(String),
+    #[error("the operating system's random source failed: {0}")]
+    Random(String),
 }
 
 /// Ring dimension, plaintext modulus `t = 2^plaintext_bits` and the error's binomial parameter.
@@ -220,6 +228,64 @@ impl Ring {
     }
 }
 
+impl Ring {
+    /// Blocks of `n` values a vector of ``len`` values takes (the last block zero-padded).
+    pub fn blocks(&self, len: usize) -> usize {
+        len.div_ceil(self.params.n)
+    }
+
+    /// ``values`` (each under `t`) encrypted block by block under one key: block `k` under the
+    /// public polynomial `(seed, k)`; `blocks(len) * n` coefficients.
+    pub fn encrypt_vector<R: RngCore + CryptoRng>(
+        &self,
+        seed: &[u8; 32],
+        key: &SecretKey,
+        values: &[u64],
+        rng: &mut R,
+    ) -> Result<Vec<u64>, LatticeError> {
+        let n = self.params.n;
+        let mut out = Vec::with_capacity(self.blocks(values.len()) * n);
+        let mut block = vec![0u64; n];
+        for (k, chunk) in values.chunks(n).enumerate() {
+            block[..chunk.len()].copy_from_slice(chunk);
+            block[chunk.len()..].fill(0);
+            let a = self.public_poly(seed, k as u64);
+            out.extend(self.encrypt(&a, key, &block, rng).map_err(|error| match error {
+                LatticeError::Message { index, value, bits } => LatticeError::Message { index: index + k * n, value, bits },
+                other => other,
+            })?);
+        }
+        block.zeroize();
+        Ok(out)
+    }
+
+    /// The first ``len`` values of a summed vector, decrypted block by block with the key sum.
+    pub fn decrypt_vector(&self, seed: &[u8; 32], keys: &KeySum, sum: &[u64], len: usize) -> Result<Vec<u64>, LatticeError> {
+        let n = self.params.n;
+        let expected = self.blocks(len) * n;
+        if sum.len() != expected {
+            return Err(LatticeError::Length { what: "the summed vector", got: sum.len(), expected });
+        }
+        let mut out = Vec::with_capacity(expected);
+        for (k, block) in sum.chunks(n).enumerate() {
+            let a = self.public_poly(seed, k as u64);
+            out.extend(self.decrypt(&a, keys, block)?);
+        }
+        out.truncate(len);
+        Ok(out)
+    }
+}
+
+/// A ChaCha20 generator seeded from the operating system (keys, errors, share polynomials).
+pub fn os_rng() -> Result<rand_chacha::ChaCha20Rng, LatticeError> {
+    use rand_core::SeedableRng;
+    let mut seed = [0u8; 32];
+    getrandom::fill(&mut seed).map_err(|error| LatticeError::Random(error.to_string()))?;
+    let rng = rand_chacha::ChaCha20Rng::from_seed(seed);
+    seed.zeroize();
+    Ok(rng)
+}
+
 /// The aggregator's fold: `acc += b (mod q)`, coefficient by coefficient.
 pub fn add_assign(acc: &mut [u64], b: &[u64]) {
     for (x, &y) in acc.iter_mut().zip(b) {
@@ -267,15 +333,23 @@ impl KeySum {
     pub fn parties(&self) -> usize {
         self.parties
     }
+
+    pub(crate) fn from_coefficients(coefficients: Vec<i64>, parties: usize) -> Self {
+        Self { coefficients, parties }
+    }
+
+    pub fn coefficients(&self) -> &[i64] {
+        &self.coefficients
+    }
 }
 
-fn lift(value: i64) -> u64 {
+pub(crate) fn lift(value: i64) -> u64 {
     // a small signed value mod q, without a branch on its sign
     let sign = (value >> 63) as u64; // all ones when negative
     (value as u64).wrapping_add(Q & sign)
 }
 
-fn add_mod(a: u64, b: u64) -> u64 {
+pub(crate) fn add_mod(a: u64, b: u64) -> u64 {
     let s = a + b; // both under 2^62: no overflow
     let reduced = s.wrapping_sub(Q);
     // keep s when it was under q (the subtraction wrapped), without a branch

@@ -95,3 +95,72 @@ fn secrets_are_ternary_and_errors_small() {
     let zero_key = KeySum::of([&key]);
     assert_eq!(ring.decrypt(&a, &zero_key, &b).unwrap(), vec![0; 4096]);
 }
+
+#[test]
+fn any_threshold_of_the_summed_shares_rebuild_the_key_sum_of_the_parties_that_sent() {
+    use confide_lattice::shamir::{reconstruct_key_sum, share_key};
+    let ring = Ring::new(Params::new(1024, 16).unwrap());
+    let mut rng = ChaCha20Rng::seed_from_u64(11);
+    let (parties, threshold) = (5usize, 3usize);
+    let a = ring.public_poly(&[4; 32], 0);
+    let keys: Vec<_> = (0..parties).map(|_| ring.secret_key(&mut rng)).collect();
+    let shares: Vec<_> = keys.iter().map(|k| share_key(k, threshold, parties, &mut rng).unwrap()).collect();
+    // party 2 (index 1) drops before its ciphertext arrives: the sum and the summed shares leave it out
+    let sent = [0usize, 2, 3, 4];
+    let mut sum = vec![0u64; 1024];
+    let mut expected = vec![0u64; 1024];
+    for &i in &sent {
+        let m = message(&mut rng, 1024, 12);
+        add_assign(&mut sum, &ring.encrypt(&a, &keys[i], &m, &mut rng).unwrap());
+        expected.iter_mut().zip(&m).for_each(|(e, v)| *e += v);
+    }
+    let summed: Vec<Vec<u64>> = (0..parties)
+        .map(|j| {
+            let mut s = vec![0u64; 1024];
+            sent.iter().for_each(|&i| add_assign(&mut s, &shares[i][j]));
+            s
+        })
+        .collect();
+    let direct = KeySum::of(sent.iter().map(|&i| &keys[i]));
+    for chosen in [[1usize, 3, 4], [0, 2, 3], [2, 3, 4]] {
+        let points: Vec<u64> = chosen.iter().map(|&j| j as u64 + 1).collect();
+        let picked: Vec<&[u64]> = chosen.iter().map(|&j| summed[j].as_slice()).collect();
+        let rebuilt = reconstruct_key_sum(&points, &picked, sent.len()).unwrap();
+        assert_eq!(rebuilt.coefficients(), direct.coefficients(), "points {points:?}");
+        assert_eq!(ring.decrypt(&a, &rebuilt, &sum).unwrap(), expected);
+    }
+    // fewer than the threshold rebuild something else
+    let two = reconstruct_key_sum(&[1, 2], &[&summed[0], &summed[1]], sent.len()).unwrap();
+    assert_ne!(two.coefficients(), direct.coefficients());
+    assert_eq!(
+        share_key(&keys[0], 6, 5, &mut rng).unwrap_err().to_string(),
+        "threshold 6 of 5 parties: needs 1 <= threshold <= parties <= 65535"
+    );
+    assert!(reconstruct_key_sum(&[1, 1], &[&summed[0], &summed[1]], 4).is_err());
+}
+
+#[test]
+fn vectors_of_any_length_encrypt_by_blocks_and_decrypt_to_their_sum() {
+    let ring = Ring::new(Params::new(1024, 16).unwrap());
+    let mut rng = ChaCha20Rng::seed_from_u64(21);
+    let seed = [9u8; 32];
+    let len = 2500; // three blocks, the last one partly padding
+    let keys: Vec<_> = (0..3).map(|_| ring.secret_key(&mut rng)).collect();
+    let mut sum = vec![0u64; ring.blocks(len) * 1024];
+    let mut expected = vec![0u64; len];
+    for key in &keys {
+        let values = message(&mut rng, len, 14);
+        add_assign(&mut sum, &ring.encrypt_vector(&seed, key, &values, &mut rng).unwrap());
+        expected.iter_mut().zip(&values).for_each(|(e, v)| *e += v);
+    }
+    assert_eq!(sum.len(), 3072);
+    assert_eq!(ring.decrypt_vector(&seed, &KeySum::of(&keys), &sum, len).unwrap(), expected);
+    // another round's seed gives other public polynomials: the sum no longer decrypts
+    assert_ne!(ring.decrypt_vector(&[8u8; 32], &KeySum::of(&keys), &sum, len).unwrap(), expected);
+    let mut too_big = vec![0u64; len];
+    too_big[2049] = 1 << 16;
+    assert_eq!(
+        ring.encrypt_vector(&seed, &keys[0], &too_big, &mut rng).unwrap_err(),
+        LatticeError::Message { index: 2049, value: 1 << 16, bits: 16 }
+    );
+}

@@ -6,6 +6,7 @@
 mod agg;
 mod aggnet;
 mod errors;
+mod lattice;
 mod psi;
 
 use confide_codec::params::{from_params, to_params, Codec};
@@ -904,6 +905,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("GMP_VERSION", gmp_version())?;
     m.add_function(wrap_pyfunction!(engine, m)?)?;
     psi::register(m)?;
+    lattice::register(m)?;
     agg::register(m)?;
     Ok(())
 }

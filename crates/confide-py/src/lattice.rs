@@ -1,0 +1,181 @@
+//! `confide._native.LatticeRing`, `LatticeKey`, `LatticeKeySum`: the key-homomorphic RLWE
+//! primitives of `confide-lattice` for `confide.crypto.lattice`. Vectors are uint64 numpy arrays;
+//! every bulk call releases the GIL. Keys never leave Rust except as Shamir shares.
+
+use crate::errors::invalid;
+use confide_lattice::shamir::{reconstruct_key_sum, share_key};
+use confide_lattice::{add_assign, os_rng, KeySum, LatticeError, Params, Ring, SecretKey};
+use numpy::{PyArray1, PyReadonlyArray1, PyReadwriteArray1};
+use pyo3::prelude::*;
+
+/// Adds the lattice classes to the module.
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyLatticeRing>()?;
+    m.add_class::<PyLatticeKey>()?;
+    m.add_class::<PyLatticeKeySum>()
+}
+
+fn failed(field: &'static str, error: LatticeError) -> PyErr {
+    invalid(field, error.to_string())
+}
+
+fn seed_of(seed: &[u8]) -> PyResult<[u8; 32]> {
+    seed.try_into().map_err(|_| invalid("seed", format!("must be 32 bytes, got {}", seed.len())))
+}
+
+fn slice<'a>(field: &'static str, array: &'a PyReadonlyArray1<'_, u64>) -> PyResult<&'a [u64]> {
+    array.as_slice().map_err(|_| invalid(field, "array must be contiguous"))
+}
+
+/// The ring `Z_q[X]/(X^n + 1)` with plaintext modulus `2^plaintext_bits`.
+#[pyclass(name = "LatticeRing", module = "confide._native", frozen)]
+pub struct PyLatticeRing {
+    ring: Ring,
+}
+
+#[pymethods]
+impl PyLatticeRing {
+    #[new]
+    fn new(n: usize, plaintext_bits: u32) -> PyResult<Self> {
+        let params = Params::new(n, plaintext_bits).map_err(|e| failed("params", e))?;
+        Ok(Self { ring: Ring::new(params) })
+    }
+
+    #[getter]
+    fn n(&self) -> usize {
+        self.ring.params().n
+    }
+
+    #[getter]
+    fn plaintext_bits(&self) -> u32 {
+        self.ring.params().plaintext_bits
+    }
+
+    #[getter]
+    fn modulus(&self) -> u64 {
+        confide_lattice::Q
+    }
+
+    /// The most parties whose summed ciphertexts always decrypt correctly.
+    fn max_parties(&self) -> usize {
+        self.ring.params().max_parties()
+    }
+
+    /// Coefficients a vector of ``length`` values takes on the wire (whole blocks of ``n``).
+    fn encrypted_length(&self, length: usize) -> usize {
+        self.ring.blocks(length) * self.ring.params().n
+    }
+
+    /// A fresh secret key (from the operating system's random source).
+    fn new_key(&self) -> PyResult<PyLatticeKey> {
+        let mut rng = os_rng().map_err(|e| failed("random", e))?;
+        Ok(PyLatticeKey { key: self.ring.secret_key(&mut rng), n: self.ring.params().n })
+    }
+
+    /// ``values`` (each under `t`) encrypted under ``key``, block `k` with the public polynomial (seed, k).
+    fn encrypt<'py>(
+        &self,
+        py: Python<'py>,
+        seed: &[u8],
+        key: &PyLatticeKey,
+        values: PyReadonlyArray1<'_, u64>,
+    ) -> PyResult<Bound<'py, PyArray1<u64>>> {
+        let seed = seed_of(seed)?;
+        self.check_key(key.n)?;
+        let values = slice("values", &values)?;
+        let out = py
+            .detach(|| {
+                let mut rng = os_rng()?;
+                self.ring.encrypt_vector(&seed, &key.key, values, &mut rng)
+            })
+            .map_err(|e| failed("values", e))?;
+        Ok(PyArray1::from_vec(py, out))
+    }
+
+    /// The first ``length`` values of a sum of ciphertexts, decrypted with the sum of their keys.
+    fn decrypt<'py>(
+        &self,
+        py: Python<'py>,
+        seed: &[u8],
+        key_sum: &PyLatticeKeySum,
+        total: PyReadonlyArray1<'_, u64>,
+        length: usize,
+    ) -> PyResult<Bound<'py, PyArray1<u64>>> {
+        let seed = seed_of(seed)?;
+        let total = slice("total", &total)?;
+        let out = py.detach(|| self.ring.decrypt_vector(&seed, &key_sum.sum, total, length)).map_err(|e| failed("total", e))?;
+        Ok(PyArray1::from_vec(py, out))
+    }
+
+    /// The aggregator's fold: ``acc += b (mod q)`` in place.
+    #[staticmethod]
+    fn fold(py: Python<'_>, mut acc: PyReadwriteArray1<'_, u64>, b: PyReadonlyArray1<'_, u64>) -> PyResult<()> {
+        let b = slice("b", &b)?;
+        let acc = acc.as_slice_mut().map_err(|_| invalid("acc", "array must be contiguous and writable"))?;
+        if acc.len() != b.len() {
+            return Err(invalid("b", format!("has {} coefficients, the sum {}", b.len(), acc.len())));
+        }
+        py.detach(|| add_assign(acc, b));
+        Ok(())
+    }
+}
+
+impl PyLatticeRing {
+    fn check_key(&self, n: usize) -> PyResult<()> {
+        if n != self.ring.params().n {
+            return Err(invalid("key", format!("belongs to a ring of {n}, this one is {}", self.ring.params().n)));
+        }
+        Ok(())
+    }
+}
+
+/// One party's round key: it leaves Rust only as Shamir shares. Not picklable, never printed.
+#[pyclass(name = "LatticeKey", module = "confide._native", frozen)]
+pub struct PyLatticeKey {
+    key: SecretKey,
+    n: usize,
+}
+
+#[pymethods]
+impl PyLatticeKey {
+    /// Shares for the points 1..=parties, any ``threshold`` of which rebuild the key (uint64 arrays).
+    fn shares<'py>(&self, py: Python<'py>, threshold: usize, parties: usize) -> PyResult<Vec<Bound<'py, PyArray1<u64>>>> {
+        let shares = py
+            .detach(|| {
+                let mut rng = os_rng()?;
+                share_key(&self.key, threshold, parties, &mut rng)
+            })
+            .map_err(|e| failed("threshold", e))?;
+        Ok(shares.into_iter().map(|s| PyArray1::from_vec(py, s)).collect())
+    }
+
+    fn __repr__(&self) -> String {
+        format!("LatticeKey(n={}, secret)", self.n)
+    }
+}
+
+/// The sum of some parties' round keys, rebuilt from summed shares: it decrypts their summed vector.
+#[pyclass(name = "LatticeKeySum", module = "confide._native", frozen)]
+pub struct PyLatticeKeySum {
+    sum: KeySum,
+}
+
+#[pymethods]
+impl PyLatticeKeySum {
+    /// From the summed shares of the points ``points`` (1-based, at least the threshold), for ``parties`` keys.
+    #[staticmethod]
+    fn reconstruct(points: Vec<u64>, shares: Vec<PyReadonlyArray1<'_, u64>>, parties: usize) -> PyResult<Self> {
+        let slices = shares.iter().map(|s| slice("shares", s)).collect::<PyResult<Vec<&[u64]>>>()?;
+        let sum = reconstruct_key_sum(&points, &slices, parties).map_err(|e| failed("shares", e))?;
+        Ok(Self { sum })
+    }
+
+    #[getter]
+    fn parties(&self) -> usize {
+        self.sum.parties()
+    }
+
+    fn __repr__(&self) -> String {
+        format!("LatticeKeySum(parties={}, secret)", self.sum.parties())
+    }
+}
