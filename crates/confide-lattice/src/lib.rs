@@ -25,9 +25,11 @@ use sha3::digest::{ExtendableOutput, Update, XofReader};
 use sha3::Shake128;
 use zeroize::{Zeroize, ZeroizeOnDrop};
 
-/// The ciphertext modulus: the prime `2^62 - 2^16 + 1`, `1 mod 2^15`, so rings up to `n = 2^14` have
-/// their negacyclic NTT over it.
-pub const Q: u64 = 0x3fff_ffff_ffff_0001;
+/// The ciphertext modulus: the prime `2^62 - 18 * 2^32 + 1`. It is `1 mod 2^32`, so rings up to
+/// `n = 2^14` have their negacyclic NTT over it, and a plaintext modulus up to `2^32` divides
+/// `q - 1`: a sum of messages that wraps past `t` costs 1 of the error margin per wrap, so
+/// messages can live in `Z_{2^32}` like the masking modes' fixed point.
+pub const Q: u64 = 0x3fff_ffee_0000_0001;
 
 /// What can go wrong; every message names the field and the limit.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -86,7 +88,7 @@ impl Params {
     /// Each error coefficient lies in `[-eta, eta]`, so `m` of them sum to at most `m * eta`; a sum
     /// of messages that passes `t` (a wrap, fewer than `m` of them) adds `q mod t` each, since
     /// `t * Delta = q - (q mod t)`. Decryption rounds correctly while the total stays under
-    /// `Delta / 2`. With `t` at most `2^16`, `q mod t` is 1.
+    /// `Delta / 2`. With `t` at most `2^32`, `q mod t` is 1.
     pub fn max_parties(&self) -> usize {
         (self.delta() / 2 / (self.eta as u64 + self.wrap_error())) as usize
     }

@@ -6,16 +6,25 @@
 //! sum, not any one key, while fewer than `t` parties pool what they received). The arithmetic on
 //! shares is constant-time (`mul_mod` reduces with the modulus' special form, no division).
 
+#[cfg(test)]
+use rand_core::SeedableRng;
+
 use crate::{add_mod, lift, KeySum, LatticeError, SecretKey, Q};
 use rand_core::{CryptoRng, RngCore};
 
-/// `a * b mod q` for `a, b < q`, constant-time: `2^62 = 2^16 - 1 (mod q)` folds the 124-bit product.
+/// `2^62 mod q`: `q = 2^62 - 18 * 2^32 + 1`.
+const FOLD: u128 = 18 * (1 << 32) - 1;
+
+/// `a * b mod q` for `a, b < q`, constant-time: `2^62 = 18 * 2^32 - 1 (mod q)` folds the product.
+///
+/// Each fold maps `v` to `(v >> 62) * FOLD + (v mod 2^62)`; from below `2^124` five folds bring it
+/// below `2^62` (bounds `2^99`, `2^74`, `2^62 + 2^50`, `2^62 + 2^37`, then `2^62`), and one
+/// subtraction, selected without a branch, below `q`.
 pub(crate) fn mul_mod(a: u64, b: u64) -> u64 {
     let x = a as u128 * b as u128; // < 2^124
     let mask62 = (1u128 << 62) - 1;
-    let fold = |v: u128| (v >> 62) * ((1u128 << 16) - 1) + (v & mask62);
-    let y = fold(fold(fold(x))); // < 2^62 + 2^17 after the third fold
-    let y = y as u64;
+    let fold = |v: u128| (v >> 62) * FOLD + (v & mask62);
+    let y = fold(fold(fold(fold(fold(x))))) as u64;
     let reduced = y.wrapping_sub(Q);
     let wrapped = ((reduced as i64) >> 63) as u64; // all ones when y < q
     (y & wrapped) | (reduced & !wrapped)
@@ -122,12 +131,17 @@ mod tests {
 
     #[test]
     fn mul_mod_agrees_with_u128_arithmetic() {
-        let samples = [0u64, 1, 2, Q - 1, Q - 2, 1 << 61, (1 << 62) - (1 << 16), 0x1234_5678_9abc_def0 % Q];
+        let samples = [0u64, 1, 2, 3, Q - 1, Q - 2, Q / 2, 1 << 61, (1 << 62) - (1 << 38), 0x1234_5678_9abc_def0 % Q];
         for &a in &samples {
             for &b in &samples {
                 assert_eq!(mul_mod(a, b) as u128, (a as u128 * b as u128) % Q as u128, "{a} * {b}");
             }
         }
         assert_eq!(mul_mod(pow_mod(12345, Q - 2), 12345), 1);
+        let mut rng = rand_chacha::ChaCha20Rng::seed_from_u64(5);
+        for _ in 0..100_000 {
+            let (a, b) = (uniform(&mut rng), uniform(&mut rng));
+            assert_eq!(mul_mod(a, b) as u128, (a as u128 * b as u128) % Q as u128, "{a} * {b}");
+        }
     }
 }

@@ -22,7 +22,7 @@ fn one_party_decrypts_its_own_message() {
 
 #[test]
 fn the_sum_of_ten_ciphertexts_decrypts_with_the_sum_of_ten_keys_only() {
-    for bits in [16, 24] {
+    for bits in [16, 24, 32] {
         let ring = Ring::new(Params::new(4096, bits).unwrap());
         let mut rng = ChaCha20Rng::seed_from_u64(bits as u64);
         let a = ring.public_poly(&[3; 32], 5);
