@@ -193,7 +193,7 @@ class ProtectionSpec(_Strict):
     share_timeout_s: float = Field(30.0, gt=0, le=3600)
     setup_timeout_s: float = Field(120.0, gt=0, le=3600)
     mask_bound: float | None = Field(8.0, gt=0, le=2**20)
-    #: threshold: key shares needed to decrypt; None takes max(2, (parties + 1) // 2).
+    #: threshold, lattice: key shares needed to decrypt; None takes max(2, (parties + 1) // 2).
     threshold: int | None = Field(None, ge=2, le=MAX_PARTIES)
     #: threshold: "distributed" (no one ever holds the key) or "dealer" (the leader deals, and saw the key).
     keygen: Literal["distributed", "dealer"] = "distributed"
@@ -549,6 +549,11 @@ class JobSpec(_Strict):
         from confide.privacy import distributed_plan
         from confide.privacy.distributed import MASKING, PAILLIER
 
+        if self.protection.mode == "lattice":
+            raise ValueError(
+                "privacy.mechanism distributed does not run with protection.mode lattice yet: its noise must land "
+                "exactly on the lattice mode's narrower fixed-point grid, which the plan does not compute; use secagg"
+            )
         if self.protection.mode not in MASKING + PAILLIER:
             raise ValueError(
                 f"privacy.mechanism distributed needs a protection that hides single updates (secagg, groupmask, "
@@ -578,9 +583,13 @@ class JobSpec(_Strict):
 
     def _check_threshold(self) -> None:
         protection, m = self.protection, len(self.parties)
+        if protection.mode == "lattice":
+            if protection.threshold is not None and protection.threshold > m:
+                raise ValueError(f"protection.threshold ({protection.threshold}) exceeds the {m} parties")
+            return
         if protection.mode != "threshold":
             if protection.threshold is not None:
-                raise ValueError(f"protection.threshold is for mode threshold, not {protection.mode}")
+                raise ValueError(f"protection.threshold is for modes threshold and lattice, not {protection.mode}")
             return
         t = protection.threshold or default_threshold(m)
         if m < 3 and protection.keygen == "distributed":

@@ -10,7 +10,7 @@ import pytest
 from tests.fixtures.federation import run_local
 from tests.integration.conftest import make_spec
 
-MODES = ["plain", "secagg", "paillier", "groupmask", "tee", "threshold"]
+MODES = ["plain", "secagg", "paillier", "groupmask", "tee", "threshold", "lattice"]
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +44,7 @@ def test_paillier_modes_name_the_crypto_engine(reports, mode):
     assert protection["cpu_batches"] + protection["gpu_batches"] > 0
 
 
-@pytest.mark.parametrize("mode", ["secagg", "paillier", "groupmask", "tee", "threshold"])
+@pytest.mark.parametrize("mode", ["secagg", "paillier", "groupmask", "tee", "threshold", "lattice"])
 def test_protected_modes_match_plain_auc(reports, mode):
     assert abs(reports[mode]["final_auc"] - reports["plain"]["final_auc"]) <= 0.005
 
@@ -67,6 +67,18 @@ def test_threshold_key_was_generated_by_the_parties(reports):
     assert protection["keygen_seconds"] > 0
     assert "nobody" in protection["secret_key_holders"]
     assert "shares" in reports["threshold"]["aggregator_saw"]
+
+
+def test_lattice_sums_what_secagg_sums_and_says_what_ran(reports):
+    # The same fixed point, narrowed to the bits the summed RLWE error leaves (3 parties: 3 * 21 < 2^6, 25 bits).
+    protection = reports["lattice"]["protection"]
+    assert protection["message_bits"] == 25 and protection["threshold"] == 2 and protection["parties"] == 3
+    assert protection["ring"] == "Z_2^32[X]/(X^4096 + 1)" and "eta 21" in protection["error"]
+    assert "nothing" in reports["lattice"]["aggregator_saw"]
+    # Four bytes a value like secagg; the key shares add a fixed 32 KiB per share, not per value.
+    lattice = [r["loss"] for r in reports["lattice"]["rounds"]]
+    masked = [r["loss"] for r in reports["secagg"]["rounds"]]
+    assert lattice == pytest.approx(masked, abs=1e-3)
 
 
 def test_label_skew_split_trains(tmp_path):

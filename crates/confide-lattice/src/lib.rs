@@ -18,6 +18,7 @@
 //! samplers map random bits with arithmetic; the NTT and the modular operations are data
 //! independent); secrets are zeroized when dropped.
 
+pub mod q32;
 pub mod shamir;
 
 use rand_core::{CryptoRng, RngCore};
@@ -127,11 +128,7 @@ impl Ring {
     /// (rejection sampling, then reduced): uniform mod `q`. A uniform polynomial is uniform in either
     /// domain, so it is drawn in the one the products need.
     pub fn public_poly(&self, seed: &[u8; 32], index: u64) -> Vec<u64> {
-        let mut shake = Shake128::default();
-        shake.update(b"confide-lattice/a/v1");
-        shake.update(seed);
-        shake.update(&index.to_le_bytes());
-        let mut reader = shake.finalize_xof();
+        let mut reader = xof(b"confide-lattice/a/v1", seed, index);
         let bound = 4 * Q; // 4q < 2^64: at most 1 word in 2^14 is rejected
         let mut out = Vec::with_capacity(self.params.n);
         let mut word = [0u8; 8];
@@ -276,6 +273,15 @@ impl Ring {
         out.truncate(len);
         Ok(out)
     }
+}
+
+/// SHAKE128 over (domain tag, seed, index): the stream a public polynomial is drawn from.
+pub(crate) fn xof(tag: &[u8], seed: &[u8; 32], index: u64) -> impl XofReader {
+    let mut shake = Shake128::default();
+    shake.update(tag);
+    shake.update(seed);
+    shake.update(&index.to_le_bytes());
+    shake.finalize_xof()
 }
 
 /// A ChaCha20 generator seeded from the operating system (keys, errors, share polynomials).

@@ -164,3 +164,35 @@ fn vectors_of_any_length_encrypt_by_blocks_and_decrypt_to_their_sum() {
         LatticeError::Message { index: 2049, value: 1 << 16, bits: 16 }
     );
 }
+
+#[test]
+fn words_mod_2_32_sum_with_wrapping_addition_and_decrypt_with_the_key_sum() {
+    use confide_lattice::q32::max_parties_q32;
+    let ring = Ring::new(Params::new(1024, 16).unwrap());
+    let mut rng = ChaCha20Rng::seed_from_u64(31);
+    let seed = [5u8; 32];
+    let bits = 22; // 7 parties' error (7 * 21) within Delta / 2 = 2^9
+    let len = 2500; // a slice of 2500 values: blocks of 1024, the last one truncated
+    let keys: Vec<_> = (0..7).map(|_| ring.secret_key(&mut rng)).collect();
+    let mut total = vec![0u32; len];
+    let mut expected = vec![0u32; len];
+    for key in &keys {
+        let values: Vec<u32> = (0..len).map(|_| (rng.next_u64() as u32) >> (32 - bits)).collect();
+        let words = ring.encrypt_q32(&seed, 3, key, &values, bits, &mut rng).unwrap();
+        assert_eq!(words.len(), len); // four bytes a value, like float32
+        total.iter_mut().zip(&words).for_each(|(t, w)| *t = t.wrapping_add(*w)); // the masked-word kernel
+        expected.iter_mut().zip(&values).for_each(|(e, v)| *e = (*e + v) & ((1 << bits) - 1));
+    }
+    assert_eq!(ring.decrypt_q32(&seed, 3, &KeySum::of(&keys), &total, bits).unwrap(), expected);
+    // another slice's public polynomials, or six of the seven keys: noise
+    let other = ring.decrypt_q32(&seed, 4, &KeySum::of(&keys), &total, bits).unwrap();
+    assert!(other.iter().zip(&expected).filter(|(a, b)| a == b).count() < 10);
+    let six = ring.decrypt_q32(&seed, 3, &KeySum::of(&keys[..6]), &total, bits).unwrap();
+    assert!(six.iter().zip(&expected).filter(|(a, b)| a == b).count() < 10);
+    assert_eq!(max_parties_q32(24, 21), 6);
+    assert!(matches!(ring.decrypt_q32(&seed, 3, &KeySum::of(&keys), &total, 25), Err(LatticeError::Noise { parties: 7, .. })));
+    assert_eq!(
+        ring.encrypt_q32(&seed, 0, &keys[0], &[1 << 24], 24, &mut rng).unwrap_err(),
+        LatticeError::Message { index: 0, value: 1 << 24, bits: 24 }
+    );
+}

@@ -107,6 +107,51 @@ impl PyLatticeRing {
         Ok(PyArray1::from_vec(py, out))
     }
 
+    /// ``values`` (uint32, each under ``2^bits``) encrypted mod ``2^32`` under ``key``: one word a value,
+    /// summed by the data plane's masked-word kernel; block `k` of the slice with public polynomial
+    /// ``(seed, (slice << 24) | k)``.
+    fn encrypt_q32<'py>(
+        &self,
+        py: Python<'py>,
+        seed: &[u8],
+        slice: u32,
+        key: &PyLatticeKey,
+        values: PyReadonlyArray1<'_, u32>,
+        bits: u32,
+    ) -> PyResult<Bound<'py, PyArray1<u32>>> {
+        let seed = seed_of(seed)?;
+        self.check_key(key.n)?;
+        let values = values.as_slice().map_err(|_| invalid("values", "array must be contiguous"))?;
+        let out = py
+            .detach(|| {
+                let mut rng = os_rng()?;
+                self.ring.encrypt_q32(&seed, slice, &key.key, values, bits, &mut rng)
+            })
+            .map_err(|e| failed("values", e))?;
+        Ok(PyArray1::from_vec(py, out))
+    }
+
+    /// The ``bits``-bit messages of a wrapping sum of slice ``slice``'s words, with the sum of the keys.
+    fn decrypt_q32<'py>(
+        &self,
+        py: Python<'py>,
+        seed: &[u8],
+        slice: u32,
+        key_sum: &PyLatticeKeySum,
+        total: PyReadonlyArray1<'_, u32>,
+        bits: u32,
+    ) -> PyResult<Bound<'py, PyArray1<u32>>> {
+        let seed = seed_of(seed)?;
+        let total = total.as_slice().map_err(|_| invalid("total", "array must be contiguous"))?;
+        let out = py.detach(|| self.ring.decrypt_q32(&seed, slice, &key_sum.sum, total, bits)).map_err(|e| failed("total", e))?;
+        Ok(PyArray1::from_vec(py, out))
+    }
+
+    /// The most parties whose summed words decrypt with ``bits``-bit messages.
+    fn max_parties_q32(&self, bits: u32) -> usize {
+        confide_lattice::q32::max_parties_q32(bits, self.ring.params().eta)
+    }
+
     /// The aggregator's fold: ``acc += b (mod q)`` in place.
     #[staticmethod]
     fn fold(py: Python<'_>, mut acc: PyReadwriteArray1<'_, u64>, b: PyReadonlyArray1<'_, u64>) -> PyResult<()> {

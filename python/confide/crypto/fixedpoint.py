@@ -20,30 +20,45 @@ __all__ = ["FixedPoint"]
 
 
 class FixedPoint:
-    """Signed fixed point in Z_{2^32} for sums of ``parties`` values bounded by ``bound``."""
+    """Signed fixed point in Z_{2^bits} (32 by default) for sums of ``parties`` values bounded by ``bound``.
 
-    def __init__(self, bound: float, parties: int) -> None:
+    ``bits`` below 32: the lattice mode's messages, whose ring is narrower than a word (the
+    encodings are still uint32 words, holding residues mod ``2^bits``).
+    """
+
+    def __init__(self, bound: float, parties: int, bits: int = 32) -> None:
         if not math.isfinite(bound) or bound < 0:
             raise EncodingError(f"bound must be finite and >= 0, got {bound}")
+        if not 2 <= bits <= 32:
+            raise EncodingError(f"bits must be in [2, 32], got {bits}")
         bound = max(bound, 2.0**-20)
-        # Each encoding is round(x * 2^f), up to B * 2^f + 1/2 in magnitude; m of them must stay below 2^31.
-        room = (2**31 - 1) / parties - 0.5
+        top = 2 ** (bits - 1) - 1
+        # Each encoding is round(x * 2^f), up to B * 2^f + 1/2 in magnitude; m of them must stay below 2^(bits-1).
+        room = top / parties - 0.5
         self.fraction_bits = min(40, math.floor(math.log2(room / bound))) if room > 0 else -1
-        if self.fraction_bits >= 0 and parties * (bound * 2.0**self.fraction_bits + 0.5) > 2**31 - 1:
+        if self.fraction_bits >= 0 and parties * (bound * 2.0**self.fraction_bits + 0.5) > top:
             self.fraction_bits -= 1
         if self.fraction_bits < 0:
             raise EncodingError(
-                f"values up to {bound:g} from {parties} parties do not fit a 32-bit ring "
-                "(bound * parties must be < 2^31)"
+                f"values up to {bound:g} from {parties} parties do not fit a {bits}-bit ring "
+                f"(bound * parties must be < 2^{bits - 1})"
             )
         self.scale = float(2**self.fraction_bits)
         self.bound = bound
+        self.bits = bits
 
     def encode(self, values: np.ndarray) -> np.ndarray:
-        """uint32 words of ``values`` (|values| <= bound)."""
+        """uint32 words of ``values`` (|values| <= bound), residues mod ``2^bits``."""
         scaled = np.rint(np.clip(np.asarray(values, dtype=np.float64), -self.bound, self.bound) * self.scale)
-        return scaled.astype(np.int64).astype(np.uint32)
+        words = scaled.astype(np.int64)
+        if self.bits < 32:
+            words &= (1 << self.bits) - 1
+        return words.astype(np.uint32)
 
     def decode(self, words: np.ndarray) -> np.ndarray:
         """Float64 values of a sum of encodings."""
-        return words.view(np.int32).astype(np.float64) / self.scale
+        if self.bits == 32:
+            return words.view(np.int32).astype(np.float64) / self.scale
+        signed = words.astype(np.int64)
+        signed = np.where(signed >= 1 << (self.bits - 1), signed - (1 << self.bits), signed)
+        return signed.astype(np.float64) / self.scale

@@ -10,6 +10,8 @@ groupmask   nothing                           one group key (leader)         ~pl
 tee         nothing outside the enclave       session key (leader → enclave) AES-256-GCM
 threshold   nothing                           shares of one Paillier key     packed HE, t of m
                                               (distributed key generation)   decrypt (no CRT)
+lattice     nothing                           Shamir shares of fresh RLWE    ~secagg bytes; an
+                                              keys, every round              NTT per block
 =========== ================================= ============================== =================
 
 ``tee`` runs against a simulated enclave where no SGX exists, and its report says so.
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 from confide.errors import InvalidParameterError
 from confide.protect.base import Exchange, Protection, ProtectionParams, RoundContext
+from confide.protect.lattice import LatticeProtection
 from confide.protect.masking import GroupMask, SecAgg
 from confide.protect.paillier import PaillierProtection
 from confide.protect.plain import Plain
@@ -37,6 +40,7 @@ MODES: dict[str, type[Protection]] = {
     "groupmask": GroupMask,
     "tee": TeeProtection,
     "threshold": ThresholdProtection,
+    "lattice": LatticeProtection,
 }
 
 

@@ -59,10 +59,14 @@ class _Masking(Protection):
             local = max((float(np.max(np.abs(part))) for part in chunks(vector)), default=0.0)
             values = self.exchange_values(context.round, context.tag("bound"), [local], context.peers)
             bound = max(float(v[0]) for v in values.values())
-        self._fixed = FixedPoint(bound, len(context.participants))
+        self._fixed = FixedPoint(bound, len(context.participants), self._ring_bits(len(context.participants)))
         context.stats["fraction_bits"] = self._fixed.fraction_bits
         bound = self._fixed.bound
         context.stats["clipped"] = sum(int(np.count_nonzero(np.abs(part) > bound)) for part in chunks(vector))
+
+    def _ring_bits(self, parties: int) -> int:
+        """Bits of the ring the fixed point sums in: 32 (uint32 words, wrapping)."""
+        return 32
 
     def _encode_words(self, values: np.ndarray) -> np.ndarray:
         require(self._fixed, "begin_round first")

@@ -238,7 +238,7 @@ FIVE = ["h-1", "h-2", "h-3", "h-4", "h-5"]
         (spec(protection={"mode": "threshold", "threshold": 4}), "protection.threshold (4) exceeds the 3 parties"),
         (spec(protection={"mode": "threshold", "threshold": 1}), "protection.threshold"),
         (spec(protection={"mode": "threshold", "threshold": 3}), "at most (parties + 1) // 2 = 2"),
-        (spec(protection={"mode": "paillier", "threshold": 2}), "protection.threshold is for mode threshold"),
+        (spec(protection={"mode": "paillier", "threshold": 2}), "protection.threshold is for modes threshold and"),
         (spec(parties=["a-1", "a-2"], protection={"mode": "threshold"}), "needs at least 3 parties"),
         (spec(parties=FIVE, protection={"mode": "threshold", "min_parties": 2}), "protection.min_parties (2) is below"),
         (spec(protection={"mode": "threshold", "keygen": "trusted"}), "protection.keygen"),
