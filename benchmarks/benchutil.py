@@ -66,12 +66,12 @@ def machine() -> dict:
     }
 
 
-def record(name, value, unit, anchor=None, anchor_value=None, params=None) -> dict:
-    """One result record in the format of DEVELOPERS.md."""
+def record(name, value, unit, anchor=None, anchor_value=None, params=None, digits: int = 4) -> dict:
+    """One result record in the format of DEVELOPERS.md (``digits``: decimals kept of the value)."""
     ratio = value / anchor_value if anchor_value else None
     return {
         "name": name,
-        "value": round(value, 4),
+        "value": round(value, digits),
         "unit": unit,
         "anchor": anchor,
         "anchor_value": round(anchor_value, 4) if anchor_value is not None else None,
@@ -102,6 +102,7 @@ def median_of_runs(runs: list[list[dict]]) -> list[dict]:
             first["anchor"],
             statistics.median(anchors) if anchors else None,
             {**first["params"], "runs": values},
+            digits=7,
         )
         out.append(merged)
     return out
