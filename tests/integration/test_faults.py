@@ -21,7 +21,7 @@ from tests.integration.conftest import make_spec
 FAULT = with_faults(exit_round=4)
 
 
-@pytest.mark.parametrize("mode", ["secagg", "paillier"])
+@pytest.mark.parametrize("mode", ["secagg", "paillier", "lattice"])
 def test_party_killed_mid_round_round_is_retried_without_it(tmp_path, mode):
     spec = make_spec(job_id=f"dropout-{mode}", rounds=8, protection={"mode": mode, "on_dropout": "retry"})
     report = run_local(
@@ -50,7 +50,7 @@ def test_too_few_parties_left_fails_the_job(tmp_path):
         run_local(spec, tmp_path, progress=False, echo=lambda *_: None, party_env={"hospital-c": FAULT}, max_restarts=0)
 
 
-@pytest.mark.parametrize("mode", ["paillier", "secagg"])
+@pytest.mark.parametrize("mode", ["paillier", "secagg", "lattice"])
 def test_aggregator_restarted_mid_job_loses_no_round(tmp_path, mode):
     # Sized to the test: killed at round 5, the job must still have rounds left to lose.
     spec = make_spec(job_id=f"restart-{mode}", rounds=12, protection={"mode": mode})
