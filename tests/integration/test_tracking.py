@@ -198,12 +198,15 @@ def test_a_controller_session_is_recorded_with_its_lineage_and_only_consenting_p
                     **spec,
                     "job_id": "bc-offline",
                     "rounds": 3,
+                    # this session also runs the lattice mode through the controller (agents, checkpoints)
+                    "protection": {"mode": "lattice"},
                     "tracking": {"mlflow_uri": down, "timeout_s": 2, "tensorboard": True},
                 }
             )["session"]
             status = deployment.wait_session(token, "alice")
             assert status["state"] == "completed", status
-            assert deployment.wait_session(offline, "alice")["state"] == "completed"
+            lattice = deployment.wait_session(offline, "alice")
+            assert lattice["state"] == "completed" and lattice["evaluation"]["aggregate"]["test_auc"] > 0.95, lattice
 
             def entry(session: str):
                 return next((e for e in alice.log(session) if e["kind"] == "tracking"), None)
