@@ -212,6 +212,12 @@ def main() -> None:
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--phe-sample", type=int, default=200)
     parser.add_argument("--pipeline-values", type=int, default=2_000_000)
+    parser.add_argument(
+        "--merge",
+        action="store_true",
+        help="keep the records of results/runtime.json that this run does not measure (other modes): each "
+        "record keeps the anchor of the run that measured it, and the machine block names both runs",
+    )
     args = parser.parse_args()
     info = machine()
     results: list[dict] = []
@@ -252,9 +258,32 @@ def main() -> None:
     for note in notes:
         print("note:", note)
     info["anchors"] = {"phe": "1.5.0 (per value, scaled linearly from a sample; see docstring)"}
+    if args.merge:
+        results, info = _merged(results, info, args.modes)
     path = write("runtime", info, results)
     print(f"wrote {path}")
     write_markdown(info, results, notes)
+
+
+def _merged(results: list[dict], info: dict, modes: str) -> tuple[list[dict], dict]:
+    """This run's records, then the earlier file's records of what it did not measure."""
+    import json
+
+    from benchutil import RESULTS
+
+    path = RESULTS / "runtime.json"
+    if not path.exists():
+        return results, info
+    earlier = json.loads(path.read_text())
+    fresh = {r["name"] for r in results}
+    kept = [r for r in earlier["results"] if r["name"] not in fresh]
+    info = {
+        **info,
+        "merged": f"records of modes {modes} and the pipeline from this run; the others ({len(kept)}) kept from "
+        "the run described in 'kept_from', each with the anchor measured in its own run",
+        "kept_from": earlier["machine"].get("kept_from", earlier["machine"]),
+    }
+    return results + kept, info
 
 
 def shape_records(shape: str, measured: dict, per_value: dict, costs: dict, args, notes: list[str]) -> list[dict]:
@@ -338,6 +367,13 @@ def write_markdown(info: dict, results: list[dict], notes: list[str]) -> None:
         "",
         *results_table(results, value=",.4g", anchor=",.4g", ratio=".3g"),
     ]
+    if "merged" in info:
+        kept = info["kept_from"]
+        lines[1:1] = [
+            "",
+            f"Merged: {info['merged']}; kept records measured {kept.get('date')} on {kept.get('cpu')}, commit "
+            f"{kept.get('commit')}.",
+        ]
     lines.extend(["", *[f"- {note}" for note in notes]])
     write_markdown_block("runtime_bench", "Federated runtime (latest run)", lines)
 
