@@ -46,7 +46,15 @@ def test_trees_that_split_on_a_hosts_feature_are_refused_saying_why():
     model = SecureBoostClassifier(max_depth=3, learning_rate=0.3).fit(parts, Y)
     with pytest.raises(InvalidParameterError, match=r"split\(s\) of the model are on hosts' features \(host\)"):
         guest_trees_json(model.guest_model, NAMES[:2])
-    multi = SecureBoostClassifier(max_depth=2, learning_rate=0.3)
-    multi.fit({"guest": X[:, :4], "host": np.zeros((len(X), 1))}, (X[:, 0] > 12).astype(int) + (X[:, 0] > 16))
-    with pytest.raises(InvalidParameterError, match="objective multi:softprob: only binary:logistic"):
-        guest_trees_json(multi.guest_model, NAMES[:4])
+
+
+def test_multi_class_trees_export_one_per_class_and_round(tmp_path):
+    parts = {"guest": X[:, :10], "host": np.zeros((len(X), 1))}
+    labels = (X[:, 0] > 12).astype(int) + (X[:, 0] > 16)  # three classes by radius
+    model = SecureBoostClassifier(max_depth=2, learning_rate=0.3).fit(parts, labels)
+    assert model.params.objective == "multi:softprob" and len(model.guest_model.trees) % 3 == 0
+    path = tmp_path / "multi.json"
+    path.write_text(json.dumps(guest_trees_json(model.guest_model, NAMES)))
+    got = xgb.Booster(model_file=str(path)).predict(xgb.DMatrix(parts["guest"].astype(np.float32), feature_names=NAMES))
+    assert got.shape == (len(X), 3)
+    np.testing.assert_allclose(got, model.predict_proba(parts), rtol=1e-5, atol=1e-5)

@@ -6,7 +6,8 @@ goes left where ``x < threshold``, the trees' leaf weights (learning rate includ
 base margin, and the objective's link turns the margin into a score. A tree that splits on a
 host's feature cannot be written: the guest holds only a record id there (the host keeps the
 feature and the threshold), so the export is refused, saying how many such splits there are.
-Binary logistic and squared-error regression models export; multi-class ones do not yet.
+Binary logistic, squared-error regression and multi-class (softprob: one tree per class and round)
+models export.
 """
 
 from __future__ import annotations
@@ -26,10 +27,10 @@ _NO_PARENT = 2147483647
 def guest_trees_json(model: SecureBoostGuestModel, feature_names: list[str]) -> dict:
     """The model as XGBoost's JSON document; raises InvalidParameterError where a split is a host's."""
     objective = model.params.objective
-    if objective not in ("binary:logistic", "reg:squarederror"):
+    if objective not in ("binary:logistic", "reg:squarederror", "multi:softprob"):
         raise InvalidParameterError(
-            f"objective {objective}: only binary:logistic and reg:squarederror SecureBoost models export to "
-            "XGBoost's format yet"
+            f"objective {objective}: SecureBoost models of binary:logistic, reg:squarederror and multi:softprob "
+            "export to XGBoost's format"
         )
     hosts = sum(1 for tree in model.trees for node in tree if node.owner is not None and node.owner >= 0)
     if hosts:
@@ -43,9 +44,17 @@ def guest_trees_json(model: SecureBoostGuestModel, feature_names: list[str]) -> 
             f"{len(feature_names)} feature names for a model of {model.guest_features} guest features"
         )
     trees = [_tree(index, tree, model.guest_features) for index, tree in enumerate(model.trees)]
+    classes = model.params.num_class if objective == "multi:softprob" else 1
     margin = model.base_margin
-    # XGBoost keeps the base score in the objective's output space and applies the link to it.
-    base_score = 1.0 / (1.0 + math.exp(-margin)) if objective == "binary:logistic" else margin
+    # XGBoost keeps the base score in the objective's output space and applies the link to it
+    # (softmax's is the identity: one margin per class).
+    base = 1.0 / (1.0 + math.exp(-margin)) if objective == "binary:logistic" else margin
+    base_score = "[" + ",".join([f"{base:.9E}"] * classes) + "]"
+    objective_section: dict = {"name": objective}
+    if classes > 1:
+        objective_section["softmax_multiclass_param"] = {"num_class": str(classes)}
+    else:
+        objective_section["reg_loss_param"] = {"scale_pos_weight": "1"}
     return {
         "learner": {
             "attributes": {},
@@ -54,20 +63,20 @@ def guest_trees_json(model: SecureBoostGuestModel, feature_names: list[str]) -> 
             "gradient_booster": {
                 "model": {
                     "gbtree_model_param": {"num_parallel_tree": "1", "num_trees": str(len(trees))},
-                    "iteration_indptr": list(range(len(trees) + 1)),
-                    "tree_info": [0] * len(trees),
+                    "iteration_indptr": list(range(0, len(trees) + 1, classes)),
+                    "tree_info": [index % classes for index in range(len(trees))],
                     "trees": trees,
                 },
                 "name": "gbtree",
             },
             "learner_model_param": {
-                "base_score": f"[{base_score:.9E}]",
+                "base_score": base_score,
                 "boost_from_average": "1",
-                "num_class": "0",
+                "num_class": str(classes if classes > 1 else 0),
                 "num_feature": str(len(feature_names)),
                 "num_target": "1",
             },
-            "objective": {"name": objective, "reg_loss_param": {"scale_pos_weight": "1"}},
+            "objective": objective_section,
         },
         "version": list(XGBOOST_FORMAT_VERSION),
     }
