@@ -11,8 +11,9 @@ Per round attempt (docs/crypto.md, "Lattice aggregation"; :mod:`confide.crypto.l
    the data plane's masked-word kernel (wrapping addition is the ring's addition), so the
    aggregator's work and the bytes on the wire are those of ``secagg``;
 3. once the summed slices arrive, each participant adds the key shares it received (its share of
-   ``sum s_i``), sends that summed share to its peers, sealed, and rebuilds ``sum s_i`` from any
-   ``t`` of them; with it, each slice of the sum decrypts to the sum of the updates.
+   ``sum s_i``), sends that summed share, sealed, to the ``t - 1`` participants before it (mod
+   ``m``), and rebuilds ``sum s_i`` from its own and the ``t - 1`` it receives; with it, each
+   slice of the sum decrypts to the sum of the updates.
 
 The aggregator sees ciphertexts under keys no party holds alone; a single update stays hidden
 from any coalition of the aggregator and fewer than ``t`` parties (``t`` of them could rebuild one
@@ -122,11 +123,14 @@ class LatticeProtection(SecAgg):
             if share.size != length:
                 raise ProtocolError(f"key share from {peer!r} holds {share.size} coefficients, expected {length}")
             _native.LatticeRing.fold(summed, share.astype(np.uint64))
-        self.share(context.round, context.tag("lattice-sum"), summed.tobytes(), context.peers)
-        points, shares = [context.position + 1], [summed]
-        for peer in context.peers:
-            if len(points) == self._threshold:
-                break
+        # Each party needs t - 1 summed shares besides its own: party p sends its own to the t - 1
+        # parties before it (mod m) and receives from the t - 1 after it, so each goes out t - 1 times.
+        m, p = len(context.participants), context.position
+        ahead = [context.participants[(p + k) % m] for k in range(1, self._threshold)]
+        behind = [context.participants[(p - k) % m] for k in range(1, self._threshold)]
+        self.share(context.round, context.tag("lattice-sum"), summed.tobytes(), behind)
+        points, shares = [p + 1], [summed]
+        for peer in ahead:
             data = np.frombuffer(self.collect(context.round, context.tag("lattice-sum"), peer), dtype="<u8")
             if data.size != length:
                 raise ProtocolError(f"summed key share from {peer!r} holds {data.size} coefficients, expected {length}")
