@@ -6,7 +6,8 @@ mode. Each party process records its resident set once the model exists and its 
 three times the model's bytes (docs/models.md, "Memory": a large model's global vector and
 aggregate wait on disk during the round, so the party holds its contribution and, for a moment,
 the weights' copy it is made from). The process's fixed cost (imports, channels: about 50 MB)
-counts too. Measured 2.2x; before the round loop kept the model's dtype, 6.4x at 25M values
+counts too. Measured 2.1-2.5x (3.55x in groupmask before the leader's initial pieces were freed once
+received); before the round loop kept the model's dtype, 6.4x at 25M values
 (float64 copies of the whole vector, the received aggregate kept in the message pool,
 checkpoint archives built in memory).
 """
@@ -26,6 +27,9 @@ PARTIES = ["hospital-a", "hospital-b", "hospital-c"]
 
 @pytest.mark.parametrize("mode", ["secagg", "groupmask"])
 def test_a_party_adds_at_most_three_times_the_models_bytes(tmp_path, mode):
+    # In groupmask every party starts from its own weights: the leader hands out its own before
+    # round 1, and the pieces must leave every process once received (they once stayed for the job).
+    own_init = mode == "groupmask"
     memory = tmp_path / "memory"
     memory.mkdir()
     job = keras_job(
@@ -42,7 +46,10 @@ def test_a_party_adds_at_most_three_times_the_models_bytes(tmp_path, mode):
         metrics=["loss"],
     )
     job["model"].pop("network")
-    env = {p: {"CONFIDE_TEST_MEMORY_DIR": str(memory), "CONFIDE_TEST_PARTY": p} for p in PARTIES}
+    env = {
+        p: {"CONFIDE_TEST_MEMORY_DIR": str(memory), "CONFIDE_TEST_PARTY": p, "CONFIDE_TEST_OWN_INIT": "1" * own_init}
+        for p in PARTIES
+    }
     run(job, tmp_path, party_env=env)
     kernels = set()
     for party in PARTIES:
@@ -53,7 +60,8 @@ def test_a_party_adds_at_most_three_times_the_models_bytes(tmp_path, mode):
         measured = json.loads((memory / f"{party}.json").read_text())
         added = (measured["peak_kib"] - measured["baseline_kib"]) * 1024 / measured["model_bytes"]
         assert added <= 3.0, f"{party} added {added:.2f}x the model's bytes in {mode}"
-    assert len(kernels) == 1  # every party holds the same global model
+    # Every party holds the same global model (from their own initial weights: only if the leader's reached all).
+    assert len(kernels) == 1
 
 
 def test_a_model_too_large_for_the_memory_limit_is_refused_before_round_one(tmp_path):

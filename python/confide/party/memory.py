@@ -19,20 +19,26 @@ import ctypes
 import os
 import tempfile
 import weakref
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from confide.errors import InvalidParameterError
 from confide.protect.base import CHUNK
 
+if TYPE_CHECKING:
+    from confide.ml import WeightLayout
+
 __all__ = [
     "ROUND_FACTOR",
     "SPILL_BYTES",
     "HeldVector",
     "SpilledAggregate",
+    "byte_pieces",
     "check_memory_limit",
     "release_freed_memory",
     "resident_bytes",
+    "return_large_buffers",
 ]
 
 #: Global vectors of at least this many bytes wait on disk during a round.
@@ -60,6 +66,26 @@ def release_freed_memory() -> None:
 
 
 _TRIM = None
+
+#: glibc's ``mallopt`` parameter for the size from which an allocation is its own mapping.
+_M_MMAP_THRESHOLD = -3
+#: Buffers from this size up (slices, relayed pieces, tensors) are mapped on their own.
+MMAP_THRESHOLD = 1024 * 1024
+
+
+def return_large_buffers() -> None:
+    """Give every buffer of :data:`MMAP_THRESHOLD` or more its own mapping, unmapped when freed.
+
+    glibc raises its threshold for that as large buffers are freed (up to 32 MiB), after which
+    buffers of a slice's or a relayed piece's size come from the heap, and freed ones stay in the
+    process until trimmed: a party then carries a model's size of freed pieces into its rounds. A
+    fixed threshold keeps the resident set to what is in use. Nothing where glibc is missing.
+    """
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+    except (OSError, AttributeError):
+        pass
 
 
 def resident_bytes(*, peak: bool = False) -> int:
@@ -139,9 +165,23 @@ class HeldVector:
             self._vector = vector
 
     @classmethod
-    def of(cls, vector: np.ndarray, *, keep: bool = False) -> HeldVector:
-        """Hold ``vector``: on disk when it is large, unless ``keep`` (the caller still reads it)."""
-        return cls(vector, spill=not keep and vector.nbytes >= SPILL_BYTES)
+    def of_weights(cls, layout: WeightLayout, weights: dict, *, keep: bool = False) -> HeldVector:
+        """Hold a model's weights as the layout's flat vector, taking each tensor out of ``weights``.
+
+        A vector of :data:`SPILL_BYTES` or more goes to disk a tensor at a time, so no flat copy of
+        it is ever whole in memory; with ``keep`` (the caller still reads it) it stays in memory.
+        """
+        dtype = np.dtype(layout.dtype)
+        if keep or layout.size * dtype.itemsize < SPILL_BYTES:
+            return cls(layout.flatten(weights, consume=True), spill=False)
+        layout.check(weights)
+        held = cls(np.empty(0, dtype=dtype), spill=True)
+        held.size = layout.size
+        for tensor, (start, _stop) in zip(layout.tensors, layout.segments(), strict=True):
+            value = weights.pop(tensor.name)
+            _pwrite_all(held._fd, np.asarray(value, dtype=dtype).ravel(), start * dtype.itemsize)
+            del value
+        return held
 
     @property
     def spilled(self) -> bool:
@@ -220,3 +260,24 @@ class SpilledAggregate:
     def close(self) -> None:
         """Free the file."""
         self._closer()
+
+
+def byte_pieces(layout: WeightLayout, weights, size: int):
+    """The flat vector's bytes (in ``layout.dtype``) in pieces of ``size``, cut from the tensors.
+
+    No flat copy of the model is made: one piece at a time is built.
+    """
+    piece = bytearray()
+    for tensor in layout.tensors:
+        data = memoryview(np.ascontiguousarray(weights[tensor.name], dtype=layout.dtype)).cast("B")
+        offset = 0
+        while offset < len(data):
+            take = min(size - len(piece), len(data) - offset)
+            piece += data[offset : offset + take]
+            offset += take
+            if len(piece) == size:
+                yield bytes(piece)
+                piece = bytearray()
+        del data
+    if piece or not layout.size:
+        yield bytes(piece)

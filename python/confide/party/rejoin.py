@@ -432,7 +432,10 @@ def request_rejoin(
         _open(keys, leader, tag, exchange.recv(round_number, tag, leader))
         for tag in (f"{MODEL_PREFIX}{incarnation}/{i}" for i in range(int(inner["chunks"])))
     )
+    # Out of the pool and the relay's mailbox: the handed-over model stays in no copy beyond the model's own.
+    exchange.release(round_number, f"{MODEL_PREFIX}{incarnation}/")
     arrays = _arrays(bundle, f"model from {leader!r}")
+    del bundle
     secrets = decode_fields(inner["secrets"])
     counts = {p: np.asarray(v, dtype=np.float64) for p, v in json.loads(inner["counts"]).items()}
     return Admission(

@@ -26,7 +26,7 @@ from confide.hooks import load_hooks
 from confide.ml import FitConfig, WeightLayout
 from confide.party.context import PartyContext
 from confide.party.data import PartyData
-from confide.party.memory import HeldVector, SpilledAggregate, release_freed_memory
+from confide.party.memory import HeldVector, SpilledAggregate, byte_pieces, release_freed_memory
 from confide.party.rejoin import Membership, request_rejoin
 from confide.party.upload import PartyExchange, RoundUpload
 from confide.protect import RoundContext
@@ -87,16 +87,13 @@ def train_and_aggregate(
     # Memory (docs/models.md): the round holds this party's change (scaled in place into its
     # contribution) and the aggregate, each in the layout's dtype; the global vector of a large model
     # waits on disk meanwhile (confide.party.memory). Nothing else of the model's size.
-    global_vector = layout.flatten(model.get_weights(), consume=True)
-    held = HeldVector.of(global_vector, keep=strategy.proximal_mu > 0)
-    if held.spilled:
-        del global_vector
+    held = HeldVector.of_weights(layout, model.get_weights(), keep=strategy.proximal_mu > 0)
     config = FitConfig(
         round=round_number,
         seed=(job.seed, job.index, round_number),
         epochs=job.local_epochs,
         proximal_mu=strategy.proximal_mu,
-        global_weights=_read_only(layout.unflatten(global_vector, copy=False)) if strategy.proximal_mu > 0 else None,
+        global_weights=_read_only(layout.unflatten(held.load(), copy=False)) if strategy.proximal_mu > 0 else None,
         dp_sgd=training.privacy.fit_dp_sgd() if training.privacy is not None else None,
     )
     started = time.perf_counter()
@@ -314,16 +311,45 @@ def agree_on_model(protection, party_id: str, parties: list[str], model, layout:
     leader = parties[0]
     if not distribute or len(set(digests.values())) == 1:
         return
-    piece = 32 * 1024 * 1024
-    pieces = max(1, -(-layout.size * layout.dtype.itemsize // piece))
+    # Memory: the leader cuts the pieces from its weights (no flat copy) and sends at most
+    # INITIAL_WINDOW ahead of the receipts; each side frees a piece (its pool, its re-send copy, the
+    # relay's mailbox) once every receiver has it. A receiver fills one vector.
+    pieces = max(1, -(-layout.size * np.dtype(layout.dtype).itemsize // INITIAL_PIECE))
     if party_id == leader:
-        data = layout.flatten(model.get_weights()).tobytes()
-        for i in range(pieces):
-            protection.share(0, f"initial/{i}", data[i * piece : (i + 1) * piece], peers)
+        weights = model.get_weights()
+        for i, piece in enumerate(byte_pieces(layout, weights, INITIAL_PIECE)):
+            if i >= INITIAL_WINDOW:
+                _initial_received(protection, peers, i - INITIAL_WINDOW)
+            protection.share(0, f"initial/{i}/", piece, peers)
+            del piece
+        del weights
+        for i in range(max(0, pieces - INITIAL_WINDOW), pieces):
+            _initial_received(protection, peers, i)
         return
-    data = b"".join(protection.collect(0, f"initial/{i}", leader) for i in range(pieces))
-    model.set_weights(layout.unflatten(np.frombuffer(data, dtype=layout.dtype)))
+    flat = np.empty(layout.size, dtype=layout.dtype)
+    received = flat.view(np.uint8)
+    for i in range(pieces):
+        piece = protection.collect(0, f"initial/{i}/", leader)
+        received[i * INITIAL_PIECE : i * INITIAL_PIECE + len(piece)] = np.frombuffer(piece, dtype=np.uint8)
+        del piece
+        protection.exchange.release(0, f"initial/{i}/")
+        protection.share(0, f"initial-received/{i}/", b"", [leader])
+    model.set_weights(layout.unflatten(flat, copy=False))
     log.info("initial weights differ between parties: starting from %s's", leader)
+
+
+#: The leader's initial weights travel in pieces of this many bytes ...
+INITIAL_PIECE = 16 * 1024 * 1024
+#: ... at most this many ahead of the receivers' receipts.
+INITIAL_WINDOW = 2
+
+
+def _initial_received(protection, peers: list[str], index: int) -> None:
+    """Wait until every receiver has piece ``index``, then free it (and the receipts)."""
+    for peer in peers:
+        protection.collect(0, f"initial-received/{index}/", peer)
+    protection.exchange.release(0, f"initial/{index}/")
+    protection.exchange.release(0, f"initial-received/{index}/")
 
 
 def _short(digest: str | None) -> str:

@@ -61,7 +61,7 @@ from confide.party.checkpointing import (
 )
 from confide.party.context import PartyContext
 from confide.party.data import PARTITIONED_MODELS, close_compute, load_party_data
-from confide.party.memory import check_memory_limit
+from confide.party.memory import check_memory_limit, return_large_buffers
 from confide.party.rejoin import Membership
 from confide.party.rounds import (
     HOOKS,
@@ -148,6 +148,7 @@ def run_party(
             session=session,
             model_from=model_from,
         )
+    return_large_buffers()  # freed slices and pieces leave the process (docs/models.md, "Memory")
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else workdir / f"{party_id}.checkpoints"

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 from confide.errors import InvalidParameterError
+from confide.ml import WeightLayout
 from confide.party import memory
-from confide.party.memory import HeldVector, SpilledAggregate, check_memory_limit, resident_bytes
+from confide.party.memory import HeldVector, SpilledAggregate, byte_pieces, check_memory_limit, resident_bytes
 
 
 def test_a_large_global_vector_waits_on_disk_and_comes_back_exactly(monkeypatch):
@@ -26,12 +27,35 @@ def test_a_large_global_vector_waits_on_disk_and_comes_back_exactly(monkeypatch)
 
 
 def test_only_large_vectors_spill_and_fedprox_keeps_them():
-    small = np.zeros(10, dtype=np.float32)
-    assert not HeldVector.of(small).spilled
-    assert HeldVector.of(small).load() is small
-    large = np.zeros(memory.SPILL_BYTES // 4, dtype=np.float32)
-    assert HeldVector.of(large).spilled
-    assert not HeldVector.of(large, keep=True).spilled
+    small = {"w": np.zeros(10, dtype=np.float32)}
+    held = HeldVector.of_weights(WeightLayout.of(small), dict(small))
+    assert not held.spilled
+    np.testing.assert_array_equal(held.load(), small["w"])
+    large = {"w": np.zeros(memory.SPILL_BYTES // 4, dtype=np.float32)}
+    assert HeldVector.of_weights(WeightLayout.of(large), dict(large)).spilled
+    assert not HeldVector.of_weights(WeightLayout.of(large), dict(large), keep=True).spilled
+
+
+def test_a_large_models_weights_go_to_disk_a_tensor_at_a_time(monkeypatch):
+    monkeypatch.setattr(memory, "SPILL_BYTES", 64)
+    monkeypatch.setattr(memory, "CHUNK", 7)
+    rng = np.random.default_rng(3)
+    weights = {
+        "dense/kernel": rng.standard_normal((5, 4)).astype(np.float32),
+        "dense/bias": rng.standard_normal(4).astype(np.float32),
+        "out/kernel": rng.standard_normal((4, 3)).astype(np.float32),
+    }
+    layout = WeightLayout.of(weights)
+    expected = layout.flatten(weights)
+    given = dict(weights)
+    held = HeldVector.of_weights(layout, given)
+    assert held.spilled and given == {}  # each tensor taken out once written
+    np.testing.assert_array_equal(held.load(), expected)
+    local = expected + 1.5
+    held.subtract_from(local)
+    np.testing.assert_allclose(local, np.full(layout.size, 1.5, dtype=np.float32))
+    with pytest.raises(InvalidParameterError, match="differ in names"):
+        HeldVector.of_weights(layout, {"dense/kernel": weights["dense/kernel"]})
 
 
 def test_a_model_whose_rounds_would_pass_the_memory_limit_is_refused_with_the_numbers():
@@ -64,3 +88,22 @@ def test_a_spilled_aggregate_takes_what_a_mode_does_with_its_output(monkeypatch)
     with pytest.raises(ValueError, match="3 values for positions 0:4"):
         aggregate[0:4] = [1, 2, 3]
     aggregate.close()
+
+
+@pytest.mark.parametrize("size", [1, 12, 13, 50, 400])
+def test_weights_are_cut_into_pieces_of_the_flat_vectors_bytes(size):
+    rng = np.random.default_rng(4)
+    weights = {
+        "a": rng.standard_normal((3, 5)).astype(np.float32),
+        "b": rng.standard_normal(7),  # float64: sent in the layout's dtype
+        "c": np.asfortranarray(rng.standard_normal((4, 2)).astype(np.float32)),
+    }
+    layout = WeightLayout.of(weights)
+    pieces = list(byte_pieces(layout, weights, size))
+    assert all(len(piece) == size for piece in pieces[:-1]) and 0 < len(pieces[-1]) <= size
+    assert b"".join(pieces) == layout.flatten(weights).tobytes()
+
+
+def test_an_empty_model_is_one_empty_piece():
+    layout = WeightLayout.of({"w": np.zeros(0, dtype=np.float32)})
+    assert list(byte_pieces(layout, {"w": np.zeros(0, dtype=np.float32)}, 16)) == [b""]
