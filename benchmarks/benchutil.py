@@ -116,6 +116,39 @@ def write(bench: str, machine_info: dict, results: list[dict]) -> Path:
     return path
 
 
+def merged(bench: str, results: list[dict], info: dict, measured: str) -> tuple[list[dict], dict]:
+    """This run's records, then the earlier ``results/<bench>.json`` records of what it did not measure.
+
+    ``measured`` says what this run re-measured (for the machine block); the kept records keep the
+    anchors measured in their own run, and ``kept_from`` names that run.
+    """
+    path = RESULTS / f"{bench}.json"
+    if not path.exists():
+        return results, info
+    earlier = json.loads(path.read_text())
+    fresh = {r["name"] for r in results}
+    kept = [r for r in earlier["results"] if r["name"] not in fresh]
+    info = {
+        **info,
+        "merged": f"records of {measured} from this run; the others ({len(kept)}) kept from the run described in "
+        "'kept_from', each with the anchor measured in its own run",
+        "kept_from": earlier["machine"].get("kept_from", earlier["machine"]),
+    }
+    return results + kept, info
+
+
+def merged_lines(info: dict) -> list[str]:
+    """A markdown block's note on the records a merged run kept (none for a whole run)."""
+    if "merged" not in info:
+        return []
+    kept = info["kept_from"]
+    return [
+        "",
+        f"Merged: {info['merged']}; kept records measured {kept.get('date')} on {kept.get('cpu')}, commit "
+        f"{kept.get('commit')}.",
+    ]
+
+
 def results_table(results: list[dict], value: str = ",.2f", anchor: str = ",.1f", ratio: str = ".2f") -> list[str]:
     """Markdown table lines of result records (format specs for value, anchor value and ratio)."""
     lines = ["| record | value | unit | anchor | anchor value | ratio |", "|---|---:|---|---|---:|---:|"]

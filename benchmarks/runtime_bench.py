@@ -4,7 +4,9 @@ Two shapes of synthetic data (algorithms.md §7.1, binary), 4 parties, every par
 aggregator a separate process on loopback with mutual TLS:
 
 (a) 100,000 samples x 1,000 dense features, 5 local epochs per round;
-(b) 20,000 samples x 100,000 sparse features (density 0.001, ~100 non-zeros per row), 1 epoch.
+(b) 20,000 samples x 100,000 sparse features (density 0.001, ~100 non-zeros per row), 1 epoch;
+(peer_1_25m, with ``--shapes``) 8,000 x 1,250,000 sparse: 1,250,001 values, the size of the side
+by side comparison with Flower's SecAgg+ (4 parties; ``runtime.<mode>.peer_1_25m.vs_plain``).
 
 Per mode: seconds per round (median over the rounds after the first), the crypto part of it
 (mean over parties of the time spent protecting and decoding, measured inside the parties),
@@ -52,6 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchutil import (  # noqa: E402
     crypto_bound,
     machine,
+    merged,
     per_ciphertext_costs,
     phe_per_value,
     print_costs,
@@ -87,6 +90,18 @@ SHAPES = {
         },
         "model": {"learning_rate": 0.5, "local_epochs": 1, "batch_size": 256},
         "label": "20,000 x 100,000 sparse (density 0.001), 1 local epoch",
+    },
+    # The size of the side-by-side comparison with Flower's SecAgg+ (1.25M values, 4 parties).
+    "peer_1_25m": {
+        "data": {
+            "dataset": "synthetic",
+            "samples": 8_000,
+            "features": 1_250_000,
+            "density": 0.0001,
+            "test_fraction": 0.05,
+        },
+        "model": {"learning_rate": 0.5, "local_epochs": 1, "batch_size": 256},
+        "label": "8,000 x 1,250,000 sparse (density 0.0001), 1 local epoch: 1,250,001 values",
     },
 }
 
@@ -259,31 +274,10 @@ def main() -> None:
         print("note:", note)
     info["anchors"] = {"phe": "1.5.0 (per value, scaled linearly from a sample; see docstring)"}
     if args.merge:
-        results, info = _merged(results, info, args.modes)
+        results, info = merged("runtime", results, info, f"modes {args.modes} and the pipeline")
     path = write("runtime", info, results)
     print(f"wrote {path}")
     write_markdown(info, results, notes)
-
-
-def _merged(results: list[dict], info: dict, modes: str) -> tuple[list[dict], dict]:
-    """This run's records, then the earlier file's records of what it did not measure."""
-    import json
-
-    from benchutil import RESULTS
-
-    path = RESULTS / "runtime.json"
-    if not path.exists():
-        return results, info
-    earlier = json.loads(path.read_text())
-    fresh = {r["name"] for r in results}
-    kept = [r for r in earlier["results"] if r["name"] not in fresh]
-    info = {
-        **info,
-        "merged": f"records of modes {modes} and the pipeline from this run; the others ({len(kept)}) kept from "
-        "the run described in 'kept_from', each with the anchor measured in its own run",
-        "kept_from": earlier["machine"].get("kept_from", earlier["machine"]),
-    }
-    return results + kept, info
 
 
 def shape_records(shape: str, measured: dict, per_value: dict, costs: dict, args, notes: list[str]) -> list[dict]:

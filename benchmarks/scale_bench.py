@@ -52,7 +52,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "python"))
 
-from benchutil import machine, record, results_table, write, write_markdown_block  # noqa: E402
+from benchutil import machine, merged, merged_lines, record, results_table, write, write_markdown_block  # noqa: E402
 from scale_model import hidden_units  # noqa: E402
 
 sys.path.insert(0, str(HERE.parent))
@@ -231,12 +231,12 @@ def lora_job(mode: str, base: Path, adapter: str, rounds: int) -> dict:
     }
 
 
-def run_lora(rounds: int, root: Path) -> list[dict]:
+def run_lora(rounds: int, root: Path, modes: list[str]) -> list[dict]:
     """LoRA against full fine-tuning in every mode: bytes per round, accuracy, the central run's accuracy."""
     base = pretrained_base(root / "bert-4x128", hidden=128, layers=4)
     results, accuracies = [], {}
     central = None
-    for mode in MODES:
+    for mode in modes:
         outcome = {}
         for adapter in ("lora", "none"):
             workdir = root / f"lora-{mode}-{adapter}"
@@ -306,7 +306,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--window-mb", type=int, default=64, help="the relay's in-memory window (MiB)")
     parser.add_argument("--parts", default="scale,lora", help="scale (the Keras sizes), lora (fine-tuning)")
+    parser.add_argument("--lora-modes", default=",".join(MODES), help="modes of the LoRA part")
     parser.add_argument("--write", action="store_true", help="write results/scale.json and docs/benchmarks.md")
+    parser.add_argument(
+        "--merge", action="store_true", help="with --write: keep the earlier records this run did not measure"
+    )
     args = parser.parse_args()
     parts = args.parts.split(",")
     info = machine()
@@ -388,16 +392,19 @@ def main() -> None:
                     )
                 )
         if "lora" in parts:
-            results += run_lora(args.rounds, root)
+            results += run_lora(args.rounds, root, args.lora_modes.split(","))
     finally:
         shutil.rmtree(root, ignore_errors=True)
     if args.write:
+        if args.merge:
+            results, info = merged("scale", results, info, f"parts {args.parts} (sizes {args.sizes})")
         path = write("scale", info, results)
         print(f"wrote {path}")
         lines = [
             f"Keras Dense 1000 -> N -> 10 (Adam), 3 parties, {args.rounds} rounds, relay window "
             f"{args.window_mb} MiB; LoRA: a 4-layer BERT (hidden 128) pretrained here, 3 parties, {args.rounds} "
             f"rounds; {info.get('cpu', '')}.",
+            *merged_lines(info),
             "",
         ]
         write_markdown_block("scale_bench", "Large models: rounds, memory, wire", lines + results_table(results))
