@@ -225,10 +225,15 @@ class ProtectionSpec(_Strict):
 
     @model_validator(mode="after")
     def _recover_is_secagg(self) -> ProtectionSpec:
-        if self.on_dropout == "recover" and self.mode != "secagg":
+        if self.on_dropout == "recover" and self.mode not in ("secagg", "lattice"):
             raise ValueError(
-                f"protection.on_dropout recover is dropout recovery for mode secagg (self masks and Shamir shares); "
-                f"mode {self.mode} retries (on_dropout: retry) or fails"
+                f"protection.on_dropout recover is dropout recovery for modes secagg (self masks and Shamir shares) "
+                f"and lattice (the survivors' key sum); mode {self.mode} retries (on_dropout: retry) or fails"
+            )
+        if self.mode == "lattice" and (self.neighbours is not None or self.recovery_threshold is not None):
+            raise ValueError(
+                "protection.neighbours and protection.recovery_threshold are secagg's recovery; lattice recovers "
+                "with protection.threshold of the survivors' summed key shares"
             )
         if self.on_dropout == "recover" and self.mask_bound is None:
             raise ValueError(
@@ -549,16 +554,11 @@ class JobSpec(_Strict):
         from confide.privacy import distributed_plan
         from confide.privacy.distributed import MASKING, PAILLIER
 
-        if self.protection.mode == "lattice":
-            raise ValueError(
-                "privacy.mechanism distributed does not run with protection.mode lattice yet: its noise must land "
-                "exactly on the lattice mode's narrower fixed-point grid, which the plan does not compute; use secagg"
-            )
         if self.protection.mode not in MASKING + PAILLIER:
             raise ValueError(
                 f"privacy.mechanism distributed needs a protection that hides single updates (secagg, groupmask, "
-                f"paillier, threshold); with protection.mode {self.protection.mode} the aggregator would see each "
-                f"party's update with only its share of the noise"
+                f"lattice, paillier, threshold); with protection.mode {self.protection.mode} the aggregator would see "
+                f"each party's update with only its share of the noise"
             )
         if self.protection.mode in MASKING and self.protection.mask_bound is None:
             raise ValueError(

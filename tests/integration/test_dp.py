@@ -1,11 +1,13 @@
 """Differential privacy between separate processes: the job report states the epsilon the accountant gives.
 
 Distributed noise runs under paillier (24-bit codes, adaptive clipping, a loose budget: with 3
-parties the clip count is mostly noise) and secagg; DP-SGD under groupmask. Breast cancer over 3
+parties the clip count is mostly noise), secagg and lattice; DP-SGD under groupmask. Breast cancer over 3
 hospitals, 15 rounds; then DP-SGD in a PyTorch model (Opacus) and a Keras network on JAX.
 """
 
 from __future__ import annotations
+
+import json
 
 import dp_accounting
 import pytest
@@ -20,6 +22,8 @@ CASES = {
         {"mechanism": "distributed", "epsilon": 50, "adaptive_clipping": True, "clip_norm": 0.5},
     ),
     "secagg-distributed": ({"mode": "secagg", "mask_bound": 64}, {"mechanism": "distributed", "epsilon": 20}),
+    # lattice: the noise on the mode's narrower grid (24-bit messages for 3 parties), summed exactly.
+    "lattice-distributed": ({"mode": "lattice", "mask_bound": 64}, {"mechanism": "distributed", "epsilon": 20}),
     "groupmask-dp-sgd": ({"mode": "groupmask"}, {"mechanism": "dp_sgd", "epsilon": 3}),
 }
 
@@ -29,7 +33,9 @@ def reports(tmp_path_factory):
     out = {}
     for name, (protection, privacy) in CASES.items():
         spec = make_spec(job_id=f"dp-{name}", protection=protection, privacy=privacy)
-        out[name] = run_local(spec, tmp_path_factory.mktemp(name), progress=False, echo=lambda *_: None)
+        workdir = tmp_path_factory.mktemp(name)
+        out[name] = run_local(spec, workdir, progress=False, echo=lambda *_: None)
+        out[name]["test_workdir"] = workdir
     return out
 
 
@@ -50,7 +56,12 @@ def test_the_job_trains_within_its_budget_and_says_so(reports, name):
     assert "dp-accounting" in privacy["accountant"]
     # Party-level DP over 3 parties is noisy (docs/benchmarks.md has the spread); these bounds hold
     # with a wide margin in repeated runs, they check that the model learns, not how well.
-    floor = {"groupmask-dp-sgd": 0.95, "secagg-distributed": 0.6, "paillier-distributed": 0.0}[name]
+    floor = {
+        "groupmask-dp-sgd": 0.95,
+        "secagg-distributed": 0.6,
+        "lattice-distributed": 0.6,
+        "paillier-distributed": 0.0,
+    }[name]
     assert report["final_auc"] > floor
     assert all(r["loss"] == r["loss"] for r in report["rounds"])  # finite throughout
 
@@ -60,6 +71,16 @@ def test_distributed_epsilon_is_the_accountants(reports):
     event = dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(privacy["noise_multiplier"]), 15)
     assert privacy["epsilon_spent"] == pytest.approx(_rdp(event, 1e-5), rel=1e-9)
     assert privacy["unit"].startswith("one party's whole update")
+
+
+def test_lattice_noise_lies_on_its_own_coarser_grid(reports):
+    def last_round(name: str) -> dict:
+        party = reports[name]["test_workdir"] / "parties" / "hospital-a.report.json"
+        return json.loads(party.read_text())["rounds"][-1]["stats"]["privacy"]
+
+    lattice, secagg = last_round("lattice-distributed"), last_round("secagg-distributed")
+    assert lattice["grid_bits"] == secagg["grid_bits"] - 8  # 24-bit messages against 32-bit words
+    assert reports["lattice-distributed"]["protection"]["mode"] == "lattice"
 
 
 def test_adaptive_clipping_ran_under_paillier_with_a_public_alpha(reports):

@@ -130,3 +130,38 @@ def test_secagg_recovers_a_dropout_at_each_step_without_retrying(tmp_path, step)
     assert excluded_at == ([5] if step == "summed" else [4])
     rebuilt = a["rounds"][3]["stats"]["rebuilt_from_shares"]
     assert rebuilt == (1 if step == "summed" else 0), "only a party that died after uploading needs its shares"
+
+
+@pytest.mark.parametrize("step", ["released", "summed"])
+def test_lattice_completes_a_round_after_a_dropout_without_retrying(tmp_path, step):
+    """on_dropout recover in lattice: the survivors' key sum decrypts the survivors' sum (no retry).
+
+    released: its key shares went out before training, no word did: excluded, the survivors sum
+    only their own shares, after confirming to each other the same exclusion. summed: its words
+    are in the sum and it dies before decrypting: nothing to do, any t - 1 summed shares of the
+    others rebuild the key sum of all four; the next round excludes it when it never shows up.
+    """
+    everyone = ["hospital-a", "hospital-b", "hospital-c", "hospital-d"]
+    survivors = ["hospital-a", "hospital-b", "hospital-d"]
+    spec = make_spec(
+        job_id=f"lattice-recover-{step}",
+        parties=everyone,
+        rounds=6,
+        protection={"mode": "lattice", "on_dropout": "recover", "share_timeout_s": 10.0},
+        transport={"round_timeout_s": 8.0},
+    )
+    fault = with_faults(exit_round=4, exit_step=step)
+    report = run_local(
+        spec, tmp_path, progress=False, echo=lambda *_: None, party_env={"hospital-c": fault}, max_restarts=0
+    )
+    rounds = report["rounds"]
+    assert [r["round"] for r in rounds] == list(range(1, 7))
+    assert all(r["attempts"] == 1 for r in rounds), "no round was retried"
+    assert rounds[3]["participants"] == (everyone if step == "summed" else survivors)
+    assert all(r["participants"] == survivors for r in rounds[4:])
+    assert report["final_auc"] > 0.98
+    a, b, d = (json.loads((tmp_path / "parties" / f"{p}.report.json").read_text()) for p in survivors)
+    assert a["rounds"][-1]["weights"] == b["rounds"][-1]["weights"] == d["rounds"][-1]["weights"], "same model"
+    excluded_at = [r["round"] for r in a["rounds"] if r["stats"].get("excluded")]
+    assert excluded_at == ([5] if step == "summed" else [4])
+    assert a["protection"]["mode"] == "lattice" and a["protection"]["parties"] == 3

@@ -70,12 +70,13 @@ def test_threshold_key_was_generated_by_the_parties(reports):
 
 
 def test_lattice_sums_what_secagg_sums_and_says_what_ran(reports):
-    # The same fixed point, narrowed to the bits the summed RLWE error leaves (3 parties: 3 * 21 < 2^6, 25 bits).
+    # The same fixed point, narrowed to the bits the summed RLWE error leaves, less one for the
+    # decryption check (3 parties: 3 * 21 < 2^6, 24 bits).
     protection = reports["lattice"]["protection"]
-    assert protection["message_bits"] == 25 and protection["threshold"] == 2 and protection["parties"] == 3
+    assert protection["message_bits"] == 24 and protection["threshold"] == 2 and protection["parties"] == 3
     assert protection["ring"] == "Z_2^32[X]/(X^4096 + 1)" and "eta 21" in protection["error"]
     assert "nothing" in reports["lattice"]["aggregator_saw"]
-    # Four bytes a value like secagg; the key shares add a fixed 32 KiB per share, not per value.
+    # Four bytes a value like secagg; the key shares add a fixed 8 KiB per share, not per value.
     lattice = [r["loss"] for r in reports["lattice"]["rounds"]]
     masked = [r["loss"] for r in reports["secagg"]["rounds"]]
     assert lattice == pytest.approx(masked, abs=1e-3)

@@ -45,10 +45,12 @@ pub enum LatticeError {
     Message { index: usize, value: u64, bits: u32 },
     #[error("{parties} parties: the summed error can reach {bound}, over the decryption margin {margin}")]
     Noise { parties: usize, bound: u64, margin: u64 },
-    #[error("threshold {threshold} of {parties} parties: needs 1 <= threshold <= parties <= 65535")]
+    #[error("threshold {threshold} of {parties} parties: needs 1 <= threshold <= parties <= 32760")]
     Threshold { threshold: usize, parties: usize },
     #[error("share points: {0}")]
     Points(String),
+    #[error("{wrong} of {of} coefficients decrypt with an error past the parties' bound {bound}: the key sum or the summed ciphertexts are wrong (a share or a sum that does not verify)")]
+    Residual { wrong: usize, of: usize, bound: u64 },
     #[error("the operating system's random source failed: {0}")]
     Random(String),
 }
@@ -284,8 +286,11 @@ pub(crate) fn xof(tag: &[u8], seed: &[u8; 32], index: u64) -> impl XofReader {
     shake.finalize_xof()
 }
 
+/// The generator keys, errors and share polynomials are drawn from.
+pub type KeyRng = rand_chacha::ChaCha20Rng;
+
 /// A ChaCha20 generator seeded from the operating system (keys, errors, share polynomials).
-pub fn os_rng() -> Result<rand_chacha::ChaCha20Rng, LatticeError> {
+pub fn os_rng() -> Result<KeyRng, LatticeError> {
     use rand_core::SeedableRng;
     let mut seed = [0u8; 32];
     getrandom::fill(&mut seed).map_err(|error| LatticeError::Random(error.to_string()))?;

@@ -89,7 +89,37 @@ impl Ring {
     }
 
     /// The messages of a sum of `keys.parties()` ciphertexts of slice ``slice``, each under `2^bits`.
+    ///
+    /// Checked: every coefficient's error, what rounding removes, must lie within the sum of the
+    /// parties' error bounds (`parties * eta`: a centred binomial error never exceeds `eta`). A key
+    /// sum rebuilt from a wrong share, or a sum that is not of ciphertexts under those keys, leaves
+    /// errors spread over all of `Z_Delta`, and is refused ([`LatticeError::Residual`]) rather than
+    /// decrypted to noise.
     pub fn decrypt_q32(&self, seed: &[u8; 32], slice: u32, keys: &KeySum, total: &[u32], bits: u32) -> Result<Vec<u32>, LatticeError> {
+        let mut out = Vec::with_capacity(total.len());
+        let wrong = self.decrypt_q32_into(seed, slice, keys, total, bits, Some(&mut out))?;
+        if wrong > 0 {
+            let bound = keys.parties() as u64 * self.params.eta as u64;
+            return Err(LatticeError::Residual { wrong, of: total.len(), bound });
+        }
+        Ok(out)
+    }
+
+    /// How many coefficients of the decryption of ``total`` with ``keys`` have an error past the
+    /// parties' bound (0: the key sum and the sum agree); nothing is decrypted out.
+    pub fn residual_q32(&self, seed: &[u8; 32], slice: u32, keys: &KeySum, total: &[u32], bits: u32) -> Result<usize, LatticeError> {
+        self.decrypt_q32_into(seed, slice, keys, total, bits, None)
+    }
+
+    fn decrypt_q32_into(
+        &self,
+        seed: &[u8; 32],
+        slice: u32,
+        keys: &KeySum,
+        total: &[u32],
+        bits: u32,
+        mut out: Option<&mut Vec<u32>>,
+    ) -> Result<usize, LatticeError> {
         self.check_bits(bits, keys.parties())?;
         if keys.coefficients().len() != self.params.n {
             return Err(LatticeError::Length { what: "the key sum", got: keys.coefficients().len(), expected: self.params.n });
@@ -97,12 +127,21 @@ impl Ring {
         let n = self.params.n;
         let shift = 32 - bits;
         let half = 1u32 << (shift - 1);
-        let mut out = Vec::with_capacity(total.len());
+        let low = (1u32 << shift) - 1;
+        let bound = (keys.parties() as u64 * self.params.eta as u64) as i64;
+        let mut wrong = 0usize;
         for (k, block) in total.chunks(n).enumerate() {
             let a = self.public_poly_q32(seed, ((slice as u64) << 24) | k as u64);
             let product = self.product_q32(&a, keys.coefficients());
-            out.extend(block.iter().zip(&product).map(|(&b, &p)| b.wrapping_sub(p).wrapping_add(half) >> shift));
+            for (&b, &p) in block.iter().zip(&product) {
+                let shifted = b.wrapping_sub(p).wrapping_add(half);
+                let error = (shifted & low) as i64 - half as i64;
+                wrong += (error.abs() > bound) as usize;
+                if let Some(out) = out.as_deref_mut() {
+                    out.push(shifted >> shift);
+                }
+            }
         }
-        Ok(out)
+        Ok(wrong)
     }
 }

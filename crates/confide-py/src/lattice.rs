@@ -3,8 +3,8 @@
 //! every bulk call releases the GIL. Keys never leave Rust except as Shamir shares.
 
 use crate::errors::invalid;
-use confide_lattice::shamir::{reconstruct_key_sum, share_key};
-use confide_lattice::{add_assign, os_rng, KeySum, LatticeError, Params, Ring, SecretKey};
+use confide_lattice::shamir::{add_shares, reconstruct_key_sum, share_key, MAX_PARTIES, P};
+use confide_lattice::{add_assign, os_rng, KeyRng, KeySum, LatticeError, Params, Ring, SecretKey};
 use numpy::{PyArray1, PyReadonlyArray1, PyReadwriteArray1};
 use pyo3::prelude::*;
 
@@ -23,7 +23,7 @@ fn seed_of(seed: &[u8]) -> PyResult<[u8; 32]> {
     seed.try_into().map_err(|_| invalid("seed", format!("must be 32 bytes, got {}", seed.len())))
 }
 
-fn slice<'a>(field: &'static str, array: &'a PyReadonlyArray1<'_, u64>) -> PyResult<&'a [u64]> {
+fn slice<'a, T: numpy::Element>(field: &'static str, array: &'a PyReadonlyArray1<'_, T>) -> PyResult<&'a [T]> {
     array.as_slice().map_err(|_| invalid(field, "array must be contiguous"))
 }
 
@@ -80,16 +80,7 @@ impl PyLatticeRing {
         key: &PyLatticeKey,
         values: PyReadonlyArray1<'_, u64>,
     ) -> PyResult<Bound<'py, PyArray1<u64>>> {
-        let seed = seed_of(seed)?;
-        self.check_key(key.n)?;
-        let values = slice("values", &values)?;
-        let out = py
-            .detach(|| {
-                let mut rng = os_rng()?;
-                self.ring.encrypt_vector(&seed, &key.key, values, &mut rng)
-            })
-            .map_err(|e| failed("values", e))?;
-        Ok(PyArray1::from_vec(py, out))
+        self.encrypt_with(py, seed, key, &values, |ring, seed, key, values, rng| ring.encrypt_vector(seed, key, values, rng))
     }
 
     /// The first ``length`` values of a sum of ciphertexts, decrypted with the sum of their keys.
@@ -101,10 +92,7 @@ impl PyLatticeRing {
         total: PyReadonlyArray1<'_, u64>,
         length: usize,
     ) -> PyResult<Bound<'py, PyArray1<u64>>> {
-        let seed = seed_of(seed)?;
-        let total = slice("total", &total)?;
-        let out = py.detach(|| self.ring.decrypt_vector(&seed, &key_sum.sum, total, length)).map_err(|e| failed("total", e))?;
-        Ok(PyArray1::from_vec(py, out))
+        self.decrypt_with(py, seed, key_sum, &total, |ring, seed, keys, total| ring.decrypt_vector(seed, keys, total, length))
     }
 
     /// ``values`` (uint32, each under ``2^bits``) encrypted mod ``2^32`` under ``key``: one word a value,
@@ -119,16 +107,7 @@ impl PyLatticeRing {
         values: PyReadonlyArray1<'_, u32>,
         bits: u32,
     ) -> PyResult<Bound<'py, PyArray1<u32>>> {
-        let seed = seed_of(seed)?;
-        self.check_key(key.n)?;
-        let values = values.as_slice().map_err(|_| invalid("values", "array must be contiguous"))?;
-        let out = py
-            .detach(|| {
-                let mut rng = os_rng()?;
-                self.ring.encrypt_q32(&seed, slice, &key.key, values, bits, &mut rng)
-            })
-            .map_err(|e| failed("values", e))?;
-        Ok(PyArray1::from_vec(py, out))
+        self.encrypt_with(py, seed, key, &values, |ring, seed, key, values, rng| ring.encrypt_q32(seed, slice, key, values, bits, rng))
     }
 
     /// The ``bits``-bit messages of a wrapping sum of slice ``slice``'s words, with the sum of the keys.
@@ -141,10 +120,23 @@ impl PyLatticeRing {
         total: PyReadonlyArray1<'_, u32>,
         bits: u32,
     ) -> PyResult<Bound<'py, PyArray1<u32>>> {
+        self.decrypt_with(py, seed, key_sum, &total, |ring, seed, keys, total| ring.decrypt_q32(seed, slice, keys, total, bits))
+    }
+
+    /// How many words of slice ``slice``'s sum decrypt with an error past the parties' bound under
+    /// ``key_sum`` (0: the key sum and the sum agree; a wrong share leaves nearly all of them past it).
+    fn residual_q32(
+        &self,
+        py: Python<'_>,
+        seed: &[u8],
+        slice: u32,
+        key_sum: &PyLatticeKeySum,
+        total: PyReadonlyArray1<'_, u32>,
+        bits: u32,
+    ) -> PyResult<usize> {
         let seed = seed_of(seed)?;
         let total = total.as_slice().map_err(|_| invalid("total", "array must be contiguous"))?;
-        let out = py.detach(|| self.ring.decrypt_q32(&seed, slice, &key_sum.sum, total, bits)).map_err(|e| failed("total", e))?;
-        Ok(PyArray1::from_vec(py, out))
+        py.detach(|| self.ring.residual_q32(&seed, slice, &key_sum.sum, total, bits)).map_err(|e| failed("total", e))
     }
 
     /// The most parties whose summed words decrypt with ``bits``-bit messages.
@@ -166,6 +158,50 @@ impl PyLatticeRing {
 }
 
 impl PyLatticeRing {
+    /// One encryption call: the seed and key checked, the work done without the GIL, errors named.
+    fn encrypt_with<'py, T, F>(
+        &self,
+        py: Python<'py>,
+        seed: &[u8],
+        key: &PyLatticeKey,
+        values: &PyReadonlyArray1<'_, T>,
+        run: F,
+    ) -> PyResult<Bound<'py, PyArray1<T>>>
+    where
+        T: numpy::Element + Sync + Send,
+        F: FnOnce(&Ring, &[u8; 32], &SecretKey, &[T], &mut KeyRng) -> Result<Vec<T>, LatticeError> + Send,
+    {
+        let seed = seed_of(seed)?;
+        self.check_key(key.n)?;
+        let values = slice("values", values)?;
+        let out = py
+            .detach(|| {
+                let mut rng = os_rng()?;
+                run(&self.ring, &seed, &key.key, values, &mut rng)
+            })
+            .map_err(|e| failed("values", e))?;
+        Ok(PyArray1::from_vec(py, out))
+    }
+
+    /// One decryption call: the seed checked, the work done without the GIL, errors named.
+    fn decrypt_with<'py, T, F>(
+        &self,
+        py: Python<'py>,
+        seed: &[u8],
+        key_sum: &PyLatticeKeySum,
+        total: &PyReadonlyArray1<'_, T>,
+        run: F,
+    ) -> PyResult<Bound<'py, PyArray1<T>>>
+    where
+        T: numpy::Element + Sync + Send,
+        F: FnOnce(&Ring, &[u8; 32], &KeySum, &[T]) -> Result<Vec<T>, LatticeError> + Send,
+    {
+        let seed = seed_of(seed)?;
+        let total = slice("total", total)?;
+        let out = py.detach(|| run(&self.ring, &seed, &key_sum.sum, total)).map_err(|e| failed("total", e))?;
+        Ok(PyArray1::from_vec(py, out))
+    }
+
     fn check_key(&self, n: usize) -> PyResult<()> {
         if n != self.ring.params().n {
             return Err(invalid("key", format!("belongs to a ring of {n}, this one is {}", self.ring.params().n)));
@@ -183,8 +219,8 @@ pub struct PyLatticeKey {
 
 #[pymethods]
 impl PyLatticeKey {
-    /// Shares for the points 1..=parties, any ``threshold`` of which rebuild the key (uint64 arrays).
-    fn shares<'py>(&self, py: Python<'py>, threshold: usize, parties: usize) -> PyResult<Vec<Bound<'py, PyArray1<u64>>>> {
+    /// Shares for the points 1..=parties, any ``threshold`` of which rebuild the key (uint16 arrays, in F_65521).
+    fn shares<'py>(&self, py: Python<'py>, threshold: usize, parties: usize) -> PyResult<Vec<Bound<'py, PyArray1<u16>>>> {
         let shares = py
             .detach(|| {
                 let mut rng = os_rng()?;
@@ -209,11 +245,25 @@ pub struct PyLatticeKeySum {
 impl PyLatticeKeySum {
     /// From the summed shares of the points ``points`` (1-based, at least the threshold), for ``parties`` keys.
     #[staticmethod]
-    fn reconstruct(points: Vec<u64>, shares: Vec<PyReadonlyArray1<'_, u64>>, parties: usize) -> PyResult<Self> {
-        let slices = shares.iter().map(|s| slice("shares", s)).collect::<PyResult<Vec<&[u64]>>>()?;
+    fn reconstruct(points: Vec<u64>, shares: Vec<PyReadonlyArray1<'_, u16>>, parties: usize) -> PyResult<Self> {
+        let slices = shares.iter().map(|s| slice("shares", s)).collect::<PyResult<Vec<&[u16]>>>()?;
         let sum = reconstruct_key_sum(&points, &slices, parties).map_err(|e| failed("shares", e))?;
         Ok(Self { sum })
     }
+
+    /// ``total += share`` in the share field (a party's share of the key sum), in place.
+    #[staticmethod]
+    fn add_shares(mut total: PyReadwriteArray1<'_, u16>, share: PyReadonlyArray1<'_, u16>) -> PyResult<()> {
+        let share = slice("share", &share)?;
+        let total = total.as_slice_mut().map_err(|_| invalid("total", "array must be contiguous and writable"))?;
+        add_shares(total, share).map_err(|e| failed("share", e))
+    }
+
+    /// The share field's prime and the most parties one key sum covers.
+    #[classattr]
+    const SHARE_PRIME: u32 = P;
+    #[classattr]
+    const MAX_PARTIES: usize = MAX_PARTIES;
 
     #[getter]
     fn parties(&self) -> usize {

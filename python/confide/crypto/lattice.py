@@ -1,12 +1,14 @@
 """Key-homomorphic RLWE sums, the primitives of lattice aggregation (docs/crypto.md, "Lattice aggregation").
 
-One round, as the protocol will run it (no protection mode uses this yet):
+One round (the ``lattice`` protection mode runs the same protocol on ciphertexts mod ``2^32``,
+:mod:`confide.protect.lattice`; these are the mod-``q`` primitives, with a plaintext modulus):
 
 1. every party draws a fresh :class:`RoundKey`, encrypts its integer vector under it with the
    round's public seed (:meth:`RoundKey.encrypt`: only the ciphertext travels), and sends each
    other party its Shamir share of the key (:meth:`RoundKey.shares`; sealed to the recipient);
 2. the aggregator adds the ciphertexts (:func:`fold`), knowing nothing that decrypts;
-3. every party adds the shares it received from the parties whose ciphertexts made the sum; any
+3. every party adds the shares it received (:func:`add_shares`; Shamir over ``F_65521``, uint16)
+   from the parties whose ciphertexts made the sum; any
    ``threshold`` of those summed shares rebuild the *sum* of those parties' keys
    (:func:`key_sum`), which decrypts the summed vector (:func:`decrypt`) and nothing else.
 
@@ -19,13 +21,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
 from confide import _native
 from confide.errors import InvalidParameterError
 
-__all__ = ["LatticeParams", "RoundKey", "decrypt", "fold", "key_sum"]
+__all__ = ["LatticeParams", "RoundKey", "add_shares", "decrypt", "fold", "key_sum"]
 
 
 @dataclass(frozen=True)
@@ -36,8 +39,13 @@ class LatticeParams:
     plaintext_bits: int = 24
 
     def ring(self) -> _native.LatticeRing:
-        """The native ring (its checks name the field and the limit)."""
-        return _native.LatticeRing(self.n, self.plaintext_bits)
+        """The native ring (its checks name the field and the limit), built once per parameter set."""
+        return _ring(self.n, self.plaintext_bits)
+
+
+@lru_cache(maxsize=8)
+def _ring(n: int, plaintext_bits: int) -> _native.LatticeRing:
+    return _native.LatticeRing(n, plaintext_bits)
 
 
 def _residues(values: np.ndarray, bits: int) -> np.ndarray:
@@ -63,13 +71,18 @@ class RoundKey:
         return self._ring.encrypt(seed, self._key, _residues(values, self.params.plaintext_bits))
 
     def shares(self, threshold: int, parties: int) -> list[np.ndarray]:
-        """Shamir shares of the key for the parties 1..``parties`` (``threshold`` rebuild it)."""
+        """Shamir shares of the key for the parties 1..``parties`` (``threshold`` rebuild it; uint16)."""
         return self._key.shares(threshold, parties)
 
 
 def fold(total: np.ndarray, ciphertext: np.ndarray) -> None:
-    """The aggregator's sum, in place (also what a party does with the key shares it receives)."""
+    """The aggregator's sum of ciphertexts mod ``q``, in place."""
     _native.LatticeRing.fold(total, ciphertext)
+
+
+def add_shares(total: np.ndarray, share: np.ndarray) -> None:
+    """A party's sum of the key shares it received, in place (in ``F_65521``)."""
+    _native.LatticeKeySum.add_shares(total, share)
 
 
 def key_sum(points: Sequence[int], summed_shares: Sequence[np.ndarray], parties: int) -> _native.LatticeKeySum:

@@ -96,6 +96,9 @@ def train_and_aggregate(
         global_weights=_read_only(layout.unflatten(held.load(), copy=False)) if strategy.proximal_mu > 0 else None,
         dp_sgd=training.privacy.fit_dp_sgd() if training.privacy is not None else None,
     )
+    # What the mode needs that does not depend on the update (the lattice mode's key shares) travels
+    # while this party trains.
+    protection.prepare_round(round_number, first_attempt, participants)
     started = time.perf_counter()
     fitted = model.fit(data.X, data.y, config)
     timings["train_s"] = time.perf_counter() - started

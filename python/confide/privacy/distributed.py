@@ -41,7 +41,7 @@ __all__ = ["DistributedNoise", "grid_bits"]
 TAIL_SIGMAS = 12.0
 #: Smallest per-party noise deviation on the grid (the discrete Gaussians' sum is then as good as one).
 MIN_GRID_SIGMA = 1.0
-MASKING = ("secagg", "groupmask")
+MASKING = ("secagg", "groupmask", "lattice")
 PAILLIER = ("paillier", "threshold")
 
 
@@ -75,7 +75,13 @@ def grid_bits(
                 "protection.mask_bound: null makes the parties exchange their largest value every round, which "
                 "differential privacy does not cover; set a public bound"
             )
-        g = FixedPoint(mask_bound, parties).fraction_bits
+        # lattice: its messages are narrower than a word, so the grid is coarser (the same fixed point).
+        ring = 32
+        if mode == "lattice":
+            from confide.protect.lattice import message_bits
+
+            ring = message_bits(parties)
+        g = FixedPoint(mask_bound, parties, ring).fraction_bits
         if need(g) > mask_bound:
             raise InvalidParameterError(
                 f"protection.mask_bound ({mask_bound:g}) must hold the clipped update plus its noise share: at least "
@@ -94,8 +100,9 @@ def grid_bits(
             )
         return g
     raise InvalidParameterError(
-        f"privacy.mechanism distributed needs a protection that hides single updates (secagg, groupmask, paillier, "
-        f"threshold); with {mode} the aggregator would see each party's update with only its share of the noise"
+        f"privacy.mechanism distributed needs a protection that hides single updates (secagg, groupmask, lattice, "
+        f"paillier, threshold); with {mode} the aggregator would see each party's update with only its share of the "
+        "noise"
     )
 
 

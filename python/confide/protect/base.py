@@ -222,6 +222,14 @@ class Protection(ABC):
             out[peer] = np.frombuffer(data, dtype="<f8")
         return out
 
+    def prepare_round(self, round_number: int, attempt: int, participants: list[str]) -> None:  # noqa: B027
+        """Before local training: start what does not depend on the update (none by default).
+
+        A mode may send key material here so it has arrived when the round needs it; its
+        ``begin_round`` must still work, and draw afresh, where the attempt or the participants
+        it then gets differ from these.
+        """
+
     def begin_round(self, context: RoundContext, vector: np.ndarray) -> None:  # noqa: B027 - optional hook
         """Agree on whatever the encoding of this attempt needs (none by default)."""
 

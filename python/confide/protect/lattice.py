@@ -3,8 +3,10 @@
 Per round attempt (docs/crypto.md, "Lattice aggregation"; :mod:`confide.crypto.lattice`):
 
 1. every participant draws a fresh ternary key ``s_i``, and sends each other participant its
-   t-of-m Shamir share of it, sealed pairwise (X25519 pair keys, as ``secagg``): the aggregator
-   relays shares it cannot read;
+   t-of-m Shamir share of it (over F_65521, two bytes a coefficient), sealed pairwise (X25519 pair
+   keys, as ``secagg``): the aggregator relays shares it cannot read. The key does not depend on
+   the update, so this happens before local training (:meth:`LatticeProtection.prepare_round`)
+   and the shares wait at the peers; an attempt whose participants differ draws afresh;
 2. each slice of the update, in the masking modes' fixed point (narrowed to ``bits`` bits so the
    summed error fits), is encrypted word for word: ``b = a*s_i + e + Delta*m (mod 2^32)``, block by
    block under public polynomials expanded from the attempt's seed. Four bytes a value, summed by
@@ -25,12 +27,14 @@ from __future__ import annotations
 
 import hashlib
 import struct
+import time
 from collections.abc import Callable
+from itertools import combinations, islice
 
 import numpy as np
 
 from confide import _native
-from confide.errors import ProtocolError
+from confide.errors import InvalidParameterError, MessageTimeoutError, ProtocolError, RoundAbortedError
 from confide.protect.base import RoundContext
 from confide.protect.masking import SecAgg
 from confide.v1 import runtime_pb2 as pb
@@ -44,13 +48,55 @@ ETA = 21
 
 
 def message_bits(parties: int) -> int:
-    """The widest message ring whose sum of ``parties`` errors still decrypts (``m * eta < 2^(31 - bits)``)."""
-    return 31 - (parties * ETA).bit_length()
+    """The message ring: ``m * eta < 2^(30 - bits)``, half of what decryption needs (``2^(31 - bits)``).
+
+    The spare bit is the decryption check's: a wrong key sum or sum leaves each word's error
+    uniform over ``Z_Delta``, past the parties' bound for at least half of the words, so even a
+    slice of 31 values is caught but for a chance of ``2^-31``.
+    """
+    return 30 - (parties * ETA).bit_length()
 
 
 def default_threshold(parties: int) -> int:
     """Summed key shares that rebuild the key sum: a majority, at least 2 (all of 2)."""
     return max(2, (parties + 1) // 2)
+
+
+def _key_tag(attempt: int, participants) -> str:
+    """The key shares' tag: a key drawn for other participants (before a rejoin) is never taken for this one."""
+    members = hashlib.sha256("\x00".join(participants).encode()).hexdigest()[:16]
+    return f"lattice-key/{attempt}/{members}"
+
+
+def _summed_share(peer: str, data: bytes) -> np.ndarray:
+    share = np.frombuffer(data, dtype="<u2")
+    if share.size != RING_DIMENSION:
+        raise ProtocolError(f"summed key share of {peer!r} holds {share.size} coefficients, expected {RING_DIMENSION}")
+    return share.astype(np.uint16)
+
+
+def bad_decryption_shares(
+    ring, seed: bytes, bits: int, words: np.ndarray, summed: dict, threshold: int, parties: int, tries: int = 500
+) -> list[str] | None:
+    """The parties whose summed key shares do not verify against a sum's first slice (a redundancy check).
+
+    ``summed``: party -> (point, summed share). A set of ``threshold`` shares is right when its key
+    sum decrypts ``words`` with every error within the parties' bound; once one is found, each other
+    share is tested in place of one of its members. Needs ``threshold + 1`` shares or more, and at
+    least ``threshold`` right ones among the first ``tries`` sets; None where none is found.
+    """
+    names = list(summed)
+
+    def verifies(members) -> bool:
+        points, shares = zip(*(summed[name] for name in members), strict=True)
+        keys = _native.LatticeKeySum.reconstruct(list(points), list(shares), parties)
+        return ring.residual_q32(seed, 0, keys, words, bits) == 0
+
+    good = next((c for c in islice(combinations(names, threshold), tries) if verifies(c)), None)
+    if good is None:
+        return None
+    base = list(good[:-1])
+    return [name for name in names if name not in good and not verifies([*base, name])]
 
 
 class LatticeProtection(SecAgg):
@@ -65,12 +111,16 @@ class LatticeProtection(SecAgg):
 
     def __init__(self, exchange, params) -> None:
         super().__init__(exchange, params)
+        # The mod-2^32 calls take their message bits each time; 16 only satisfies the constructor.
         self._ring = _native.LatticeRing(RING_DIMENSION, 16)
         self._key: _native.LatticeKey | None = None
         self._seed = b""
         self._bits = 0
         self._threshold = 0
         self._own_share: np.ndarray | None = None
+        self._drawn: tuple = ()
+        self._summed: dict[str, tuple[int, np.ndarray]] = {}
+        self._sum_tag, self._sum_peers = "", []
         self._ran: dict = {}
 
     def _ring_bits(self, parties: int) -> int:
@@ -79,29 +129,42 @@ class LatticeProtection(SecAgg):
             raise ProtocolError(f"{parties} parties leave {bits}-bit messages for the lattice mode, fewer than 8")
         return bits
 
+    def prepare_round(self, round_number: int, attempt: int, participants: list[str]) -> None:
+        """Draw the attempt's key and send its shares, sealed, before local training."""
+        self._draw_key(round_number, attempt, list(participants))
+
+    def _draw_key(self, round_number: int, attempt: int, participants: list[str]) -> None:
+        m = len(participants)
+        self._threshold = min(self.params.threshold or default_threshold(m), m)
+        self._key = self._ring.new_key()
+        shares = self._key.shares(self._threshold, m)
+        me = self.exchange.party_id
+        for position, peer in enumerate(participants):
+            if peer == me:
+                self._own_share = shares[position]
+            else:
+                share = shares[position].astype("<u2").tobytes()
+                self.share(round_number, _key_tag(attempt, participants), share, [peer])
+        self._drawn = (round_number, attempt, tuple(participants))
+
     def begin_round(self, context: RoundContext, vector: np.ndarray) -> None:
-        """Fix the bound and the message bits, draw this attempt's key and send its shares, sealed."""
+        """Fix the bound and the message bits; draw the attempt's key unless it was drawn for these participants."""
         m = len(context.participants)
         super(SecAgg, self).begin_round(context, vector)  # the bound and the fixed point (not secagg's masks)
         self._bits = self._fixed.bits
-        self._threshold = min(self.params.threshold or default_threshold(m), m)
+        if self._key is None or self._drawn != (context.round, context.attempt, tuple(context.participants)):
+            self._draw_key(context.round, context.attempt, list(context.participants))
         self._seed = hashlib.sha256(
             b"confide-lattice-seed-v1\x00"
             + self.exchange.job_id.encode()
             + struct.pack("<II", context.round, context.attempt)
             + "\x00".join(context.participants).encode()
         ).digest()
-        self._key = self._ring.new_key()
-        shares = self._key.shares(self._threshold, m)
-        for position, peer in enumerate(context.participants):
-            if peer == context.party_id:
-                self._own_share = shares[position]
-            else:
-                self.share(context.round, context.tag("lattice-key"), shares[position].tobytes(), [peer])
         context.stats["message_bits"] = self._bits
         self._ran = {
             "ring": f"Z_2^32[X]/(X^{RING_DIMENSION} + 1)",
             "ntt_prime": f"{self._ring.modulus} (exact products mod 2^32)",
+            "key_shares": f"Shamir over F_{_native.LatticeKeySum.SHARE_PRIME}, before local training",
             "secret": "ternary, fresh per party and attempt",
             "error": f"centred binomial, eta {ETA}",
             "message_bits": self._bits,
@@ -115,33 +178,90 @@ class LatticeProtection(SecAgg):
         return self._ring.encrypt_q32(self._seed, index, self._key, words, self._bits).astype("<u4").tobytes()
 
     def _key_sum(self, context: RoundContext) -> _native.LatticeKeySum:
-        """Sum the received key shares, swap the summed shares with the peers, rebuild ``sum s_i``."""
+        """Sum the received key shares of the summed parties, swap summed shares, rebuild their key sum.
+
+        The summed parties are the participants less those the aggregator excluded (lost before
+        any of their words arrived; with ``on_dropout: recover``). Where some were excluded, the
+        survivors first confirm to each other that they were told the same set: a party reveals a
+        summed share for one set only, so no coalition can gather two key sums of one attempt (two
+        give away the keys between them). A party whose words are in the sum and that is lost
+        afterwards costs nothing: any ``t - 1`` summed shares besides one's own rebuild the sum.
+        """
+        excluded = set(context.excluded() if context.excluded is not None else [])
+        summed_parties = [p for p in context.participants if p not in excluded]
+        peers = [p for p in summed_parties if p != context.party_id]
+        if len(summed_parties) < self._threshold:
+            raise RoundAbortedError(
+                f"round {context.round} attempt {context.attempt}: {len(summed_parties)} parties left after "
+                f"{', '.join(sorted(excluded))} were excluded, the lattice key sum needs protection.threshold "
+                f"{self._threshold}; retrying under fresh keys",
+                sorted(excluded),
+                summed_parties,
+            )
+        view = hashlib.sha256("\x00".join(summed_parties).encode()).hexdigest()[:16]
+        if excluded:
+            self._confirm(context, peers, view)
+            context.stats["excluded"] = sorted(excluded)
         length = RING_DIMENSION
-        summed = np.array(self._own_share, dtype=np.uint64)
-        for peer in context.peers:
-            share = np.frombuffer(self.collect(context.round, context.tag("lattice-key"), peer), dtype="<u8")
+        summed = np.array(self._own_share, dtype=np.uint16)
+        for peer in peers:
+            tag = _key_tag(context.attempt, context.participants)
+            share = np.frombuffer(self.collect(context.round, tag, peer), dtype="<u2")
             if share.size != length:
                 raise ProtocolError(f"key share from {peer!r} holds {share.size} coefficients, expected {length}")
-            _native.LatticeRing.fold(summed, share.astype(np.uint64))
-        # Each party needs t - 1 summed shares besides its own: party p sends its own to the t - 1
-        # parties before it (mod m) and receives from the t - 1 after it, so each goes out t - 1 times.
-        m, p = len(context.participants), context.position
-        ahead = [context.participants[(p + k) % m] for k in range(1, self._threshold)]
-        behind = [context.participants[(p - k) % m] for k in range(1, self._threshold)]
-        self.share(context.round, context.tag("lattice-sum"), summed.tobytes(), behind)
-        points, shares = [p + 1], [summed]
-        for peer in ahead:
-            data = np.frombuffer(self.collect(context.round, context.tag("lattice-sum"), peer), dtype="<u8")
-            if data.size != length:
-                raise ProtocolError(f"summed key share from {peer!r} holds {data.size} coefficients, expected {length}")
-            points.append(context.participants.index(peer) + 1)
-            shares.append(data.astype(np.uint64))
-        return _native.LatticeKeySum.reconstruct(points, shares, len(context.participants))
+            _native.LatticeKeySum.add_shares(summed, share.astype(np.uint16))
+        # Every summed party sends its summed share to the others; any t - 1 of theirs rebuild the sum.
+        sum_tag = f"lattice-sum/{context.attempt}/{view}"
+        self.share(context.round, sum_tag, summed.astype("<u2").tobytes(), peers)
+        self._summed = {context.party_id: (context.position + 1, summed)}
+        self._sum_tag, self._sum_peers = sum_tag, peers
+        for peer, data in self._first_arrivals(context.round, sum_tag, peers, self._threshold - 1):
+            self._summed[peer] = (context.participants.index(peer) + 1, _summed_share(peer, data))
+        points, shares = zip(*self._summed.values(), strict=True)
+        return _native.LatticeKeySum.reconstruct(list(points), list(shares), len(summed_parties))
+
+    def _confirm(self, context: RoundContext, peers: list[str], view: str) -> None:
+        """Every survivor was told the same exclusions, or the attempt stops naming who was told otherwise."""
+        tag = f"lattice-view/{context.attempt}"
+        self.share(context.round, tag, view.encode(), peers)
+        for peer in peers:
+            theirs = self.collect(context.round, tag, peer, timeout=self.params.share_timeout_s).decode()
+            if theirs != view:
+                raise ProtocolError(
+                    f"round {context.round}: {peer!r} was told of other excluded parties than {context.party_id!r}: "
+                    "the aggregator told the parties different things; no summed key share was revealed"
+                )
+
+    def _first_arrivals(self, round_number: int, tag: str, peers: list[str], needed: int, *, strict: bool = True):
+        """``(peer, payload)`` of the first ``needed`` peers whose message under ``tag`` arrives.
+
+        Past ``share_timeout_s`` it fails naming the silent peers, or with ``strict=False`` stops.
+        """
+        waiting, got = list(peers), 0
+        deadline = time.monotonic() + self.params.share_timeout_s
+        while got < needed:
+            for peer in list(waiting):
+                try:
+                    data = self.collect(round_number, tag, peer, timeout=0.05)
+                except MessageTimeoutError:
+                    continue
+                waiting.remove(peer)
+                got += 1
+                yield peer, data
+                if got == needed:
+                    return
+            if time.monotonic() > deadline:
+                if not strict:
+                    return
+                raise ProtocolError(
+                    f"round {round_number}: {needed - got} more summed key shares were needed, none came from "
+                    f"{', '.join(waiting)} within {self.params.share_timeout_s:g} s"
+                )
 
     def finish_round(self, context: RoundContext, result: Callable[[int], pb.Slice]) -> np.ndarray:
         """Decrypt every summed slice with the key sum, then decode the fixed point."""
         out = context.output()
-        first = result(0)  # the aggregator has summed: only now do the summed shares go out
+        first = result(0)  # the aggregator has summed (and told any exclusion): only now do summed shares go out
         keys = self._key_sum(context)
         for index in range(context.num_slices):
             piece = first if index == 0 else result(index)
@@ -149,10 +269,38 @@ class LatticeProtection(SecAgg):
             words = np.frombuffer(piece.payload, dtype="<u4")
             if words.size != stop - start:
                 raise ProtocolError(f"summed slice {index} holds {words.size} words, expected {stop - start}")
-            messages = self._ring.decrypt_q32(self._seed, index, keys, words.astype(np.uint32), self._bits)
+            words = words.astype(np.uint32)
+            if index == 0 and self._ring.residual_q32(self._seed, 0, keys, words, self._bits):
+                raise ProtocolError(self._blame(context, words))
+            try:
+                messages = self._ring.decrypt_q32(self._seed, index, keys, words, self._bits)
+            except InvalidParameterError as error:  # the key sum decrypted slice 0: this sum is not the parties'
+                raise ProtocolError(
+                    f"round {context.round}: summed slice {index} does not decrypt under the key sum that decrypts "
+                    f"slice 0: the aggregator's sum is not of the parties' ciphertexts ({error})"
+                ) from None
             out[start:stop] = self._decode_words(messages)
         self._key = None
         return out
+
+    def _blame(self, context: RoundContext, words: np.ndarray) -> str:
+        """Why slice 0 does not decrypt: the summed key shares that do not verify, named where they can be."""
+        waiting = [p for p in self._sum_peers if p not in self._summed]
+        for peer, data in self._first_arrivals(context.round, self._sum_tag, waiting, len(waiting), strict=False):
+            self._summed[peer] = (context.participants.index(peer) + 1, _summed_share(peer, data))
+        parties = len(self._sum_peers) + 1
+        bad = bad_decryption_shares(self._ring, self._seed, self._bits, words, self._summed, self._threshold, parties)
+        if bad:
+            return (
+                f"round {context.round}: the summed key share of {', '.join(bad)} does not verify: with it the sum "
+                "decrypts with errors past the parties' bound (a wrong share, or a wrong key share sent to that "
+                "party); nothing was decrypted"
+            )
+        return (
+            f"round {context.round}: no {self._threshold} of the {len(self._summed)} summed key shares at hand "
+            "decrypt the sum: the aggregator's sum is not of the parties' ciphertexts, or too many shares are "
+            "wrong to tell which; nothing was decrypted"
+        )
 
     def report(self) -> dict:
         """What ran: ring, moduli, message bits, threshold, parties."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from confide.crypto.lattice import LatticeParams, RoundKey, decrypt, fold, key_sum
+from confide.crypto.lattice import LatticeParams, RoundKey, add_shares, decrypt, fold, key_sum
 from confide.errors import InvalidParameterError
 
 
@@ -25,9 +25,10 @@ def test_a_round_with_a_dropout_decrypts_the_sum_of_the_parties_that_sent_and_no
         fold(total, ciphertext)
     summed = []
     for j in range(parties):
-        mine = np.zeros(1024, dtype=np.uint64)
+        mine = np.zeros(1024, dtype=np.uint16)
         for i in sent:
-            fold(mine, shares[i][j])
+            assert shares[i][j].dtype == np.uint16 and shares[i][j].max() < 65521
+            add_shares(mine, shares[i][j])
         summed.append(mine)
     expected = sum(updates[i] for i in sent)
     for chosen in ([0, 1, 2], [1, 3, 4], [0, 2, 3, 4]):
@@ -52,3 +53,7 @@ def test_bad_input_names_the_field_and_the_limit():
         LatticeParams(n=1000).ring()
     with pytest.raises(InvalidParameterError, match="threshold 4 of 3 parties"):
         key.shares(4, 3)
+    with pytest.raises(InvalidParameterError, match="threshold 2 of 40000 parties: needs .* <= 32760"):
+        key.shares(2, 40_000)
+    with pytest.raises(InvalidParameterError, match="share coefficient 65521 is not below 65521"):
+        add_shares(np.zeros(3, dtype=np.uint16), np.array([0, 65521, 0], dtype=np.uint16))

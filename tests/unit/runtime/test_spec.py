@@ -116,6 +116,7 @@ def test_dropout_recovery_is_accepted_for_secagg_and_reaches_the_protocol():
     params = job.protection.params()
     assert params.recover and params.neighbours == 2 and params.min_parties == 2
     assert not parse_job(spec(protection={"mode": "secagg"})).protection.params().recover
+    assert parse_job(spec(protection={"mode": "lattice", "on_dropout": "recover"})).protection.params().recover
 
 
 @pytest.mark.parametrize(
@@ -129,6 +130,10 @@ def test_dropout_recovery_is_accepted_for_secagg_and_reaches_the_protocol():
             ["protection.recovery_threshold (3)", "protection.neighbours (2)"],
         ),
         ({"mode": "secagg", "on_dropout": "recover", "recovery_timeout_s": 0}, ["protection.recovery_timeout_s"]),
+        (
+            {"mode": "lattice", "on_dropout": "recover", "neighbours": 2},
+            ["protection.neighbours", "lattice recovers with protection.threshold"],
+        ),
     ],
 )
 def test_dropout_recovery_errors_name_the_field(protection, words):

@@ -1,0 +1,109 @@
+"""The lattice mode's checks on one process: a wrong summed key share is refused and named, a wrong sum refused."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from confide import _native
+from confide.crypto.fixedpoint import FixedPoint
+from confide.errors import InvalidParameterError
+from confide.privacy.distributed import grid_bits
+from confide.protect.lattice import RING_DIMENSION, bad_decryption_shares, message_bits
+
+PARTIES = ["hospital-a", "hospital-b", "hospital-c", "hospital-d"]
+SEED = bytes(range(32))
+
+
+def _round(threshold: int):
+    """Four parties' words of slice 0 summed, and each party's summed key share (point, uint16)."""
+    ring = _native.LatticeRing(RING_DIMENSION, 16)
+    bits = message_bits(len(PARTIES))
+    rng = np.random.default_rng(8)
+    keys = [ring.new_key() for _ in PARTIES]
+    shares = [key.shares(threshold, len(PARTIES)) for key in keys]
+    values = [rng.integers(0, 1 << (bits - 3), size=3000, dtype=np.uint32) for _ in PARTIES]
+    total = np.zeros(3000, dtype=np.uint32)
+    for key, mine in zip(keys, values, strict=True):
+        total += ring.encrypt_q32(SEED, 0, key, mine, bits)  # wrapping: the ring's addition
+    summed = {}
+    for j, party in enumerate(PARTIES):
+        share = np.zeros(RING_DIMENSION, dtype=np.uint16)
+        for i in range(len(PARTIES)):
+            _native.LatticeKeySum.add_shares(share, shares[i][j])
+        summed[party] = (j + 1, share)
+    expected = (sum(v.astype(np.uint64) for v in values) % (1 << bits)).astype(np.uint32)
+    return ring, bits, total, summed, expected
+
+
+def _key_sum(summed, names):
+    points, shares = zip(*(summed[n] for n in names), strict=True)
+    return _native.LatticeKeySum.reconstruct(list(points), list(shares), len(PARTIES))
+
+
+def test_any_threshold_of_the_summed_shares_decrypt_and_a_wrong_one_is_named():
+    ring, bits, total, summed, expected = _round(threshold=2)
+    for names in (["hospital-a", "hospital-b"], ["hospital-c", "hospital-d"], ["hospital-a", "hospital-d"]):
+        keys = _key_sum(summed, names)
+        assert ring.residual_q32(SEED, 0, keys, total, bits) == 0
+        np.testing.assert_array_equal(ring.decrypt_q32(SEED, 0, keys, total, bits), expected)
+    point, share = summed["hospital-c"]
+    wrong = share.copy()
+    wrong[17] = (int(wrong[17]) + 1) % 65521  # one coefficient off by one
+    summed["hospital-c"] = (point, wrong)
+    keys = _key_sum(summed, ["hospital-a", "hospital-c"])
+    assert ring.residual_q32(SEED, 0, keys, total, bits) > 1200  # half the words' errors or more are past the bound
+    with pytest.raises(InvalidParameterError, match="decrypt with an error past the parties' bound 84"):
+        ring.decrypt_q32(SEED, 0, keys, total, bits)
+    assert bad_decryption_shares(ring, SEED, bits, total, summed, 2, len(PARTIES)) == ["hospital-c"]
+
+
+def test_a_sum_that_is_not_of_the_parties_ciphertexts_blames_no_share():
+    ring, bits, total, summed, _ = _round(threshold=3)
+    forged = total + np.random.default_rng(2).integers(0, 1 << 32, size=total.size, dtype=np.uint64).astype(np.uint32)
+    assert bad_decryption_shares(ring, SEED, bits, forged, summed, 3, len(PARTIES)) is None
+    # two wrong shares of four at threshold 3: no three right ones to tell them by
+    rng = np.random.default_rng(6)
+    for name in ("hospital-a", "hospital-b"):
+        point, share = summed[name]
+        noise = rng.integers(1, 65521, size=share.size)
+        summed[name] = (point, ((share.astype(np.int64) + noise) % 65521).astype(np.uint16))
+    assert bad_decryption_shares(ring, SEED, bits, total, summed, 3, len(PARTIES)) is None
+
+
+@pytest.mark.parametrize("parties", [2, 3, 10, 200])
+def test_sums_at_the_lane_limit_decrypt_exactly(parties):
+    """m parties at full scale (every value at +bound or -bound) sum exactly; so does DP noise on the grid."""
+    ring = _native.LatticeRing(RING_DIMENSION, 16)
+    bits = message_bits(parties)
+    fixed = FixedPoint(8.0, parties, bits)
+    grid = grid_bits("lattice", bits=32, mask_bound=8.0, parties=parties, clip=0.5, noise=0.1, dimension=0)
+    assert grid == fixed.fraction_bits
+    rng = np.random.default_rng(parties)
+    size = 5000
+    keys = [ring.new_key() for _ in range(min(parties, 12))]  # up to 12 keys, reused: the sum is what is checked
+    sign = rng.choice([-1.0, 1.0], size=size)
+    # full scale, then a value on the grid at the tail: 6 deviations of a unit noise share
+    values = [
+        sign * 8.0 if p % 2 == 0 else np.rint(sign * rng.uniform(-6, 6, size) * 2.0**grid) / 2.0**grid
+        for p in range(parties)
+    ]
+    values = [np.clip(v, -8.0, 8.0) for v in values]
+    total = np.zeros(size, dtype=np.uint32)
+    for p, v in enumerate(values):
+        total += ring.encrypt_q32(SEED, 0, keys[p % len(keys)], fixed.encode(v), bits)
+    key_sum = _native.LatticeKeySum.reconstruct(
+        *_shares_of_sum([keys[p % len(keys)] for p in range(parties)], parties), parties
+    )
+    decoded = fixed.decode(ring.decrypt_q32(SEED, 0, key_sum, total, bits))
+    np.testing.assert_array_equal(decoded, sum(np.rint(v * fixed.scale) for v in values) / fixed.scale)
+
+
+def _shares_of_sum(keys, parties):
+    """Points and summed shares (threshold 2) of the keys as listed (a key listed twice counts twice)."""
+    summed = [np.zeros(RING_DIMENSION, dtype=np.uint16) for _ in range(2)]
+    for key in keys:
+        shares = key.shares(2, 2)
+        for j in range(2):
+            _native.LatticeKeySum.add_shares(summed[j], shares[j])
+    return [1, 2], summed
