@@ -107,3 +107,47 @@ def _shares_of_sum(keys, parties):
         for j in range(2):
             _native.LatticeKeySum.add_shares(summed[j], shares[j])
     return [1, 2], summed
+
+
+def test_the_aggregator_and_t_minus_1_parties_cannot_read_one_update():
+    """Their whole view: every ciphertext, the key shares sent to the colluders, the key sum of all.
+
+    Five parties at threshold 3; the aggregator and parties 1 and 2 pool everything they saw of
+    a round and try to read party 3's update. Their two shares of its key rebuild something else
+    (any interpolation through two points), and the key sum of everyone, less their own keys,
+    leaves the sum of the three honest keys, not one: neither decrypts party 3's words. A third
+    share of its key would (the threshold is exactly t).
+    """
+    ring = _native.LatticeRing(RING_DIMENSION, 16)
+    parties, threshold, target = 5, 3, 3
+    bits = message_bits(parties)
+    rng = np.random.default_rng(11)
+    keys = [ring.new_key() for _ in range(parties)]
+    shares = [key.shares(threshold, parties) for key in keys]  # shares[i][j]: i's key, j's share (point j + 1)
+    values = [rng.integers(0, 1 << (bits - 4), size=4096, dtype=np.uint32) for _ in range(parties)]
+    words = [ring.encrypt_q32(SEED, 0, keys[i], values[i], bits) for i in range(parties)]
+    colluders = [1, 2]
+
+    def key_of(points_and_shares, count):
+        points, chosen = zip(*points_and_shares, strict=True)
+        return _native.LatticeKeySum.reconstruct(list(points), list(chosen), count)
+
+    # Party 3's key from the colluders' two shares of it (as if the threshold were 2): not its key.
+    guess = key_of([(j + 1, shares[target][j]) for j in colluders], 1)
+    assert ring.residual_q32(SEED, 0, guess, words[target], bits) > 2000
+    # Everyone's key sum (the round's output) less what the colluders hold: three keys, not one.
+    everyone = [(j + 1, _summed([shares[i][j] for i in range(parties)])) for j in range(threshold)]
+    total = np.sum(words, axis=0, dtype=np.uint64).astype(np.uint32)
+    assert ring.residual_q32(SEED, 0, key_of(everyone, parties), total, bits) == 0  # the sum is theirs to read
+    rest = [(j + 1, _summed([shares[i][j] for i in range(parties) if i not in colluders])) for j in range(threshold)]
+    assert ring.residual_q32(SEED, 0, key_of(rest, 3), words[target], bits) > 2000
+    # A third share of party 3's key is the threshold: it reads the update.
+    exact = key_of([(j + 1, shares[target][j]) for j in (*colluders, 4)], 1)
+    np.testing.assert_array_equal(ring.decrypt_q32(SEED, 0, exact, words[target], bits), values[target])
+
+
+def _summed(shares):
+    total = np.zeros(RING_DIMENSION, dtype=np.uint16)
+    for share in shares:
+        _native.LatticeKeySum.add_shares(total, share)
+    return total
