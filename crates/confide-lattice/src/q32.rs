@@ -32,15 +32,21 @@ impl Ring {
         bytes.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
     }
 
-    /// `a * s mod 2^32`, exact (see the module's note), for `|s|` coefficients below `2^17`.
-    fn product_q32(&self, a: &[u32], s: &[i64]) -> Vec<u32> {
+    /// The NTT of a small signed polynomial (a key or a key sum), computed once for all the blocks
+    /// of a slice; the caller zeroizes it.
+    fn ntt_of(&self, s: &[i64]) -> Vec<u64> {
+        let mut out: Vec<u64> = s.iter().map(|&c| lift(c)).collect();
+        self.plan.fwd(&mut out);
+        out
+    }
+
+    /// `a * s mod 2^32`, exact (see the module's note), for `|s|` coefficients below `2^17`, with
+    /// `s` given as [`Ring::ntt_of`].
+    fn product_q32(&self, a: &[u32], s_ntt: &[u64]) -> Vec<u32> {
         let mut left: Vec<u64> = a.iter().map(|&v| v as u64).collect();
-        let mut right: Vec<u64> = s.iter().map(|&c| lift(c)).collect();
         self.plan.fwd(&mut left);
-        self.plan.fwd(&mut right);
-        self.plan.mul_assign_normalize(&mut left, &right);
+        self.plan.mul_assign_normalize(&mut left, s_ntt);
         self.plan.inv(&mut left);
-        right.zeroize();
         let half = Q / 2;
         // centred: the exact integer, then its residue mod 2^32 (two's complement truncation)
         left.iter().map(|&v| if v > half { (v as i64 - Q as i64) as u32 } else { v as u32 }).collect()
@@ -76,15 +82,17 @@ impl Ring {
         let shift = 32 - bits;
         let mask = (1u64 << self.params.eta) - 1;
         let mut out = Vec::with_capacity(values.len());
+        let mut s_ntt = self.ntt_of(key.coefficients());
         for (k, block) in values.chunks(n).enumerate() {
             let a = self.public_poly_q32(seed, ((slice as u64) << 24) | k as u64);
-            let product = self.product_q32(&a, key.coefficients());
+            let product = self.product_q32(&a, &s_ntt);
             for (&p, &m) in product.iter().zip(block) {
                 let bits64 = rng.next_u64();
                 let e = (bits64 & mask).count_ones() as i32 - ((bits64 >> 32) & mask).count_ones() as i32;
                 out.push(p.wrapping_add(e as u32).wrapping_add(m << shift));
             }
         }
+        s_ntt.zeroize();
         Ok(out)
     }
 
@@ -130,9 +138,10 @@ impl Ring {
         let low = (1u32 << shift) - 1;
         let bound = (keys.parties() as u64 * self.params.eta as u64) as i64;
         let mut wrong = 0usize;
+        let mut s_ntt = self.ntt_of(keys.coefficients());
         for (k, block) in total.chunks(n).enumerate() {
             let a = self.public_poly_q32(seed, ((slice as u64) << 24) | k as u64);
-            let product = self.product_q32(&a, keys.coefficients());
+            let product = self.product_q32(&a, &s_ntt);
             for (&b, &p) in block.iter().zip(&product) {
                 let shifted = b.wrapping_sub(p).wrapping_add(half);
                 let error = (shifted & low) as i64 - half as i64;
@@ -142,6 +151,7 @@ impl Ring {
                 }
             }
         }
+        s_ntt.zeroize();
         Ok(wrong)
     }
 }
