@@ -161,6 +161,8 @@ class LatticeProtection(SecAgg):
             + "\x00".join(context.participants).encode()
         ).digest()
         context.stats["message_bits"] = self._bits
+        if not self.params.recover:
+            self._send_summed(context, excluded=set())  # see _key_sum: no exclusion can follow
         self._ran = {
             "ring": f"Z_2^32[X]/(X^{RING_DIMENSION} + 1)",
             "ntt_prime": f"{self._ring.modulus} (exact products mod 2^32)",
@@ -178,16 +180,31 @@ class LatticeProtection(SecAgg):
         return self._ring.encrypt_q32(self._seed, index, self._key, words, self._bits).astype("<u4").tobytes()
 
     def _key_sum(self, context: RoundContext) -> _native.LatticeKeySum:
-        """Sum the received key shares of the summed parties, swap summed shares, rebuild their key sum.
+        """The key sum of the summed parties, from this party's summed share and ``t - 1`` of the others'.
+
+        Without dropout recovery an attempt either completes with every participant or is aborted
+        (and retried under fresh keys), so the summed shares went out at ``begin_round``, long
+        before the sum is back: no exchange is left on the round's path. With ``on_dropout:
+        recover`` they go out only now that the aggregator has said whom it excluded
+        (:meth:`_send_summed`).
+        """
+        if self.params.recover:
+            self._send_summed(context, excluded=set(context.excluded() if context.excluded is not None else []))
+        for peer, data in self._first_arrivals(context.round, self._sum_tag, self._sum_peers, self._threshold - 1):
+            self._summed[peer] = (context.participants.index(peer) + 1, _summed_share(peer, data))
+        points, shares = zip(*self._summed.values(), strict=True)
+        return _native.LatticeKeySum.reconstruct(list(points), list(shares), len(self._sum_peers) + 1)
+
+    def _send_summed(self, context: RoundContext, excluded: set[str]) -> None:
+        """Sum the received key shares of the summed parties and send that summed share to them.
 
         The summed parties are the participants less those the aggregator excluded (lost before
-        any of their words arrived; with ``on_dropout: recover``). Where some were excluded, the
-        survivors first confirm to each other that they were told the same set: a party reveals a
-        summed share for one set only, so no coalition can gather two key sums of one attempt (two
-        give away the keys between them). A party whose words are in the sum and that is lost
-        afterwards costs nothing: any ``t - 1`` summed shares besides one's own rebuild the sum.
+        any of their words arrived). Where some were excluded, the survivors first confirm to each
+        other that they were told the same set: a party reveals a summed share for one set only,
+        so no coalition can gather two key sums of one attempt (two give away the keys between
+        them). Every summed party sends its summed share to the others, and any ``t - 1`` besides
+        one's own rebuild the sum: a party lost after its words are in the sum costs nothing.
         """
-        excluded = set(context.excluded() if context.excluded is not None else [])
         summed_parties = [p for p in context.participants if p not in excluded]
         peers = [p for p in summed_parties if p != context.party_id]
         if len(summed_parties) < self._threshold:
@@ -202,23 +219,18 @@ class LatticeProtection(SecAgg):
         if excluded:
             self._confirm(context, peers, view)
             context.stats["excluded"] = sorted(excluded)
-        length = RING_DIMENSION
         summed = np.array(self._own_share, dtype=np.uint16)
+        tag = _key_tag(context.attempt, context.participants)
         for peer in peers:
-            tag = _key_tag(context.attempt, context.participants)
             share = np.frombuffer(self.collect(context.round, tag, peer), dtype="<u2")
-            if share.size != length:
-                raise ProtocolError(f"key share from {peer!r} holds {share.size} coefficients, expected {length}")
+            if share.size != RING_DIMENSION:
+                raise ProtocolError(
+                    f"key share from {peer!r} holds {share.size} coefficients, expected {RING_DIMENSION}"
+                )
             _native.LatticeKeySum.add_shares(summed, share.astype(np.uint16))
-        # Every summed party sends its summed share to the others; any t - 1 of theirs rebuild the sum.
-        sum_tag = f"lattice-sum/{context.attempt}/{view}"
-        self.share(context.round, sum_tag, summed.astype("<u2").tobytes(), peers)
+        self._sum_tag, self._sum_peers = f"lattice-sum/{context.attempt}/{view}", peers
+        self.share(context.round, self._sum_tag, summed.astype("<u2").tobytes(), peers)
         self._summed = {context.party_id: (context.position + 1, summed)}
-        self._sum_tag, self._sum_peers = sum_tag, peers
-        for peer, data in self._first_arrivals(context.round, sum_tag, peers, self._threshold - 1):
-            self._summed[peer] = (context.participants.index(peer) + 1, _summed_share(peer, data))
-        points, shares = zip(*self._summed.values(), strict=True)
-        return _native.LatticeKeySum.reconstruct(list(points), list(shares), len(summed_parties))
 
     def _confirm(self, context: RoundContext, peers: list[str], view: str) -> None:
         """Every survivor was told the same exclusions, or the attempt stops naming who was told otherwise."""
