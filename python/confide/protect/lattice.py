@@ -251,24 +251,27 @@ class LatticeProtection(SecAgg):
         """
         waiting, got = list(peers), 0
         deadline = time.monotonic() + self.params.share_timeout_s
-        while got < needed:
-            for peer in list(waiting):
+        while got < needed and waiting:
+            # One look at every peer first (whichever came first), then a short wait on one of them.
+            for peer, timeout in [*((p, 0.001) for p in waiting), *((p, 0.02) for p in waiting[:1])]:
                 try:
-                    data = self.collect(round_number, tag, peer, timeout=0.05)
+                    data = self.collect(round_number, tag, peer, timeout=timeout)
                 except MessageTimeoutError:
                     continue
                 waiting.remove(peer)
                 got += 1
                 yield peer, data
-                if got == needed:
-                    return
-            if time.monotonic() > deadline:
-                if not strict:
-                    return
-                raise ProtocolError(
-                    f"round {round_number}: {needed - got} more summed key shares were needed, none came from "
-                    f"{', '.join(waiting)} within {self.params.share_timeout_s:g} s"
-                )
+                break
+            else:
+                if time.monotonic() > deadline:
+                    if not strict:
+                        return
+                    raise ProtocolError(
+                        f"round {round_number}: {needed - got} more summed key shares were needed, none came from "
+                        f"{', '.join(waiting)} within {self.params.share_timeout_s:g} s"
+                    )
+        if got < needed and strict:
+            raise ProtocolError(f"round {round_number}: {needed} summed key shares were needed, {got} came")
 
     def finish_round(self, context: RoundContext, result: Callable[[int], pb.Slice]) -> np.ndarray:
         """Decrypt every summed slice with the key sum, then decode the fixed point."""
