@@ -49,15 +49,15 @@ def _key_round(parties: int) -> float:
     others = [ring.new_key().shares(t, parties) for _ in range(parties - 1)]
     summed_by_peer = []
     for j in range(1, t):  # the t - 1 summed shares a party receives, made by their holders
-        s = np.zeros(RING_DIMENSION, dtype=np.uint64)
+        s = np.zeros(RING_DIMENSION, dtype=np.uint16)
         for shares in others:
-            _native.LatticeRing.fold(s, shares[j])
+            _native.LatticeKeySum.add_shares(s, shares[j])
         summed_by_peer.append(s)
     start = time.perf_counter()
     mine = ring.new_key().shares(t, parties)
-    summed = np.array(mine[0], dtype=np.uint64)
+    summed = np.array(mine[0], dtype=np.uint16)
     for shares in others:
-        _native.LatticeRing.fold(summed, shares[0])
+        _native.LatticeKeySum.add_shares(summed, shares[0])
     _native.LatticeKeySum.reconstruct(list(range(1, t + 1)), [summed, *summed_by_peer], parties)
     return time.perf_counter() - start
 
@@ -68,14 +68,14 @@ def _decrypt_work(values: int) -> float:
     keys = [ring.new_key() for _ in range(3)]
     words = np.zeros(values, dtype=np.uint32)
     for k in keys:  # the vector exists (its size is what is varied), the work below does not touch it
-        words += ring.encrypt_q32(SEED, 0, k, np.zeros(values, dtype=np.uint32), 25)
+        words += ring.encrypt_q32(SEED, 0, k, np.zeros(values, dtype=np.uint32), message_bits(3))
     shares = [k.shares(2, 3) for k in keys]
     start = time.perf_counter()
     summed = []
     for j in range(2):
-        s = np.zeros(RING_DIMENSION, dtype=np.uint64)
+        s = np.zeros(RING_DIMENSION, dtype=np.uint16)
         for share in shares:
-            _native.LatticeRing.fold(s, share[j])
+            _native.LatticeKeySum.add_shares(s, share[j])
         summed.append(s)
     _native.LatticeKeySum.reconstruct([1, 2], summed, 3)
     return time.perf_counter() - start
