@@ -16,7 +16,7 @@ RUST_SRC  := $(shell find crates -name '*.rs' -o -name Cargo.toml 2>/dev/null) C
 .PHONY: help setup bytecode demo test test-fast test-imports test-rust test-fuzz-rust test-python bench lint fmt clean fuzz wheel
 
 help:
-	@echo "make demo   three hospitals train Homo LR, then a CNN, in paillier mode (separate processes, gRPC + mTLS)"
+	@echo "make demo   three hospitals train Homo LR in paillier mode, then a CNN in lattice mode (separate processes, gRPC + mTLS)"
 	@echo "make test   run the whole test suite (Rust + Python)"
 	@echo "make test-fast  the unit tier without slow tests, on both cores (the edit loop)"
 	@echo "make bench  run benchmarks (writes benchmarks/results/*.json)"
@@ -81,7 +81,7 @@ demo: setup
 	@echo "== vertical FL through the controller: two sites' own CSVs, grants, Hetero NN, checkpoints =="
 	$(PYTHON) examples/controller_demo.py --vertical --workdir reports/demo-vertical-controller
 	@echo
-	@echo "== a neural network: a Keras 3 CNN on digits, three hospitals, paillier (one on PyTorch, two on JAX) =="
+	@echo "== a neural network: a Keras 3 CNN on digits, three hospitals, lattice mode (one on PyTorch, two on JAX) =="
 	$(VENV)/bin/confide run examples/digits_cnn.yaml --workdir reports/demo-digits-cnn
 	@echo
 	@echo "== a model a hospital can use: three hospitals' own CSV exports, then raw records scored by predict and by the ONNX export =="
