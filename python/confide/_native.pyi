@@ -224,16 +224,33 @@ class LatticeRing:
     def decrypt(
         self, seed: bytes, key_sum: LatticeKeySum, total: npt.NDArray[np.uint64], length: int
     ) -> npt.NDArray[np.uint64]: ...
-    def encrypt_q32(
-        self, seed: bytes, slice: int, key: LatticeKey, values: npt.NDArray[np.uint32], bits: int
+    def encrypt_packed(
+        self, seed: bytes, slice: int, key: LatticeKey, values: npt.NDArray[np.uint32], bits: int, parties: int
+    ) -> npt.NDArray[np.uint64]: ...
+    def decrypt_packed(
+        self,
+        seed: bytes,
+        slice: int,
+        key_sum: LatticeKeySum,
+        total: npt.NDArray[np.uint64],
+        bits: int,
+        parties: int,
+        length: int,
     ) -> npt.NDArray[np.uint32]: ...
-    def decrypt_q32(
-        self, seed: bytes, slice: int, key_sum: LatticeKeySum, total: npt.NDArray[np.uint32], bits: int
-    ) -> npt.NDArray[np.uint32]: ...
-    def residual_q32(
-        self, seed: bytes, slice: int, key_sum: LatticeKeySum, total: npt.NDArray[np.uint32], bits: int
+    def residual_packed(
+        self,
+        seed: bytes,
+        slice: int,
+        key_sum: LatticeKeySum,
+        total: npt.NDArray[np.uint64],
+        bits: int,
+        parties: int,
+        length: int,
     ) -> int: ...
-    def max_parties_q32(self, bits: int) -> int: ...
+    def public_poly_packed(self, seed: bytes, index: int) -> npt.NDArray[np.uint64]: ...
+    def packed_message_bits(self, parties: int) -> int: ...
+    @staticmethod
+    def fold_packed(acc: npt.NDArray[np.uint64], b: npt.NDArray[np.uint64]) -> None: ...
     @staticmethod
     def fold(acc: npt.NDArray[np.uint64], b: npt.NDArray[np.uint64]) -> None: ...
 

@@ -70,11 +70,12 @@ def test_threshold_key_was_generated_by_the_parties(reports):
 
 
 def test_lattice_sums_what_secagg_sums_and_says_what_ran(reports):
-    # The same fixed point, narrowed to the bits the summed RLWE error leaves, less one for the
-    # decryption check (3 parties: 3 * 21 < 2^6, 24 bits).
+    # The same fixed point, narrowed to what two lanes a coefficient leave: lanes of 24 + 2 bits (3
+    # parties never carry), the scale 2^(61 - 52) four times the summed error (3 * 21 * 4 < 2^9).
     protection = reports["lattice"]["protection"]
     assert protection["message_bits"] == 24 and protection["threshold"] == 2 and protection["parties"] == 3
-    assert protection["ring"] == "Z_2^32[X]/(X^4096 + 1)" and "eta 21" in protection["error"]
+    assert (protection["lanes"], protection["lane_bits"], protection["scale_bits"]) == (2, 26, 9)
+    assert protection["ring"].startswith("Z_q[X]/(X^4096 + 1)") and "eta 21" in protection["error"]
     assert "nothing" in reports["lattice"]["aggregator_saw"]
     # Four bytes a value like secagg; the key shares add a fixed 8 KiB per share, not per value.
     lattice = [r["loss"] for r in reports["lattice"]["rounds"]]

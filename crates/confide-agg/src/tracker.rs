@@ -53,11 +53,14 @@ pub enum Kind {
     TeeBf16Sum,
     /// `Q8Sum` on AES-GCM sealed slices.
     TeeQ8Sum,
+    /// Lattice ciphertexts: little-endian 8-byte words mod the 62-bit prime of `confide-lattice`,
+    /// two values a word, summed mod that prime; a word outside `[0, q)` is refused.
+    RlweSum,
 }
 
 impl Kind {
     /// Parses "f32_sum", "f32_mean", "u32_sum", "paillier", "tee_f32_sum", "tee_f32_mean", "f16_sum",
-    /// "bf16_sum", "q8_sum", "tee_f16_sum", "tee_bf16_sum", "tee_q8_sum".
+    /// "bf16_sum", "q8_sum", "tee_f16_sum", "tee_bf16_sum", "tee_q8_sum", "rlwe_sum".
     ///
     /// # Errors
     /// `InvalidParameter` naming the known kinds.
@@ -75,12 +78,13 @@ impl Kind {
             "tee_f16_sum" => Kind::TeeF16Sum,
             "tee_bf16_sum" => Kind::TeeBf16Sum,
             "tee_q8_sum" => Kind::TeeQ8Sum,
+            "rlwe_sum" => Kind::RlweSum,
             other => {
                 return Err(invalid(
                     "kind",
                     format!(
                         "must be one of f32_sum, f32_mean, u32_sum, paillier, tee_f32_sum, tee_f32_mean, f16_sum, bf16_sum, \
-                         q8_sum, tee_f16_sum, tee_bf16_sum, tee_q8_sum; got {other:?}"
+                         q8_sum, tee_f16_sum, tee_bf16_sum, tee_q8_sum, rlwe_sum; got {other:?}"
                     ),
                 ))
             }
@@ -101,6 +105,7 @@ impl Kind {
             Kind::TeeF16Sum => "tee_f16_sum",
             Kind::TeeBf16Sum => "tee_bf16_sum",
             Kind::TeeQ8Sum => "tee_q8_sum",
+            Kind::RlweSum => "rlwe_sum",
         }
     }
     /// Whether slices are sealed for the enclave.
@@ -131,6 +136,7 @@ impl Kind {
             Kind::PaillierProduct => None,
             Kind::F16Sum | Kind::Bf16Sum => Some(2 * n),
             Kind::Q8Sum => Some(4 + n),
+            Kind::RlweSum => Some(8 * n.div_ceil(2)),
             _ => Some(4 * n),
         }
     }
@@ -141,6 +147,7 @@ impl Kind {
             Kind::F16Sum => "float16 values",
             Kind::Bf16Sum => "bfloat16 values",
             Kind::Q8Sum => "int8 values and their float32 scale",
+            Kind::RlweSum => "values packed two to a lattice word",
             _ => "float32 values",
         }
     }
@@ -169,6 +176,7 @@ impl Kind {
             Kind::TeeF16Sum => 10,
             Kind::TeeBf16Sum => 11,
             Kind::TeeQ8Sum => 12,
+            Kind::RlweSum => 13,
         }
     }
 }
@@ -359,6 +367,8 @@ impl TrackerStats {
 enum Acc {
     F32(Vec<f32>),
     U32(Vec<u32>),
+    /// Lattice words mod `confide_lattice::Q`.
+    Rlwe(Vec<u64>),
     /// Running product; `block` keeps the first arrival's header (params with summed = 1).
     Paillier(CiphertextBlock, Arc<EncryptionKey>),
 }
@@ -773,6 +783,7 @@ impl Tracker {
                 match (&mut entry.acc, arrival) {
                     (Acc::F32(acc), Arrival::Words(x)) => kernels::accumulate_f32_bytes(acc, x, w)?,
                     (Acc::U32(acc), Arrival::Words(x)) => kernels::accumulate_u32_bytes_at(kernels::level(), acc, x)?,
+                    (Acc::Rlwe(acc), Arrival::Words(x)) => fold_rlwe(acc, x, index, participant)?,
                     (Acc::Paillier(acc, _), Arrival::Block(block)) => {
                         if acc.params != block.params || acc.encoding != block.encoding {
                             return Err(slice_error(index, "ciphertext block codec or length differs from the first arrival's"));
@@ -789,6 +800,12 @@ impl Tracker {
             }
             None => {
                 let (acc, bytes) = match arrival {
+                    Arrival::Words(x) if spec.kind == Kind::RlweSum => {
+                        let mut v = vec![0u64; x.len() / 8];
+                        fold_rlwe(&mut v, x, index, participant)?;
+                        let b = v.len() * 8;
+                        (Acc::Rlwe(v), b)
+                    }
                     Arrival::Words(x) if spec.kind == Kind::U32Sum => {
                         let v: Vec<u32> = x.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
                         let b = v.len() * 4;
@@ -1036,6 +1053,21 @@ impl Tracker {
     }
 }
 
+/// Folds one participant's lattice words into ``acc`` (mod q); a word out of range is refused by
+/// participant and index, and nothing is added.
+fn fold_rlwe(acc: &mut [u64], words: &[u8], index: u32, participant: u32) -> Result<()> {
+    confide_lattice::packed::fold_words(acc, words).map_err(|(at, value)| {
+        slice_error(
+            index,
+            format!("participant {participant}: lattice word {at} is {value}, outside [0, q = {}); nothing was added", confide_lattice::Q),
+        )
+    })
+}
+
+fn rlwe_bytes(words: &[u64]) -> Vec<u8> {
+    words.iter().flat_map(|w| w.to_le_bytes()).collect()
+}
+
 fn finish(spec: &RoundSpec, entry: Entry) -> Result<Vec<u8>> {
     Ok(match entry.acc {
         Acc::F32(acc) => {
@@ -1050,6 +1082,7 @@ fn finish(spec: &RoundSpec, entry: Entry) -> Result<Vec<u8>> {
             out
         }
         Acc::U32(acc) => crate::bytes::u32_bytes(&acc).to_vec(),
+        Acc::Rlwe(acc) => rlwe_bytes(&acc),
         Acc::Paillier(mut block, key) => {
             let (codec, bits, length, _) = from_params(&block.params, block.encoding == Encoding::BatchCrypt)
                 .map_err(|e| invalid("paillier", format!("codec parameters: {e}")))?;
@@ -1072,6 +1105,7 @@ fn encode_entry(index: u32, entry: &Entry) -> Result<Vec<u8>> {
     let (tag, body): (u8, std::borrow::Cow<'_, [u8]>) = match &entry.acc {
         Acc::F32(v) => (1, crate::bytes::f32_bytes(v).into()),
         Acc::U32(v) => (2, crate::bytes::u32_bytes(v).into()),
+        Acc::Rlwe(v) => (4, rlwe_bytes(v).into()),
         Acc::Paillier(block, key) => (3, block.to_bytes(key).map_err(|source| Error::Paillier { index, source })?.into()),
     };
     out.push(tag);
@@ -1140,6 +1174,17 @@ fn decode_entry(spec: &RoundSpec, bytes: &[u8]) -> Result<(u32, Entry)> {
                 return Err(malformed(WHAT, format!("slice {index}: accumulator must hold {n} uint32 words ({} bytes), got {len}", 4 * n)));
             }
             (Acc::U32(body.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()), len)
+        }
+        (4, Kind::RlweSum) => {
+            let words = n.div_ceil(2);
+            let mut acc = vec![0u64; words];
+            if len != 8 * words || confide_lattice::packed::fold_words(&mut acc, body).is_err() {
+                return Err(malformed(
+                    WHAT,
+                    format!("slice {index}: accumulator must hold {words} lattice words under q ({} bytes), got {len} bytes", 8 * words),
+                ));
+            }
+            (Acc::Rlwe(acc), len)
         }
         (3, Kind::PaillierProduct) => {
             let block = parse_paillier(spec, index, body).map_err(|e| malformed(WHAT, e.to_string()))?;

@@ -253,3 +253,26 @@ fn narrow_slices_are_widened_then_summed_as_float32() {
     let e = Tracker::new(usize::MAX, None, "s").ingest(&spec, 0, 0, &q8(f32::NAN, [0; 4])).unwrap_err().to_string();
     assert!(e.contains("scale is NaN"), "{e}");
 }
+
+#[test]
+fn lattice_words_sum_mod_q_survive_a_checkpoint_and_refuse_words_out_of_range() {
+    const Q: u64 = confide_lattice::Q;
+    let words = |w: &[u64]| w.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>();
+    // 5 values in slices of 3: two words (the second holding one value), then one word
+    let spec = spec(30, Kind::RlweSum, 3, 3, 5, vec![1.0; 3]);
+    let mut t = Tracker::new(usize::MAX, None, "r");
+    let e = t.ingest(&spec, 0, 0, &[0u8; 12]).unwrap_err().to_string();
+    assert_eq!(e, "slice 0: payload holds 12 bytes; 3 values packed two to a lattice word need 16");
+    let e = t.ingest(&spec, 1, 0, &words(&[5, Q])).unwrap_err().to_string();
+    assert!(e.contains("participant 1: lattice word 1 is") && e.contains("outside [0, q"), "{e}");
+    assert_eq!(t.stats().open_entries, 0, "a refused slice opens nothing");
+    assert_eq!(t.ingest(&spec, 0, 0, &words(&[Q - 1, 7])).unwrap(), Outcome::Accepted);
+    let e = t.ingest(&spec, 1, 0, &words(&[1, Q + 3])).unwrap_err().to_string();
+    assert!(e.contains("lattice word 1"), "{e}");
+    assert_eq!(t.ingest(&spec, 1, 0, &words(&[2, Q - 8])).unwrap(), Outcome::Accepted, "the refusal left the sum as it was");
+    let blob = t.checkpoint_round(&spec).unwrap();
+    let mut restored = Tracker::new(usize::MAX, None, "r2");
+    restored.restore_round(&spec, &blob).unwrap();
+    let Outcome::Completed(sum) = restored.ingest(&spec, 2, 0, &words(&[3, 4])).unwrap() else { panic!("slice 0 did not complete") };
+    assert_eq!(sum, words(&[(Q - 1 + 2 + 3) % Q, (7 + Q - 8 + 4) % Q]));
+}

@@ -18,7 +18,7 @@
 //! samplers map random bits with arithmetic; the NTT and the modular operations are data
 //! independent); secrets are zeroized when dropped.
 
-pub mod q32;
+pub mod packed;
 pub mod shamir;
 
 use rand_core::{CryptoRng, RngCore};
@@ -181,6 +181,14 @@ impl Ring {
         self.plan.mul_assign_normalize(&mut buf, a_ntt);
         self.plan.inv(&mut buf);
         buf
+    }
+
+    /// The NTT of a small signed polynomial (a key or a key sum), computed once for all the blocks
+    /// of a slice; the caller zeroizes it.
+    pub(crate) fn ntt_of(&self, s: &[i64]) -> Vec<u64> {
+        let mut out: Vec<u64> = s.iter().map(|&c| lift(c)).collect();
+        self.plan.fwd(&mut out);
+        out
     }
 
     fn check_len(&self, what: &'static str, got: usize) -> Result<(), LatticeError> {
@@ -370,7 +378,7 @@ pub(crate) fn add_mod(a: u64, b: u64) -> u64 {
     (s & wrapped) | (reduced & !wrapped)
 }
 
-fn sub_mod(a: u64, b: u64) -> u64 {
+pub(crate) fn sub_mod(a: u64, b: u64) -> u64 {
     add_mod(a, Q - b)
 }
 

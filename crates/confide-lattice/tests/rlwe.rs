@@ -166,36 +166,44 @@ fn vectors_of_any_length_encrypt_by_blocks_and_decrypt_to_their_sum() {
 }
 
 #[test]
-fn words_mod_2_32_sum_with_wrapping_addition_and_decrypt_with_the_key_sum() {
-    use confide_lattice::q32::max_parties_q32;
+fn packed_lanes_sum_mod_q_and_decrypt_with_the_key_sum() {
+    use confide_lattice::packed::{fold_words, Packing};
     let ring = Ring::new(Params::new(1024, 16).unwrap());
     let mut rng = ChaCha20Rng::seed_from_u64(31);
     let seed = [5u8; 32];
-    let bits = 22; // 7 parties' error (7 * 21) within Delta / 2 = 2^9
-    let len = 2500; // a slice of 2500 values: blocks of 1024, the last one truncated
+    let bits = Packing::max_bits(7, 21); // 7 parties: lanes of bits + 3, the error a quarter of the scale
+    let packing = Packing::new(bits, 7, 21).unwrap();
+    let len = 2501; // blocks of 2048 values, the last one cut, and an odd value alone in its word
     let keys: Vec<_> = (0..7).map(|_| ring.secret_key(&mut rng)).collect();
-    let mut total = vec![0u32; len];
+    let mut total = vec![0u64; 1251];
     let mut expected = vec![0u32; len];
     for key in &keys {
         let values: Vec<u32> = (0..len).map(|_| (rng.next_u64() as u32) >> (32 - bits)).collect();
-        let words = ring.encrypt_q32(&seed, 3, key, &values, bits, &mut rng).unwrap();
-        assert_eq!(words.len(), len); // four bytes a value, like float32
-        total.iter_mut().zip(&words).for_each(|(t, w)| *t = t.wrapping_add(*w)); // the masked-word kernel
+        let words = ring.encrypt_packed(&seed, 3, key, &values, &packing, &mut rng).unwrap();
+        assert_eq!(words.len(), 1251); // eight bytes for two values: four a value, like float32
+        let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        fold_words(&mut total, &bytes).unwrap(); // the data plane's fold
         expected.iter_mut().zip(&values).for_each(|(e, v)| *e = (*e + v) & ((1 << bits) - 1));
     }
-    assert_eq!(ring.decrypt_q32(&seed, 3, &KeySum::of(&keys), &total, bits).unwrap(), expected);
-    assert_eq!(ring.residual_q32(&seed, 3, &KeySum::of(&keys), &total, bits).unwrap(), 0);
-    // another slice's public polynomials, or six of the seven keys: errors spread over Z_Delta,
-    // refused (at 22 bits for 7 parties, 147 of 512 on either side: about 70% of the words past it)
+    assert_eq!(ring.decrypt_packed(&seed, 3, &KeySum::of(&keys), &total, &packing, len).unwrap(), expected);
+    assert_eq!(ring.residual_packed(&seed, 3, &KeySum::of(&keys), &total, &packing, len).unwrap(), 0);
+    // another slice's public polynomials, or six of the seven keys: errors spread over the scale
     for (slice, keys) in [(4u32, &keys[..]), (3, &keys[..6])] {
-        let wrong = ring.residual_q32(&seed, slice, &KeySum::of(keys), &total, bits).unwrap();
-        assert!(wrong > len / 2, "{wrong} of {len} words past the bound");
-        assert!(matches!(ring.decrypt_q32(&seed, slice, &KeySum::of(keys), &total, bits), Err(LatticeError::Residual { of: 2500, .. })));
+        let wrong = ring.residual_packed(&seed, slice, &KeySum::of(keys), &total, &packing, len).unwrap();
+        assert!(wrong > 1251 / 2, "{wrong} of 1251 words past the bound");
+        assert!(matches!(
+            ring.decrypt_packed(&seed, slice, &KeySum::of(keys), &total, &packing, len),
+            Err(LatticeError::Residual { of: 1251, .. })
+        ));
     }
-    assert_eq!(max_parties_q32(24, 21), 6);
-    assert!(matches!(ring.decrypt_q32(&seed, 3, &KeySum::of(&keys), &total, 25), Err(LatticeError::Noise { parties: 7, .. })));
+    let narrow = Packing::new(bits, 6, 21).unwrap();
+    assert!(matches!(ring.decrypt_packed(&seed, 3, &KeySum::of(&keys), &total, &narrow, len), Err(LatticeError::Noise { parties: 7, .. })));
+    assert!(matches!(
+        ring.decrypt_packed(&seed, 3, &KeySum::of(&keys), &total, &packing, len + 2),
+        Err(LatticeError::Length { got: 1251, expected: 1252, .. })
+    ));
     assert_eq!(
-        ring.encrypt_q32(&seed, 0, &keys[0], &[1 << 24], 24, &mut rng).unwrap_err(),
-        LatticeError::Message { index: 0, value: 1 << 24, bits: 24 }
+        ring.encrypt_packed(&seed, 0, &keys[0], &[0, 1 << bits], &packing, &mut rng).unwrap_err(),
+        LatticeError::Message { index: 1, value: 1 << bits, bits }
     );
 }

@@ -3,6 +3,7 @@
 //! every bulk call releases the GIL. Keys never leave Rust except as Shamir shares.
 
 use crate::errors::invalid;
+use confide_lattice::packed::{fold_words, Packing};
 use confide_lattice::shamir::{add_shares, reconstruct_key_sum, share_key, MAX_PARTIES, P};
 use confide_lattice::{add_assign, os_rng, KeyRng, KeySum, LatticeError, Params, Ring, SecretKey};
 use numpy::{PyArray1, PyReadonlyArray1, PyReadwriteArray1};
@@ -95,10 +96,11 @@ impl PyLatticeRing {
         self.decrypt_with(py, seed, key_sum, &total, |ring, seed, keys, total| ring.decrypt_vector(seed, keys, total, length))
     }
 
-    /// ``values`` (uint32, each under ``2^bits``) encrypted mod ``2^32`` under ``key``: one word a value,
-    /// summed by the data plane's masked-word kernel; block `k` of the slice with public polynomial
-    /// ``(seed, (slice << 24) | k)``.
-    fn encrypt_q32<'py>(
+    /// ``values`` (uint32, each under ``2^bits``) encrypted under ``key`` two to a coefficient mod
+    /// ``q`` (the lanes sized for the sum of ``parties``): ``ceil(len / 2)`` uint64 words; block `k`
+    /// of the slice with the public polynomial ``(seed, (slice << 24) | k)``.
+    #[allow(clippy::too_many_arguments)]
+    fn encrypt_packed<'py>(
         &self,
         py: Python<'py>,
         seed: &[u8],
@@ -106,42 +108,92 @@ impl PyLatticeRing {
         key: &PyLatticeKey,
         values: PyReadonlyArray1<'_, u32>,
         bits: u32,
-    ) -> PyResult<Bound<'py, PyArray1<u32>>> {
-        self.encrypt_with(py, seed, key, &values, |ring, seed, key, values, rng| ring.encrypt_q32(seed, slice, key, values, bits, rng))
+        parties: usize,
+    ) -> PyResult<Bound<'py, PyArray1<u64>>> {
+        let seed = seed_of(seed)?;
+        self.check_key(key.n)?;
+        let packing = self.packing(bits, parties)?;
+        let values = values.as_slice().map_err(|_| invalid("values", "array must be contiguous"))?;
+        let out = py
+            .detach(|| {
+                let mut rng = os_rng()?;
+                self.ring.encrypt_packed(&seed, slice, &key.key, values, &packing, &mut rng)
+            })
+            .map_err(|e| failed("values", e))?;
+        Ok(PyArray1::from_vec(py, out))
     }
 
-    /// The ``bits``-bit messages of a wrapping sum of slice ``slice``'s words, with the sum of the keys.
-    fn decrypt_q32<'py>(
+    /// The first ``length`` values (each mod ``2^bits``) of a sum of slice ``slice``'s packed
+    /// ciphertexts, with the sum of their keys; refused where any word's error is past the bound.
+    #[allow(clippy::too_many_arguments)]
+    fn decrypt_packed<'py>(
         &self,
         py: Python<'py>,
         seed: &[u8],
         slice: u32,
         key_sum: &PyLatticeKeySum,
-        total: PyReadonlyArray1<'_, u32>,
+        total: PyReadonlyArray1<'_, u64>,
         bits: u32,
+        parties: usize,
+        length: usize,
     ) -> PyResult<Bound<'py, PyArray1<u32>>> {
-        self.decrypt_with(py, seed, key_sum, &total, |ring, seed, keys, total| ring.decrypt_q32(seed, slice, keys, total, bits))
+        let seed = seed_of(seed)?;
+        let packing = self.packing(bits, parties)?;
+        let total = total.as_slice().map_err(|_| invalid("total", "array must be contiguous"))?;
+        let out =
+            py.detach(|| self.ring.decrypt_packed(&seed, slice, &key_sum.sum, total, &packing, length)).map_err(|e| failed("total", e))?;
+        Ok(PyArray1::from_vec(py, out))
     }
 
     /// How many words of slice ``slice``'s sum decrypt with an error past the parties' bound under
-    /// ``key_sum`` (0: the key sum and the sum agree; a wrong share leaves nearly all of them past it).
-    fn residual_q32(
+    /// ``key_sum`` (0: the key sum and the sum agree; a wrong share leaves most of them past it).
+    #[allow(clippy::too_many_arguments)]
+    fn residual_packed(
         &self,
         py: Python<'_>,
         seed: &[u8],
         slice: u32,
         key_sum: &PyLatticeKeySum,
-        total: PyReadonlyArray1<'_, u32>,
+        total: PyReadonlyArray1<'_, u64>,
         bits: u32,
+        parties: usize,
+        length: usize,
     ) -> PyResult<usize> {
         let seed = seed_of(seed)?;
+        let packing = self.packing(bits, parties)?;
         let total = total.as_slice().map_err(|_| invalid("total", "array must be contiguous"))?;
-        py.detach(|| self.ring.residual_q32(&seed, slice, &key_sum.sum, total, bits)).map_err(|e| failed("total", e))
+        py.detach(|| self.ring.residual_packed(&seed, slice, &key_sum.sum, total, &packing, length)).map_err(|e| failed("total", e))
     }
 
-    /// The most parties whose summed words decrypt with ``bits``-bit messages.
-    fn max_parties_q32(&self, bits: u32) -> usize {
-        confide_lattice::q32::max_parties_q32(bits, self.ring.params().eta)
+    /// Public polynomial ``index`` of the packed form, in the NTT domain mod ``q`` (for known-answer tests).
+    fn public_poly_packed<'py>(&self, py: Python<'py>, seed: &[u8], index: u64) -> PyResult<Bound<'py, PyArray1<u64>>> {
+        let seed = seed_of(seed)?;
+        Ok(PyArray1::from_vec(py, self.ring.public_poly_packed(&seed, index)))
+    }
+
+    /// The widest values (bits) the packed lanes carry for a sum of ``parties`` (0: none fit).
+    fn packed_message_bits(&self, parties: usize) -> u32 {
+        Packing::max_bits(parties, self.ring.params().eta)
+    }
+
+    /// The aggregator's fold of packed words: ``acc += b (mod q)`` in place; a word of ``b`` outside
+    /// ``[0, q)`` is refused by index and nothing is added.
+    #[staticmethod]
+    fn fold_packed(py: Python<'_>, mut acc: PyReadwriteArray1<'_, u64>, b: PyReadonlyArray1<'_, u64>) -> PyResult<()> {
+        let b = slice("b", &b)?;
+        let acc = acc.as_slice_mut().map_err(|_| invalid("acc", "array must be contiguous and writable"))?;
+        if acc.len() != b.len() {
+            return Err(invalid("b", format!("has {} words, the sum {}", b.len(), acc.len())));
+        }
+        let owned: Vec<u8>;
+        let bytes: &[u8] = if cfg!(target_endian = "little") {
+            bytemuck::cast_slice(b) // the words as they travel, without a copy
+        } else {
+            owned = b.iter().flat_map(|w| w.to_le_bytes()).collect();
+            &owned
+        };
+        py.detach(|| fold_words(acc, bytes))
+            .map_err(|(index, value)| invalid("b", format!("word {index} is {value}, outside [0, q = {})", confide_lattice::Q)))
     }
 
     /// The aggregator's fold: ``acc += b (mod q)`` in place.
@@ -200,6 +252,10 @@ impl PyLatticeRing {
         let total = slice("total", total)?;
         let out = py.detach(|| run(&self.ring, &seed, &key_sum.sum, total)).map_err(|e| failed("total", e))?;
         Ok(PyArray1::from_vec(py, out))
+    }
+
+    fn packing(&self, bits: u32, parties: usize) -> PyResult<Packing> {
+        Packing::new(bits, parties, self.ring.params().eta).map_err(|e| failed("bits", e))
     }
 
     fn check_key(&self, n: usize) -> PyResult<()> {

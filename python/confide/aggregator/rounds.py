@@ -68,7 +68,10 @@ NATIVE_KIND = {
     pb.AGGREGATION_KIND_TEE_FLOAT16_SUM: "tee_f16_sum",
     pb.AGGREGATION_KIND_TEE_BFLOAT16_SUM: "tee_bf16_sum",
     pb.AGGREGATION_KIND_TEE_INT8_SCALED_SUM: "tee_q8_sum",
+    pb.AGGREGATION_KIND_RLWE_SUM: "rlwe_sum",
 }
+#: Sums whose identity is zero words and where a party lost before it sent anything can be left out.
+_EXCLUDABLE_KINDS = (pb.AGGREGATION_KIND_UINT32_SUM, pb.AGGREGATION_KIND_RLWE_SUM)
 _MEAN_KINDS = (pb.AGGREGATION_KIND_FLOAT32_MEAN, pb.AGGREGATION_KIND_TEE_FLOAT32_MEAN)
 _TEE_KINDS = tuple(kind for kind, name in NATIVE_KIND.items() if name.startswith("tee_"))
 _round_ids = itertools.count(1)
@@ -88,6 +91,13 @@ def default_plane() -> _native.DataPlane:
 def expected_length(header: pb.RoundHeader, index: int) -> int:
     """Values held by slice ``index`` of the round described by ``header``."""
     return int(min(header.slice_length, header.vector_length - index * header.slice_length))
+
+
+def word_bytes(kind: int, values: np.ndarray) -> np.ndarray:
+    """Bytes of slices of ``values`` values as they travel, for the kinds an exclusion fills with zeros."""
+    if kind == pb.AGGREGATION_KIND_RLWE_SUM:
+        return ((values + 1) // 2 * 8).astype(np.uint32)  # two values a lattice word
+    return (values * 4).astype(np.uint32)
 
 
 def is_tee(kind: int) -> bool:
@@ -120,8 +130,8 @@ def validate_header(header: pb.RoundHeader) -> EncryptionKey | None:
         raise ProtocolError(f"header.cluster_nodes must be at most {MAX_CLUSTER_NODES}, got {header.cluster_nodes}")
     if header.share >= max(1, header.cluster_nodes):
         raise ProtocolError(f"header.share {header.share} is out of range (cluster_nodes {header.cluster_nodes})")
-    if header.recover_dropouts and header.kind != pb.AGGREGATION_KIND_UINT32_SUM:
-        raise ProtocolError("header.recover_dropouts is for masked-word sums (kind UINT32_SUM) only")
+    if header.recover_dropouts and header.kind not in _EXCLUDABLE_KINDS:
+        raise ProtocolError("header.recover_dropouts is for masked-word and lattice sums (UINT32_SUM, RLWE_SUM) only")
     if header.kind in _MEAN_KINDS:
         weights = np.asarray(header.weights, dtype=np.float64)
         if len(weights) != len(participants) or not np.isfinite(weights).all() or (weights < 0).any():
@@ -284,11 +294,12 @@ class RoundState:
     def mark_excluded(self, parties: list[str]) -> tuple[list[str], list[str]] | None:
         """Refuse ``parties``' slices from now on; (everyone excluded, those newly so), or None if one had sent any.
 
-        Only for mod-2^32 sums (masked words). A fold of theirs already running is waited for; if
-        it folded anything, the new exclusions are withdrawn (None) and the caller aborts instead.
+        Only for sums whose identity is zero words (masked words, lattice words). A fold of theirs
+        already running is waited for; if it folded anything, the new exclusions are withdrawn
+        (None) and the caller aborts instead.
         Hold :attr:`exclusion_lock` from here until the zeros are folded.
         """
-        require(self.header.kind == pb.AGGREGATION_KIND_UINT32_SUM, "only masked-word sums can exclude a party")
+        require(self.header.kind in _EXCLUDABLE_KINDS, "only masked-word and lattice sums can exclude a party")
         with self.lock:
             if self.status != "open":
                 return None
@@ -315,12 +326,12 @@ class RoundState:
         indices = np.array(sorted(self.owned), dtype=np.uint32)
         n_valid = np.array([expected_length(self.header, int(i)) for i in indices], dtype=np.uint32)
         completed: list[tuple[int, bytes]] = []
-        step = max(1, (64 << 20) // (4 * int(self.header.slice_length)))  # batches of about 64 MB of zeros
+        step = max(1, (64 << 20) // int(word_bytes(self.header.kind, np.array([self.header.slice_length]))[0]))
         for party in parties:
             position = self.position(party)
             for start in range(0, len(indices), step):
                 part, valid = indices[start : start + step], n_valid[start : start + step]
-                lengths = (valid * 4).astype(np.uint32)
+                lengths = word_bytes(self.header.kind, valid)
                 _, _, _, done = self.plane.push(
                     self.round_id,
                     position,

@@ -1,6 +1,6 @@
 """Key-homomorphic RLWE sums, the primitives of lattice aggregation (docs/crypto.md, "Lattice aggregation").
 
-One round (the ``lattice`` protection mode runs the same protocol on ciphertexts mod ``2^32``,
+One round (the ``lattice`` protection mode runs the same protocol on two values a coefficient,
 :mod:`confide.protect.lattice`; these are the mod-``q`` primitives, with a plaintext modulus):
 
 1. every party draws a fresh :class:`RoundKey`, encrypts its integer vector under it with the

@@ -8,10 +8,11 @@ Per round attempt (docs/crypto.md, "Lattice aggregation"; :mod:`confide.crypto.l
    the update, so this happens before local training (:meth:`LatticeProtection.prepare_round`)
    and the shares wait at the peers; an attempt whose participants differ draws afresh;
 2. each slice of the update, in the masking modes' fixed point (narrowed to ``bits`` bits so the
-   summed error fits), is encrypted word for word: ``b = a*s_i + e + Delta*m (mod 2^32)``, block by
-   block under public polynomials expanded from the attempt's seed. Four bytes a value, summed by
-   the data plane's masked-word kernel (wrapping addition is the ring's addition), so the
-   aggregator's work and the bytes on the wire are those of ``secagg``;
+   lanes and the summed error fit), is encrypted two values to a coefficient mod the 62-bit prime
+   ``q``: ``b = a*s_i + e + 2^d*(x_0 + 2^w*x_1)``, block by block under public polynomials drawn
+   in the NTT domain from the attempt's seed (``confide-lattice``'s ``packed``). Eight bytes for two
+   values, four a value like float32; the data plane sums the words mod ``q``
+   (``AGGREGATION_KIND_RLWE_SUM``), refusing any word outside ``[0, q)``;
 3. once the summed slices arrive, each participant adds the key shares it received (its share of
    ``sum s_i``), sends that summed share, sealed, to the ``t - 1`` participants before it (mod
    ``m``), and rebuilds ``sum s_i`` from its own and the ``t - 1`` it receives; with it, each
@@ -25,6 +26,7 @@ a retry after a dropout never reveals two key sums of one attempt.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import struct
 import time
@@ -41,20 +43,30 @@ from confide.v1 import runtime_pb2 as pb
 
 __all__ = ["LatticeProtection"]
 
-#: Ring dimension: 128-bit security with a ternary secret at log q = 32 (docs/crypto.md).
+#: Ring dimension: 128-bit security with a ternary secret at log q = 62 (docs/crypto.md).
 RING_DIMENSION = 4096
+#: Values in one ciphertext word.
+LANES = 2
 #: The error's centred binomial parameter (confide-lattice: eta 21, standard deviation 3.24).
 ETA = 21
 
 
 def message_bits(parties: int) -> int:
-    """The message ring: ``m * eta < 2^(30 - bits)``, half of what decryption needs (``2^(31 - bits)``).
+    """The widest values the packed lanes carry for ``parties`` (24 bits for 3, 21 for 10, 15 for 200).
 
-    The spare bit is the decryption check's: a wrong key sum or sum leaves each word's error
-    uniform over ``Z_Delta``, past the parties' bound for at least half of the words, so even a
-    slice of 31 values is caught but for a chance of ``2^-31``.
+    Lanes of ``bits + ceil(log2 m)`` bits (a sum never carries into the next lane), and the summed
+    error ``m * eta`` at most a quarter of the scale ``2^d``, with ``d + 2 * lane <= 61``.
+
+    The spare bit is the decryption check's: a wrong key sum or sum leaves each word's residue
+    uniform mod ``q``, past the parties' bound for at least half of the words, so even a slice of
+    62 values is caught but for a chance of ``2^-31``.
     """
-    return 30 - (parties * ETA).bit_length()
+    return int(_packing_ring().packed_message_bits(parties))
+
+
+@functools.lru_cache(maxsize=1)
+def _packing_ring() -> _native.LatticeRing:
+    return _native.LatticeRing(RING_DIMENSION, 16)
 
 
 def default_threshold(parties: int) -> int:
@@ -76,21 +88,21 @@ def _summed_share(peer: str, data: bytes) -> np.ndarray:
 
 
 def bad_decryption_shares(
-    ring, seed: bytes, bits: int, words: np.ndarray, summed: dict, threshold: int, parties: int, tries: int = 500
+    residual: Callable[[_native.LatticeKeySum], int], summed: dict, threshold: int, parties: int, tries: int = 500
 ) -> list[str] | None:
     """The parties whose summed key shares do not verify against a sum's first slice (a redundancy check).
 
-    ``summed``: party -> (point, summed share). A set of ``threshold`` shares is right when its key
-    sum decrypts ``words`` with every error within the parties' bound; once one is found, each other
-    share is tested in place of one of its members. Needs ``threshold + 1`` shares or more, and at
-    least ``threshold`` right ones among the first ``tries`` sets; None where none is found.
+    ``summed``: party -> (point, summed share); ``residual(keys)``: how many words of the slice
+    decrypt with an error past the bound under a key sum. A set of ``threshold`` shares is right
+    when its key sum leaves none; once one is found, each other share is tested in place of one of
+    its members. Needs ``threshold + 1`` shares or more, and at least ``threshold`` right ones among
+    the first ``tries`` sets; None where none is found.
     """
     names = list(summed)
 
     def verifies(members) -> bool:
         points, shares = zip(*(summed[name] for name in members), strict=True)
-        keys = _native.LatticeKeySum.reconstruct(list(points), list(shares), parties)
-        return ring.residual_q32(seed, 0, keys, words, bits) == 0
+        return residual(_native.LatticeKeySum.reconstruct(list(points), list(shares), parties)) == 0
 
     good = next((c for c in islice(combinations(names, threshold), tries) if verifies(c)), None)
     if good is None:
@@ -103,19 +115,22 @@ class LatticeProtection(SecAgg):
     """RLWE encryption under fresh per-round keys; the key sum rebuilt by the parties, t of m."""
 
     mode = "lattice"
+    kind = pb.AGGREGATION_KIND_RLWE_SUM
     aggregator_sees = (
-        "nothing: words encrypted under fresh RLWE keys (mod 2^32); only the parties rebuild the sum of the keys"
+        "nothing: words encrypted under fresh RLWE keys (two values a word mod a 62-bit prime); only the "
+        "parties rebuild the sum of the keys"
     )
     # A slice encrypted twice under one key and public polynomial would hand out two error draws.
     reencodable = False
 
     def __init__(self, exchange, params) -> None:
         super().__init__(exchange, params)
-        # The mod-2^32 calls take their message bits each time; 16 only satisfies the constructor.
-        self._ring = _native.LatticeRing(RING_DIMENSION, 16)
+        # The packed calls take their message bits and parties each time; 16 only satisfies the constructor.
+        self._ring = _packing_ring()
         self._key: _native.LatticeKey | None = None
         self._seed = b""
         self._bits = 0
+        self._parties = 0
         self._threshold = 0
         self._own_share: np.ndarray | None = None
         self._drawn: tuple = ()
@@ -152,6 +167,7 @@ class LatticeProtection(SecAgg):
         m = len(context.participants)
         super(SecAgg, self).begin_round(context, vector)  # the bound and the fixed point (not secagg's masks)
         self._bits = self._fixed.bits
+        self._parties = m
         if self._key is None or self._drawn != (context.round, context.attempt, tuple(context.participants)):
             self._draw_key(context.round, context.attempt, list(context.participants))
         self._seed = hashlib.sha256(
@@ -164,8 +180,11 @@ class LatticeProtection(SecAgg):
         if not self.params.recover:
             self._send_summed(context, excluded=set())  # see _key_sum: no exclusion can follow
         self._ran = {
-            "ring": f"Z_2^32[X]/(X^{RING_DIMENSION} + 1)",
-            "ntt_prime": f"{self._ring.modulus} (exact products mod 2^32)",
+            "ring": f"Z_q[X]/(X^{RING_DIMENSION} + 1), q = {self._ring.modulus} (62-bit prime)",
+            "lanes": LANES,
+            "lane_bits": self._bits + (m - 1).bit_length(),
+            "scale_bits": 61 - LANES * (self._bits + (m - 1).bit_length()),
+            "expansion": "public polynomials: AES-128-CTR keyed by SHAKE128(seed, block), drawn in the NTT domain",
             "key_shares": f"Shamir over F_{_native.LatticeKeySum.SHARE_PRIME}, before local training",
             "secret": "ternary, fresh per party and attempt",
             "error": f"centred binomial, eta {ETA}",
@@ -175,9 +194,10 @@ class LatticeProtection(SecAgg):
         }
 
     def encode(self, context: RoundContext, index: int, values: np.ndarray) -> bytes:
-        """Fixed-point words of the slice, encrypted one word a value."""
+        """Fixed-point words of the slice, encrypted two values to a ciphertext word."""
         words = self._encode_words(values)
-        return self._ring.encrypt_q32(self._seed, index, self._key, words, self._bits).astype("<u4").tobytes()
+        cipher = self._ring.encrypt_packed(self._seed, index, self._key, words, self._bits, self._parties)
+        return cipher.astype("<u8").tobytes()
 
     def _key_sum(self, context: RoundContext) -> _native.LatticeKeySum:
         """The key sum of the summed parties, from this party's summed share and ``t - 1`` of the others'.
@@ -281,14 +301,19 @@ class LatticeProtection(SecAgg):
         for index in range(context.num_slices):
             piece = first if index == 0 else result(index)
             start, stop = context.bounds(index)
-            words = np.frombuffer(piece.payload, dtype="<u4")
-            if words.size != stop - start:
-                raise ProtocolError(f"summed slice {index} holds {words.size} words, expected {stop - start}")
-            words = words.astype(np.uint32)
-            if index == 0 and self._ring.residual_q32(self._seed, 0, keys, words, self._bits):
-                raise ProtocolError(self._blame(context, words))
+            words = np.frombuffer(piece.payload, dtype="<u8")
+            if words.size != -(-(stop - start) // LANES):
+                raise ProtocolError(
+                    f"summed slice {index} holds {words.size} words, expected {-(-(stop - start) // LANES)} "
+                    f"for {stop - start} values"
+                )
+            words = words.astype(np.uint64)
+            if index == 0 and self._residual(words, stop - start)(keys):
+                raise ProtocolError(self._blame(context, words, stop - start))
             try:
-                messages = self._ring.decrypt_q32(self._seed, index, keys, words, self._bits)
+                messages = self._ring.decrypt_packed(
+                    self._seed, index, keys, words, self._bits, self._parties, stop - start
+                )
             except InvalidParameterError as error:  # the key sum decrypted slice 0: this sum is not the parties'
                 raise ProtocolError(
                     f"round {context.round}: summed slice {index} does not decrypt under the key sum that decrypts "
@@ -298,13 +323,17 @@ class LatticeProtection(SecAgg):
         self._key = None
         return out
 
-    def _blame(self, context: RoundContext, words: np.ndarray) -> str:
+    def _residual(self, words: np.ndarray, length: int) -> Callable[[_native.LatticeKeySum], int]:
+        """Words of slice 0 past the error bound under a key sum."""
+        return lambda keys: self._ring.residual_packed(self._seed, 0, keys, words, self._bits, self._parties, length)
+
+    def _blame(self, context: RoundContext, words: np.ndarray, length: int) -> str:
         """Why slice 0 does not decrypt: the summed key shares that do not verify, named where they can be."""
         waiting = [p for p in self._sum_peers if p not in self._summed]
         for peer, data in self._first_arrivals(context.round, self._sum_tag, waiting, len(waiting), strict=False):
             self._summed[peer] = (context.participants.index(peer) + 1, _summed_share(peer, data))
         parties = len(self._sum_peers) + 1
-        bad = bad_decryption_shares(self._ring, self._seed, self._bits, words, self._summed, self._threshold, parties)
+        bad = bad_decryption_shares(self._residual(words, length), self._summed, self._threshold, parties)
         if bad:
             return (
                 f"round {context.round}: the summed key share of {', '.join(bad)} does not verify: with it the sum "

@@ -13,6 +13,15 @@ from confide.protect.lattice import RING_DIMENSION, bad_decryption_shares, messa
 
 PARTIES = ["hospital-a", "hospital-b", "hospital-c", "hospital-d"]
 SEED = bytes(range(32))
+Q = _native.LatticeRing(RING_DIMENSION, 16).modulus
+
+
+def _sum_of(ring, words_of_parties):
+    """The data plane's fold of packed words (mod q), from zero."""
+    total = np.zeros(words_of_parties[0].size, dtype=np.uint64)
+    for words in words_of_parties:
+        ring.fold_packed(total, words)
+    return total
 
 
 def _round(threshold: int):
@@ -23,9 +32,11 @@ def _round(threshold: int):
     keys = [ring.new_key() for _ in PARTIES]
     shares = [key.shares(threshold, len(PARTIES)) for key in keys]
     values = [rng.integers(0, 1 << (bits - 3), size=3000, dtype=np.uint32) for _ in PARTIES]
-    total = np.zeros(3000, dtype=np.uint32)
-    for key, mine in zip(keys, values, strict=True):
-        total += ring.encrypt_q32(SEED, 0, key, mine, bits)  # wrapping: the ring's addition
+    m = len(PARTIES)
+    total = _sum_of(
+        ring, [ring.encrypt_packed(SEED, 0, key, mine, bits, m) for key, mine in zip(keys, values, strict=True)]
+    )
+    assert total.size == 1500  # two values a word
     summed = {}
     for j, party in enumerate(PARTIES):
         share = np.zeros(RING_DIMENSION, dtype=np.uint16)
@@ -45,30 +56,34 @@ def test_any_threshold_of_the_summed_shares_decrypt_and_a_wrong_one_is_named():
     ring, bits, total, summed, expected = _round(threshold=2)
     for names in (["hospital-a", "hospital-b"], ["hospital-c", "hospital-d"], ["hospital-a", "hospital-d"]):
         keys = _key_sum(summed, names)
-        assert ring.residual_q32(SEED, 0, keys, total, bits) == 0
-        np.testing.assert_array_equal(ring.decrypt_q32(SEED, 0, keys, total, bits), expected)
+        assert ring.residual_packed(SEED, 0, keys, total, bits, 4, 3000) == 0
+        np.testing.assert_array_equal(ring.decrypt_packed(SEED, 0, keys, total, bits, 4, 3000), expected)
     point, share = summed["hospital-c"]
     wrong = share.copy()
     wrong[17] = (int(wrong[17]) + 1) % 65521  # one coefficient off by one
     summed["hospital-c"] = (point, wrong)
     keys = _key_sum(summed, ["hospital-a", "hospital-c"])
-    assert ring.residual_q32(SEED, 0, keys, total, bits) > 1200  # half the words' errors or more are past the bound
+    assert ring.residual_packed(SEED, 0, keys, total, bits, 4, 3000) > 1000  # most words' errors are past the bound
     with pytest.raises(InvalidParameterError, match="decrypt with an error past the parties' bound 84"):
-        ring.decrypt_q32(SEED, 0, keys, total, bits)
-    assert bad_decryption_shares(ring, SEED, bits, total, summed, 2, len(PARTIES)) == ["hospital-c"]
+        ring.decrypt_packed(SEED, 0, keys, total, bits, 4, 3000)
+    assert bad_decryption_shares(_residual(ring, bits, total), summed, 2, len(PARTIES)) == ["hospital-c"]
+
+
+def _residual(ring, bits, total):
+    return lambda keys: ring.residual_packed(SEED, 0, keys, total, bits, len(PARTIES), 2 * total.size)
 
 
 def test_a_sum_that_is_not_of_the_parties_ciphertexts_blames_no_share():
     ring, bits, total, summed, _ = _round(threshold=3)
-    forged = total + np.random.default_rng(2).integers(0, 1 << 32, size=total.size, dtype=np.uint64).astype(np.uint32)
-    assert bad_decryption_shares(ring, SEED, bits, forged, summed, 3, len(PARTIES)) is None
+    forged = (total + np.random.default_rng(2).integers(0, Q, size=total.size, dtype=np.uint64)) % np.uint64(Q)
+    assert bad_decryption_shares(_residual(ring, bits, forged), summed, 3, len(PARTIES)) is None
     # two wrong shares of four at threshold 3: no three right ones to tell them by
     rng = np.random.default_rng(6)
     for name in ("hospital-a", "hospital-b"):
         point, share = summed[name]
         noise = rng.integers(1, 65521, size=share.size)
         summed[name] = (point, ((share.astype(np.int64) + noise) % 65521).astype(np.uint16))
-    assert bad_decryption_shares(ring, SEED, bits, total, summed, 3, len(PARTIES)) is None
+    assert bad_decryption_shares(_residual(ring, bits, total), summed, 3, len(PARTIES)) is None
 
 
 @pytest.mark.parametrize("parties", [2, 3, 10, 200])
@@ -89,13 +104,17 @@ def test_sums_at_the_lane_limit_decrypt_exactly(parties):
         for p in range(parties)
     ]
     values = [np.clip(v, -8.0, 8.0) for v in values]
-    total = np.zeros(size, dtype=np.uint32)
-    for p, v in enumerate(values):
-        total += ring.encrypt_q32(SEED, 0, keys[p % len(keys)], fixed.encode(v), bits)
+    total = _sum_of(
+        ring,
+        [
+            ring.encrypt_packed(SEED, 0, keys[p % len(keys)], fixed.encode(v), bits, parties)
+            for p, v in enumerate(values)
+        ],
+    )
     key_sum = _native.LatticeKeySum.reconstruct(
         *_shares_of_sum([keys[p % len(keys)] for p in range(parties)], parties), parties
     )
-    decoded = fixed.decode(ring.decrypt_q32(SEED, 0, key_sum, total, bits))
+    decoded = fixed.decode(ring.decrypt_packed(SEED, 0, key_sum, total, bits, parties, size))
     np.testing.assert_array_equal(decoded, sum(np.rint(v * fixed.scale) for v in values) / fixed.scale)
 
 
@@ -125,7 +144,11 @@ def test_the_aggregator_and_t_minus_1_parties_cannot_read_one_update():
     keys = [ring.new_key() for _ in range(parties)]
     shares = [key.shares(threshold, parties) for key in keys]  # shares[i][j]: i's key, j's share (point j + 1)
     values = [rng.integers(0, 1 << (bits - 4), size=4096, dtype=np.uint32) for _ in range(parties)]
-    words = [ring.encrypt_q32(SEED, 0, keys[i], values[i], bits) for i in range(parties)]
+    words = [ring.encrypt_packed(SEED, 0, keys[i], values[i], bits, parties) for i in range(parties)]
+
+    def residual(keys, total):
+        return ring.residual_packed(SEED, 0, keys, total, bits, parties, 4096)
+
     colluders = [1, 2]
 
     def key_of(points_and_shares, count):
@@ -134,16 +157,18 @@ def test_the_aggregator_and_t_minus_1_parties_cannot_read_one_update():
 
     # Party 3's key from the colluders' two shares of it (as if the threshold were 2): not its key.
     guess = key_of([(j + 1, shares[target][j]) for j in colluders], 1)
-    assert ring.residual_q32(SEED, 0, guess, words[target], bits) > 2000
+    assert residual(guess, words[target]) > 1500  # of 2048 words
     # Everyone's key sum (the round's output) less what the colluders hold: three keys, not one.
     everyone = [(j + 1, _summed([shares[i][j] for i in range(parties)])) for j in range(threshold)]
-    total = np.sum(words, axis=0, dtype=np.uint64).astype(np.uint32)
-    assert ring.residual_q32(SEED, 0, key_of(everyone, parties), total, bits) == 0  # the sum is theirs to read
+    total = _sum_of(ring, words)
+    assert residual(key_of(everyone, parties), total) == 0  # the sum is theirs to read
     rest = [(j + 1, _summed([shares[i][j] for i in range(parties) if i not in colluders])) for j in range(threshold)]
-    assert ring.residual_q32(SEED, 0, key_of(rest, 3), words[target], bits) > 2000
+    assert residual(key_of(rest, 3), words[target]) > 1500
     # A third share of party 3's key is the threshold: it reads the update.
     exact = key_of([(j + 1, shares[target][j]) for j in (*colluders, 4)], 1)
-    np.testing.assert_array_equal(ring.decrypt_q32(SEED, 0, exact, words[target], bits), values[target])
+    np.testing.assert_array_equal(
+        ring.decrypt_packed(SEED, 0, exact, words[target], bits, parties, 4096), values[target]
+    )
 
 
 def _summed(shares):
@@ -151,3 +176,35 @@ def _summed(shares):
     for share in shares:
         _native.LatticeKeySum.add_shares(total, share)
     return total
+
+
+def test_packed_words_out_of_range_and_lane_overflows_are_named():
+    ring = _native.LatticeRing(RING_DIMENSION, 16)
+    key = ring.new_key()
+    assert message_bits(3) == 24 and message_bits(10) == 21 and message_bits(200) == 15
+    with pytest.raises(
+        InvalidParameterError, match="message coefficient 1 is 16777216, at least the plaintext modulus 2"
+    ):
+        ring.encrypt_packed(SEED, 0, key, np.array([0, 1 << 24], dtype=np.uint32), 24, 3)
+    with pytest.raises(InvalidParameterError, match="200 parties: the summed error can reach 4200"):
+        ring.encrypt_packed(SEED, 0, key, np.zeros(4, dtype=np.uint32), 24, 200)
+    total = np.zeros(2, dtype=np.uint64)
+    with pytest.raises(InvalidParameterError, match=f"word 1 is {Q}, outside \\[0, q"):
+        ring.fold_packed(total, np.array([1, Q], dtype=np.uint64))
+    assert total.tolist() == [0, 0]
+
+
+def test_the_public_polynomial_is_aes_ctr_under_a_shake128_key():
+    """Known answer against the libraries the expansion comes from: SHAKE128 (hashlib) keys AES-128-CTR
+    (OpenSSL, through ``cryptography``) from counter 0; 62-bit little-endian words under ``q`` are kept."""
+    import hashlib
+
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+    index = (5 << 24) | 1  # slice 5, block 1
+    aes_key = hashlib.shake_128(b"confide-lattice/a62-aes/v1" + SEED + index.to_bytes(8, "little")).digest(16)
+    stream = Cipher(algorithms.AES(aes_key), modes.CTR(bytes(16))).encryptor().update(bytes(8 * 4200))
+    words = np.frombuffer(stream, dtype="<u8") & np.uint64((1 << 62) - 1)
+    expected = words[words < np.uint64(Q)][:RING_DIMENSION]
+    got = _native.LatticeRing(RING_DIMENSION, 16).public_poly_packed(SEED, index)
+    np.testing.assert_array_equal(got, expected)
