@@ -264,29 +264,50 @@ impl Ring {
 /// Every word must lie in `[0, Q)`; otherwise nothing is added and the error gives the first one
 /// out of range (its index and value), so a bad arrival never spoils the running sum.
 pub fn fold_words(acc: &mut [u64], words: &[u8]) -> Result<(), (usize, u64)> {
-    const CHUNK: usize = 2048; // 16 KiB of words: checked and added while in cache
+    const CHUNK: usize = 2048; // 16 KiB of words, added and checked in one pass while in cache
     let word = |c: &[u8]| u64::from_le_bytes(c.try_into().expect("8 bytes"));
     if words.len() != 8 * acc.len() {
         return Err((acc.len().min(words.len() / 8), words.len() as u64));
     }
+    // AVX2 where the host has it, picked at run time (an AVX-512 build of the same body measured
+    // no faster here: 0.75x the float32 fold either way, the copy and the check included)
+    let arch = pulp::Arch::new();
+    let mut saved = [0u64; CHUNK];
     for (done, (acc_chunk, bytes)) in acc.chunks_mut(CHUNK).zip(words.chunks(8 * CHUNK)).enumerate() {
-        if bytes.chunks_exact(8).map(word).fold(0u64, u64::max) >= Q {
-            let at = bytes.chunks_exact(8).position(|c| word(c) >= Q).expect("a word at least Q");
+        saved[..acc_chunk.len()].copy_from_slice(acc_chunk);
+        if arch.dispatch(|| add_words(acc_chunk, bytes)) != 0 {
+            acc_chunk.copy_from_slice(&saved[..acc_chunk.len()]);
             // take back what the chunks before it added: the running sum is as it was
             for (x, c) in
                 acc.chunks_mut(CHUNK).zip(words.chunks(8 * CHUNK)).take(done).flat_map(|(a, b)| a.iter_mut().zip(b.chunks_exact(8)))
             {
                 *x = sub_mod(*x, word(c));
             }
+            let at = bytes.chunks_exact(8).position(|c| word(c) >= Q).expect("a word at least Q");
             let index = done * CHUNK + at;
             return Err((index, word(&words[8 * index..8 * index + 8])));
         }
-        for (x, c) in acc_chunk.iter_mut().zip(bytes.chunks_exact(8)) {
-            let s = *x + word(c); // both under 2^62
-            *x = s.min(s.wrapping_sub(Q)); // public data: no need to hide the reduction
-        }
     }
     Ok(())
+}
+
+/// `acc += words (mod Q)`, and a non-zero result where a word is at least `Q` (then ``acc`` holds
+/// garbage and the caller restores it).
+///
+/// The sum: `s - Q`, plus `Q` back where that went below zero (its bit 63), both under `2^63` for
+/// words under `Q`; the data is public, so the select need not be hidden. The check: bit 63 of
+/// `!(w - Q) | w` is set exactly when `w >= Q`. Shifts, ors and 64-bit additions only, which
+/// vectorize on every x86-64 level (unlike 64-bit compares before AVX-512).
+#[inline(always)]
+fn add_words(acc: &mut [u64], bytes: &[u8]) -> u64 {
+    let mut bad = 0u64;
+    for (x, c) in acc.iter_mut().zip(bytes.chunks_exact(8)) {
+        let w = u64::from_le_bytes(c.try_into().expect("8 bytes"));
+        bad |= (!w.wrapping_sub(Q) | w) >> 63;
+        let r = x.wrapping_add(w).wrapping_sub(Q);
+        *x = r.wrapping_add(Q & 0u64.wrapping_sub(r >> 63));
+    }
+    bad
 }
 
 #[cfg(test)]
