@@ -7,7 +7,8 @@ model, its optimizer and one local step exist, and its peak at exit; a sampler r
 aggregator's peak (``VmHWM``) while the job runs. The relay holds ``--window-mb`` of deliveries
 in memory (the aggregator's configured window; beyond it they wait on disk).
 
-Records (``results/scale.json``), for ``<size>`` in ``10m``, ``100m``, ``400m``:
+Records (``results/scale.json``), for ``<size>`` in ``10m``, ``100m``, ``400m`` (and ``25m`` with
+``--sizes``: the lattice mode's 3-party goal, ``scale.25m.lattice.seconds_per_round`` against plain):
 
 - ``scale.<size>.<mode>.completed``: 1 if every party finished every round, else 0 (a size the
   machine cannot hold is not started: 0, with the reason in ``params``);
@@ -62,7 +63,7 @@ from confide.protect import MODES  # noqa: E402
 from confide.spec import parse_job  # noqa: E402
 from tests.fixtures.hf_models import LENGTH, VOCABULARY, pretrained_base  # noqa: E402
 
-SIZES = {"10m": 10_000_000, "100m": 100_000_000, "400m": 400_000_000}
+SIZES = {"10m": 10_000_000, "25m": 25_000_000, "100m": 100_000_000, "400m": 400_000_000}
 PARTIES = ["hospital-a", "hospital-b", "hospital-c"]
 PHASES = ("train_s", "agree_s", "encode_s", "upload_s", "wait_s", "decode_s")
 

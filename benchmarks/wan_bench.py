@@ -12,10 +12,11 @@ aggregator's 100 Mbit/s. The job: Homo LR on synthetic sparse data with ``--feat
 (300,000 by default: 1.3 MB of paillier ciphertexts per party per round), 3 parties, 1 local
 epoch. Per link and mode, seconds per round is the median over the rounds after the first;
 the anchor is the same mode on loopback (``confide run``'s federation, no namespaces) in the same
-run. ``paillier`` runs with the slice pipeline on and off (``transport.pipeline``);
-``wan.<link>.pipeline.speedup`` is off / on. With ``--repeats`` every figure is the median over
-the runs (modes interleaved). ``threshold`` is left out: its rounds decrypt without CRT and
-would take minutes at this size.
+run; ``wan.<link>.lattice.vs_plain`` is ``lattice`` over ``plain`` on the same link. ``paillier``
+runs with the slice pipeline on and off (``transport.pipeline``); ``wan.<link>.pipeline.speedup``
+is off / on (and the one-party upload overlap runs only where paillier does). With
+``--repeats`` every figure is the median over the runs (modes interleaved). ``threshold`` is
+left out: its rounds decrypt without CRT and would take minutes at this size.
 
 Needs root, iproute2 and Toxiproxy (scripts/ensure-toxiproxy.sh); without them it says why and
 writes nothing.
@@ -34,7 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT))
-from benchutil import machine, record, results_table, write, write_markdown_block  # noqa: E402
+from benchutil import machine, merged, merged_lines, record, results_table, write, write_markdown_block  # noqa: E402
 
 from confide.local import run_local  # noqa: E402
 from confide.spec import parse_job  # noqa: E402
@@ -44,7 +45,7 @@ LINKS = {
     "100mbit": Link("100mbit", rate_mbit=100, rtt_ms=20),
     "1gbit": Link("1gbit", rate_mbit=1000, rtt_ms=2),
 }
-MODES = ["plain", "secagg", "groupmask", "tee", "paillier"]
+MODES = ["plain", "secagg", "groupmask", "tee", "lattice", "paillier"]
 PARTIES = ["party-1", "party-2", "party-3"]
 
 
@@ -214,7 +215,8 @@ def upload_overlap(network, work: Path, args) -> dict:
 
 def runs() -> list[tuple[str, bool]]:
     out = [(mode, True) for mode in MODES]
-    out.insert(out.index(("paillier", True)), ("paillier", False))
+    if ("paillier", True) in out:
+        out.insert(out.index(("paillier", True)), ("paillier", False))
     return out
 
 
@@ -230,6 +232,11 @@ def main() -> int:
     parser.add_argument("--modes", default=None, help="only these modes (comma-separated); paillier adds pipeline off")
     parser.add_argument("--no-loopback", action="store_true", help="skip the loopback anchor")
     parser.add_argument("--write", action="store_true", help="write results/wan.json and docs/benchmarks.md")
+    parser.add_argument(
+        "--merge",
+        action="store_true",
+        help="with --write: keep the records of results/wan.json this run does not measure (other modes)",
+    )
     parser.add_argument("--upload-only", action="store_true", help="only the one-party upload overlap")
     parser.add_argument("--upload-child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--certs", help=argparse.SUPPRESS)
@@ -265,7 +272,7 @@ def main() -> int:
                     ports=(GRPC_PORT, DATA_PORT),
                     logs=work / f"logs-{name}-{repeat}",
                 ) as network:
-                    if repeat == 0:
+                    if repeat == 0 and ("paillier" in MODES or args.upload_only):
                         uploads[name] = upload_overlap(network, work / f"upload-{name}", args)
                         shown = {k: round(v, 3) for k, v in uploads[name].items()}
                         print(f"     {name} one-party upload: {shown}", flush=True)
@@ -308,6 +315,18 @@ def main() -> int:
                     anchor=f"{mode} on loopback, same run" if anchor else None,
                     anchor_value=anchor,
                     params={**where, "bytes_per_round": median((name, mode, True), "bytes")},
+                )
+            )
+        if "plain" in MODES and "lattice" in MODES:
+            plain, lattice = median((name, "plain", True)), median((name, "lattice", True))
+            results.append(
+                record(
+                    f"wan.{name}.lattice.vs_plain",
+                    lattice / plain,
+                    "x",
+                    anchor=f"plain over the same {name} link, same run",
+                    anchor_value=plain,
+                    params={**where, "lattice_s": round(lattice, 4)},
                 )
             )
         if "paillier" in MODES:
@@ -357,7 +376,11 @@ def main() -> int:
     print("\n".join(lines))
     print(f"({total:.0f} s in all)")
     if args.write:
-        write("wan", machine(), results)
+        info = machine()
+        if args.merge:
+            results, info = merged("wan", results, info, f"modes {','.join(MODES)}")
+            lines = results_table(results, value=",.4g", anchor=",.4g", ratio=".3g")
+        write("wan", info, results)
         write_markdown_block(
             "wan_bench",
             "Real links (latest run)",
@@ -368,6 +391,7 @@ def main() -> int:
                 f"({machine()['cores']} cores, shared by every process).",
                 "",
                 *lines,
+                *merged_lines(info),
             ],
         )
     return 0

@@ -314,6 +314,38 @@ pub fn add_assign(acc: &mut [u64], b: &[u64]) {
     }
 }
 
+/// A key or a key sum in the NTT domain, for the ring that made it: computed once and used for every
+/// block of every slice of a round (zeroized when dropped).
+#[derive(Zeroize, ZeroizeOnDrop)]
+pub struct KeyNtt {
+    values: Vec<u64>,
+    #[zeroize(skip)]
+    parties: usize,
+}
+
+impl KeyNtt {
+    /// The parties whose keys it sums (1 for one party's key).
+    pub fn parties(&self) -> usize {
+        self.parties
+    }
+
+    pub(crate) fn values(&self) -> &[u64] {
+        &self.values
+    }
+}
+
+impl Ring {
+    /// ``key`` in the NTT domain.
+    pub fn key_ntt(&self, key: &SecretKey) -> KeyNtt {
+        KeyNtt { values: self.ntt_of(key.coefficients()), parties: 1 }
+    }
+
+    /// ``keys`` in the NTT domain.
+    pub fn key_sum_ntt(&self, keys: &KeySum) -> KeyNtt {
+        KeyNtt { values: self.ntt_of(keys.coefficients()), parties: keys.parties() }
+    }
+}
+
 /// One party's secret key: small signed coefficients, zeroized when dropped.
 #[derive(Zeroize, ZeroizeOnDrop)]
 pub struct SecretKey {

@@ -14,7 +14,7 @@
 //! (AES-NI) instead of SHAKE128. Eight bytes a coefficient are four a value, those of float32.
 
 use crate::shamir::MAX_PARTIES;
-use crate::{add_mod, lift, sub_mod, xof, KeySum, LatticeError, Ring, SecretKey, Q};
+use crate::{add_mod, lift, sub_mod, xof, KeyNtt, LatticeError, Ring, Q};
 use aes::cipher::{KeyIvInit, StreamCipher};
 use rand_core::{CryptoRng, RngCore};
 use sha3::digest::XofReader;
@@ -135,12 +135,13 @@ impl Ring {
         &self,
         seed: &[u8; 32],
         slice: u32,
-        key: &SecretKey,
+        key: &KeyNtt,
         values: &[u32],
         packing: &Packing,
         rng: &mut R,
     ) -> Result<Vec<u64>, LatticeError> {
         packing.check_values(values)?;
+        self.check_len("the key", key.values().len())?;
         let n = self.params.n;
         let (w, d) = (packing.lane_bits, packing.scale_bits);
         let mask = (1u64 << self.params.eta) - 1;
@@ -149,11 +150,10 @@ impl Ring {
         let mut noise = stream(&noise_key);
         noise_key.zeroize();
         let mut noise_bytes = vec![0u8; 8 * n];
-        let mut s_ntt = self.ntt_of(key.coefficients());
         let mut out = Vec::with_capacity(Packing::coefficients(values.len()));
         for (k, block) in values.chunks(LANES * n).enumerate() {
             let mut product = self.public_poly_packed(seed, ((slice as u64) << 24) | k as u64);
-            self.plan.mul_assign_normalize(&mut product, &s_ntt);
+            self.plan.mul_assign_normalize(&mut product, key.values());
             self.plan.inv(&mut product);
             let words = block.len().div_ceil(LANES);
             keystream(&mut noise, &mut noise_bytes[..8 * words]);
@@ -165,7 +165,6 @@ impl Ring {
             }
         }
         noise_bytes.zeroize();
-        s_ntt.zeroize();
         Ok(out)
     }
 
@@ -182,7 +181,7 @@ impl Ring {
         &self,
         seed: &[u8; 32],
         slice: u32,
-        keys: &KeySum,
+        keys: &KeyNtt,
         total: &[u64],
         packing: &Packing,
         len: usize,
@@ -203,7 +202,7 @@ impl Ring {
         &self,
         seed: &[u8; 32],
         slice: u32,
-        keys: &KeySum,
+        keys: &KeyNtt,
         total: &[u64],
         packing: &Packing,
         len: usize,
@@ -216,14 +215,14 @@ impl Ring {
         &self,
         seed: &[u8; 32],
         slice: u32,
-        keys: &KeySum,
+        keys: &KeyNtt,
         total: &[u64],
         packing: &Packing,
         len: usize,
         mut out: Option<&mut Vec<u32>>,
     ) -> Result<usize, LatticeError> {
         let n = self.params.n;
-        self.check_len("the key sum", keys.coefficients().len())?;
+        self.check_len("the key sum", keys.values().len())?;
         let expected = Packing::coefficients(len);
         if total.len() != expected {
             return Err(LatticeError::Length { what: "the summed slice", got: total.len(), expected });
@@ -237,10 +236,9 @@ impl Ring {
         let low = (1u64 << d) - 1;
         let value_mask = (1u64 << packing.bits) - 1;
         let mut wrong = 0usize;
-        let mut s_ntt = self.ntt_of(keys.coefficients());
         for (k, block) in total.chunks(n).enumerate() {
             let mut product = self.public_poly_packed(seed, ((slice as u64) << 24) | k as u64);
-            self.plan.mul_assign_normalize(&mut product, &s_ntt);
+            self.plan.mul_assign_normalize(&mut product, keys.values());
             self.plan.inv(&mut product);
             for (&b, &p) in block.iter().zip(&product) {
                 let in_range = b < Q;
@@ -254,7 +252,6 @@ impl Ring {
                 }
             }
         }
-        s_ntt.zeroize();
         Ok(wrong)
     }
 }
@@ -313,7 +310,7 @@ fn add_words(acc: &mut [u64], bytes: &[u8]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{os_rng, Params};
+    use crate::{os_rng, KeySum, Params, SecretKey};
 
     fn ring() -> Ring {
         Ring::new(Params::new(4096, 16).unwrap())
@@ -353,11 +350,11 @@ mod tests {
                 for (e, &v) in expected.iter_mut().zip(&values) {
                     *e += v as u64;
                 }
-                let words = ring.encrypt_packed(&seed, 5, key, &values, &packing, &mut rng).unwrap();
+                let words = ring.encrypt_packed(&seed, 5, &ring.key_ntt(key), &values, &packing, &mut rng).unwrap();
                 let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
                 fold_words(&mut total, &bytes).unwrap();
             }
-            let sum = KeySum::of(&keys);
+            let sum = ring.key_sum_ntt(&KeySum::of(&keys));
             let got = ring.decrypt_packed(&seed, 5, &sum, &total, &packing, len).unwrap();
             let want: Vec<u32> = expected.iter().map(|&e| (e & ((1u64 << bits) - 1)) as u32).collect();
             assert_eq!(got, want, "{parties} parties");
@@ -374,13 +371,13 @@ mod tests {
         let values = vec![1u32; 31];
         let mut total = vec![0u64; Packing::coefficients(31)];
         for key in &keys {
-            let words = ring.encrypt_packed(&seed, 0, key, &values, &packing, &mut rng).unwrap();
+            let words = ring.encrypt_packed(&seed, 0, &ring.key_ntt(key), &values, &packing, &mut rng).unwrap();
             let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
             fold_words(&mut total, &bytes).unwrap();
         }
-        let two = KeySum::of(&keys[..2]);
+        let two = ring.key_sum_ntt(&KeySum::of(&keys[..2]));
         assert!(ring.residual_packed(&seed, 0, &two, &total, &packing, 31).unwrap() > 0);
-        let all = KeySum::of(&keys);
+        let all = ring.key_sum_ntt(&KeySum::of(&keys));
         assert_eq!(ring.residual_packed(&seed, 0, &all, &total, &packing, 31).unwrap(), 0);
         assert!(matches!(ring.decrypt_packed(&seed, 1, &all, &total, &packing, 31), Err(LatticeError::Residual { .. })));
     }
@@ -391,7 +388,7 @@ mod tests {
         let mut rng = os_rng().unwrap();
         let key = ring.secret_key(&mut rng);
         let packing = Packing::new(8, 3, 21).unwrap();
-        let error = ring.encrypt_packed(&[0u8; 32], 0, &key, &[1, 2, 256], &packing, &mut rng).unwrap_err();
+        let error = ring.encrypt_packed(&[0u8; 32], 0, &ring.key_ntt(&key), &[1, 2, 256], &packing, &mut rng).unwrap_err();
         assert_eq!(error, LatticeError::Message { index: 2, value: 256, bits: 8 });
         assert!(matches!(Packing::new(24, 200, 21), Err(LatticeError::Noise { parties: 200, .. })));
         assert!(matches!(Packing::new(0, 3, 21), Err(LatticeError::PlaintextBits(0))));

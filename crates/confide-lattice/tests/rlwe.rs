@@ -179,31 +179,34 @@ fn packed_lanes_sum_mod_q_and_decrypt_with_the_key_sum() {
     let mut expected = vec![0u32; len];
     for key in &keys {
         let values: Vec<u32> = (0..len).map(|_| (rng.next_u64() as u32) >> (32 - bits)).collect();
-        let words = ring.encrypt_packed(&seed, 3, key, &values, &packing, &mut rng).unwrap();
+        let words = ring.encrypt_packed(&seed, 3, &ring.key_ntt(key), &values, &packing, &mut rng).unwrap();
         assert_eq!(words.len(), 1251); // eight bytes for two values: four a value, like float32
         let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
         fold_words(&mut total, &bytes).unwrap(); // the data plane's fold
         expected.iter_mut().zip(&values).for_each(|(e, v)| *e = (*e + v) & ((1 << bits) - 1));
     }
-    assert_eq!(ring.decrypt_packed(&seed, 3, &KeySum::of(&keys), &total, &packing, len).unwrap(), expected);
-    assert_eq!(ring.residual_packed(&seed, 3, &KeySum::of(&keys), &total, &packing, len).unwrap(), 0);
+    assert_eq!(ring.decrypt_packed(&seed, 3, &ring.key_sum_ntt(&KeySum::of(&keys)), &total, &packing, len).unwrap(), expected);
+    assert_eq!(ring.residual_packed(&seed, 3, &ring.key_sum_ntt(&KeySum::of(&keys)), &total, &packing, len).unwrap(), 0);
     // another slice's public polynomials, or six of the seven keys: errors spread over the scale
     for (slice, keys) in [(4u32, &keys[..]), (3, &keys[..6])] {
-        let wrong = ring.residual_packed(&seed, slice, &KeySum::of(keys), &total, &packing, len).unwrap();
+        let wrong = ring.residual_packed(&seed, slice, &ring.key_sum_ntt(&KeySum::of(keys)), &total, &packing, len).unwrap();
         assert!(wrong > 1251 / 2, "{wrong} of 1251 words past the bound");
         assert!(matches!(
-            ring.decrypt_packed(&seed, slice, &KeySum::of(keys), &total, &packing, len),
+            ring.decrypt_packed(&seed, slice, &ring.key_sum_ntt(&KeySum::of(keys)), &total, &packing, len),
             Err(LatticeError::Residual { of: 1251, .. })
         ));
     }
     let narrow = Packing::new(bits, 6, 21).unwrap();
-    assert!(matches!(ring.decrypt_packed(&seed, 3, &KeySum::of(&keys), &total, &narrow, len), Err(LatticeError::Noise { parties: 7, .. })));
     assert!(matches!(
-        ring.decrypt_packed(&seed, 3, &KeySum::of(&keys), &total, &packing, len + 2),
+        ring.decrypt_packed(&seed, 3, &ring.key_sum_ntt(&KeySum::of(&keys)), &total, &narrow, len),
+        Err(LatticeError::Noise { parties: 7, .. })
+    ));
+    assert!(matches!(
+        ring.decrypt_packed(&seed, 3, &ring.key_sum_ntt(&KeySum::of(&keys)), &total, &packing, len + 2),
         Err(LatticeError::Length { got: 1251, expected: 1252, .. })
     ));
     assert_eq!(
-        ring.encrypt_packed(&seed, 0, &keys[0], &[0, 1 << bits], &packing, &mut rng).unwrap_err(),
+        ring.encrypt_packed(&seed, 0, &ring.key_ntt(&keys[0]), &[0, 1 << bits], &packing, &mut rng).unwrap_err(),
         LatticeError::Message { index: 1, value: 1 << bits, bits }
     );
 }

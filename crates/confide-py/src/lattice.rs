@@ -5,9 +5,10 @@
 use crate::errors::invalid;
 use confide_lattice::packed::{fold_words, Packing};
 use confide_lattice::shamir::{add_shares, reconstruct_key_sum, share_key, MAX_PARTIES, P};
-use confide_lattice::{add_assign, os_rng, KeyRng, KeySum, LatticeError, Params, Ring, SecretKey};
+use confide_lattice::{add_assign, os_rng, KeyNtt, KeyRng, KeySum, LatticeError, Params, Ring, SecretKey};
 use numpy::{PyArray1, PyReadonlyArray1, PyReadwriteArray1};
 use pyo3::prelude::*;
+use std::sync::OnceLock;
 
 /// Adds the lattice classes to the module.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -70,7 +71,7 @@ impl PyLatticeRing {
     /// A fresh secret key (from the operating system's random source).
     fn new_key(&self) -> PyResult<PyLatticeKey> {
         let mut rng = os_rng().map_err(|e| failed("random", e))?;
-        Ok(PyLatticeKey { key: self.ring.secret_key(&mut rng), n: self.ring.params().n })
+        Ok(PyLatticeKey { key: self.ring.secret_key(&mut rng), n: self.ring.params().n, ntt: OnceLock::new() })
     }
 
     /// ``values`` (each under `t`) encrypted under ``key``, block `k` with the public polynomial (seed, k).
@@ -117,7 +118,8 @@ impl PyLatticeRing {
         let out = py
             .detach(|| {
                 let mut rng = os_rng()?;
-                self.ring.encrypt_packed(&seed, slice, &key.key, values, &packing, &mut rng)
+                let ntt = key.ntt.get_or_init(|| self.ring.key_ntt(&key.key));
+                self.ring.encrypt_packed(&seed, slice, ntt, values, &packing, &mut rng)
             })
             .map_err(|e| failed("values", e))?;
         Ok(PyArray1::from_vec(py, out))
@@ -140,8 +142,9 @@ impl PyLatticeRing {
         let seed = seed_of(seed)?;
         let packing = self.packing(bits, parties)?;
         let total = total.as_slice().map_err(|_| invalid("total", "array must be contiguous"))?;
-        let out =
-            py.detach(|| self.ring.decrypt_packed(&seed, slice, &key_sum.sum, total, &packing, length)).map_err(|e| failed("total", e))?;
+        let out = py
+            .detach(|| self.ring.decrypt_packed(&seed, slice, self.sum_ntt(key_sum)?, total, &packing, length))
+            .map_err(|e| failed("total", e))?;
         Ok(PyArray1::from_vec(py, out))
     }
 
@@ -162,7 +165,8 @@ impl PyLatticeRing {
         let seed = seed_of(seed)?;
         let packing = self.packing(bits, parties)?;
         let total = total.as_slice().map_err(|_| invalid("total", "array must be contiguous"))?;
-        py.detach(|| self.ring.residual_packed(&seed, slice, &key_sum.sum, total, &packing, length)).map_err(|e| failed("total", e))
+        py.detach(|| self.ring.residual_packed(&seed, slice, self.sum_ntt(key_sum)?, total, &packing, length))
+            .map_err(|e| failed("total", e))
     }
 
     /// Public polynomial ``index`` of the packed form, in the NTT domain mod ``q`` (for known-answer tests).
@@ -254,6 +258,15 @@ impl PyLatticeRing {
         Ok(PyArray1::from_vec(py, out))
     }
 
+    /// The key sum's NTT, computed once (a key sum of another ring's dimension is refused).
+    fn sum_ntt<'a>(&self, key_sum: &'a PyLatticeKeySum) -> Result<&'a KeyNtt, LatticeError> {
+        let (got, expected) = (key_sum.sum.coefficients().len(), self.ring.params().n);
+        if got != expected {
+            return Err(LatticeError::Length { what: "the key sum", got, expected });
+        }
+        Ok(key_sum.ntt.get_or_init(|| self.ring.key_sum_ntt(&key_sum.sum)))
+    }
+
     fn packing(&self, bits: u32, parties: usize) -> PyResult<Packing> {
         Packing::new(bits, parties, self.ring.params().eta).map_err(|e| failed("bits", e))
     }
@@ -271,6 +284,8 @@ impl PyLatticeRing {
 pub struct PyLatticeKey {
     key: SecretKey,
     n: usize,
+    /// Its NTT, computed at the first packed encryption and kept for the round's other slices.
+    ntt: OnceLock<KeyNtt>,
 }
 
 #[pymethods]
@@ -295,6 +310,8 @@ impl PyLatticeKey {
 #[pyclass(name = "LatticeKeySum", module = "confide._native", frozen)]
 pub struct PyLatticeKeySum {
     sum: KeySum,
+    /// Its NTT, computed at the first packed decryption and kept for the other slices.
+    ntt: OnceLock<KeyNtt>,
 }
 
 #[pymethods]
@@ -304,7 +321,7 @@ impl PyLatticeKeySum {
     fn reconstruct(points: Vec<u64>, shares: Vec<PyReadonlyArray1<'_, u16>>, parties: usize) -> PyResult<Self> {
         let slices = shares.iter().map(|s| slice("shares", s)).collect::<PyResult<Vec<&[u16]>>>()?;
         let sum = reconstruct_key_sum(&points, &slices, parties).map_err(|e| failed("shares", e))?;
-        Ok(Self { sum })
+        Ok(Self { sum, ntt: OnceLock::new() })
     }
 
     /// ``total += share`` in the share field (a party's share of the key sum), in place.

@@ -28,9 +28,11 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import logging
 import struct
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from itertools import combinations, islice
 
 import numpy as np
@@ -42,6 +44,8 @@ from confide.protect.masking import SecAgg
 from confide.v1 import runtime_pb2 as pb
 
 __all__ = ["LatticeProtection"]
+
+log = logging.getLogger(__name__)
 
 #: Ring dimension: 128-bit security with a ternary secret at log q = 62 (docs/crypto.md).
 RING_DIMENSION = 4096
@@ -137,6 +141,25 @@ class LatticeProtection(SecAgg):
         self._summed: dict[str, tuple[int, np.ndarray]] = {}
         self._sum_tag, self._sum_peers = "", []
         self._ran: dict = {}
+        # Key shares and summed shares go out from one thread, in order, while the round goes on: a
+        # relay send is a blocking call per peer, and nothing waits on them before the peers do.
+        self._outbox = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lattice-shares")
+        self._sending: list[Future] = []
+
+    def _share_soon(self, round_number: int, tag: str, payload: bytes, peers: list[str]) -> None:
+        """:meth:`share` from the outbox thread; :meth:`_shared` waits for it."""
+        self._sending.append(self._outbox.submit(self.share, round_number, tag, payload, peers))
+
+    def _shared(self, *, strict: bool = True) -> None:
+        """Wait until the queued shares are sent; their errors are raised (``strict``) or logged."""
+        sending, self._sending = self._sending, []
+        for future in sending:
+            try:
+                future.result()
+            except Exception as error:
+                if strict:
+                    raise
+                log.warning("a key share of an attempt that is over was not sent: %s", error)
 
     def _ring_bits(self, parties: int) -> int:
         bits = message_bits(parties)
@@ -149,6 +172,7 @@ class LatticeProtection(SecAgg):
         self._draw_key(round_number, attempt, list(participants))
 
     def _draw_key(self, round_number: int, attempt: int, participants: list[str]) -> None:
+        self._shared(strict=False)  # what an earlier attempt queued is out, or moot
         m = len(participants)
         self._threshold = min(self.params.threshold or default_threshold(m), m)
         self._key = self._ring.new_key()
@@ -159,7 +183,7 @@ class LatticeProtection(SecAgg):
                 self._own_share = shares[position]
             else:
                 share = shares[position].astype("<u2").tobytes()
-                self.share(round_number, _key_tag(attempt, participants), share, [peer])
+                self._share_soon(round_number, _key_tag(attempt, participants), share, [peer])
         self._drawn = (round_number, attempt, tuple(participants))
 
     def begin_round(self, context: RoundContext, vector: np.ndarray) -> None:
@@ -197,7 +221,7 @@ class LatticeProtection(SecAgg):
         """Fixed-point words of the slice, encrypted two values to a ciphertext word."""
         words = self._encode_words(values)
         cipher = self._ring.encrypt_packed(self._seed, index, self._key, words, self._bits, self._parties)
-        return cipher.astype("<u8").tobytes()
+        return cipher.astype("<u8", copy=False).tobytes()  # no copy on a little-endian host
 
     def _key_sum(self, context: RoundContext) -> _native.LatticeKeySum:
         """The key sum of the summed parties, from this party's summed share and ``t - 1`` of the others'.
@@ -249,7 +273,7 @@ class LatticeProtection(SecAgg):
                 )
             _native.LatticeKeySum.add_shares(summed, share.astype(np.uint16))
         self._sum_tag, self._sum_peers = f"lattice-sum/{context.attempt}/{view}", peers
-        self.share(context.round, self._sum_tag, summed.astype("<u2").tobytes(), peers)
+        self._share_soon(context.round, self._sum_tag, summed.astype("<u2").tobytes(), peers)
         self._summed = {context.party_id: (context.position + 1, summed)}
 
     def _confirm(self, context: RoundContext, peers: list[str], view: str) -> None:
@@ -307,7 +331,6 @@ class LatticeProtection(SecAgg):
                     f"summed slice {index} holds {words.size} words, expected {-(-(stop - start) // LANES)} "
                     f"for {stop - start} values"
                 )
-            words = words.astype(np.uint64)
             if index == 0 and self._residual(words, stop - start)(keys):
                 raise ProtocolError(self._blame(context, words, stop - start))
             try:
@@ -321,6 +344,7 @@ class LatticeProtection(SecAgg):
                 ) from None
             out[start:stop] = self._decode_words(messages)
         self._key = None
+        self._shared()  # every summed share went out (a failed send fails the round here)
         return out
 
     def _residual(self, words: np.ndarray, length: int) -> Callable[[_native.LatticeKeySum], int]:
