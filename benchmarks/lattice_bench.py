@@ -67,23 +67,26 @@ def _key_round(parties: int) -> float:
     return time.perf_counter() - start
 
 
-def _decrypt_work(values: int) -> float:
-    """The threshold part of a 3-party decryption: sum the shares received, rebuild the key sum."""
+def _decrypt_work(values: int, repeats: int = 50) -> float:
+    """The threshold part of a 3-party decryption: sum the shares received, rebuild the key sum (best of N)."""
     ring = _native.LatticeRing(RING_DIMENSION, 16)
     keys = [ring.new_key() for _ in range(3)]
     words = np.zeros(-(-values // 2), dtype=np.uint64)
     for k in keys:  # the vector exists (its size is what is varied), the work below does not touch it
         ring.fold_packed(words, ring.encrypt_packed(SEED, 0, k, np.zeros(values, dtype=np.uint32), message_bits(3), 3))
     shares = [k.shares(2, 3) for k in keys]
-    start = time.perf_counter()
-    summed = []
-    for j in range(2):
-        s = np.zeros(RING_DIMENSION, dtype=np.uint16)
-        for share in shares:
-            _native.LatticeKeySum.add_shares(s, share[j])
-        summed.append(s)
-    _native.LatticeKeySum.reconstruct([1, 2], summed, 3)
-    return time.perf_counter() - start
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        summed = []
+        for j in range(2):
+            s = np.zeros(RING_DIMENSION, dtype=np.uint16)
+            for share in shares:
+                _native.LatticeKeySum.add_shares(s, share[j])
+            summed.append(s)
+        _native.LatticeKeySum.reconstruct([1, 2], summed, 3)
+        best = min(best, time.perf_counter() - start)
+    return best
 
 
 def run_once() -> list[dict]:
@@ -153,13 +156,13 @@ def run_once() -> list[dict]:
             )
         )
     for label, values in (("100k", 100_000), ("1_25m", 1_250_000), ("4m", 4_000_000)):
-        seconds = min(_decrypt_work(values) for _ in range(5))
+        seconds = _decrypt_work(values)
         out.append(
             record(
                 f"lattice.decrypt_work.{label}.seconds",
                 seconds,
                 "s",
-                params={"values": values, "parties": 3, "of": "sum shares + rebuild the key sum, best of 5"},
+                params={"values": values, "parties": 3, "of": "sum shares + rebuild the key sum, best of 50"},
                 digits=7,
             )
         )
@@ -177,7 +180,10 @@ def main() -> None:
     if args.write:
         path = write("lattice", machine(), results)
         write_markdown_block(
-            "lattice", "Lattice mode primitives", [*results_table(results, value=",.4g", anchor=",.4g")]
+            "lattice",
+            "Lattice mode primitives",
+            [*results_table(results, value=",.4g", anchor=",.4g")],
+            script="lattice_bench",
         )
         print(f"wrote {path}")
 

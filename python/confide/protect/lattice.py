@@ -321,7 +321,10 @@ class LatticeProtection(SecAgg):
         """Decrypt every summed slice with the key sum, then decode the fixed point."""
         out = context.output()
         first = result(0)  # the aggregator has summed (and told any exclusion): only now do summed shares go out
+        began = time.perf_counter()
         keys = self._key_sum(context)
+        context.stats["key_sum_s"] = round(time.perf_counter() - began, 6)
+        decrypt_s = decode_s = 0.0
         for index in range(context.num_slices):
             piece = first if index == 0 else result(index)
             start, stop = context.bounds(index)
@@ -333,6 +336,7 @@ class LatticeProtection(SecAgg):
                 )
             if index == 0 and self._residual(words, stop - start)(keys):
                 raise ProtocolError(self._blame(context, words, stop - start))
+            began = time.perf_counter()
             try:
                 messages = self._ring.decrypt_packed(
                     self._seed, index, keys, words, self._bits, self._parties, stop - start
@@ -342,7 +346,10 @@ class LatticeProtection(SecAgg):
                     f"round {context.round}: summed slice {index} does not decrypt under the key sum that decrypts "
                     f"slice 0: the aggregator's sum is not of the parties' ciphertexts ({error})"
                 ) from None
+            decoded = time.perf_counter()
             out[start:stop] = self._decode_words(messages)
+            decrypt_s, decode_s = decrypt_s + decoded - began, decode_s + time.perf_counter() - decoded
+        context.stats["decrypt_s"], context.stats["fixed_point_decode_s"] = round(decrypt_s, 6), round(decode_s, 6)
         self._key = None
         self._shared()  # every summed share went out (a failed send fails the round here)
         return out
