@@ -1,6 +1,6 @@
 """Every protection mode trains the same Keras CNN on digits to the plain accuracy (real processes, mTLS).
 
-Apart from tests/integration/test_models.py so that ``make test`` can run this file's shared five
+Apart from tests/integration/test_models.py so that ``make test`` can run this file's shared six
 jobs on one core while the other core runs the rest.
 """
 
@@ -14,7 +14,7 @@ from tests.fixtures.keras_jobs import keras_job, party_report, run, skip_without
 
 skip_without_frameworks()
 
-MODES = ["plain", "secagg", "paillier", "groupmask", "tee"]
+MODES = ["plain", "secagg", "paillier", "groupmask", "tee", "lattice"]
 #: Two parties: what is compared is each mode's aggregate against plain's, which does not depend on
 #: how many send it; a third Keras party cost each job about 9 s of CPU (import, build, train).
 PARTIES = ["hospital-a", "hospital-b"]
