@@ -1,6 +1,6 @@
 """The aggregator of a ``lattice`` job never holds key material: a byte search of its memory and disk.
 
-Three parties hold after round 2 with the round's key material at hand (their own Shamir share of
+Three parties hold after round 4 of 5 with the round's key material at hand (their own Shamir share of
 their round key, and the summed key shares, any two of which rebuild the key sum that decrypts
 the round's sum); each writes it to a file (tests/fixtures/faults.py, ``CONFIDE_FAULT_KEY_DUMP``).
 While they hold, the test reads every readable mapping of the aggregator process
@@ -8,7 +8,8 @@ While they hold, the test reads every readable mapping of the aggregator process
 window of every share. Shares are uniform in ``F_65521``: a window turns up by chance with
 probability about ``2^-256``. The key shares travel through the aggregator sealed pairwise (X25519
 pair keys), so it relays them without a readable copy. The control: the same search finds the
-shares in a party's own memory, so a search that finds nothing is not a blind one.
+shares in a party's own memory, so a search that finds nothing is not a blind one. And a party
+pools the lattice messages of the last two rounds only, not of the whole job.
 """
 
 from __future__ import annotations
@@ -76,8 +77,8 @@ def test_the_aggregator_memory_and_disk_hold_no_key_share(tmp_path):
     dumps, release = tmp_path / "keys", tmp_path / "release"
     dumps.mkdir()
     parties = ["hospital-a", "hospital-b", "hospital-c"]
-    spec = make_spec(job_id="lattice-keys", parties=parties, rounds=3, protection={"mode": "lattice"})
-    env = {p: with_faults(hold_round=2, hold_until=release, key_dump=dumps) for p in parties}
+    spec = make_spec(job_id="lattice-keys", parties=parties, rounds=5, protection={"mode": "lattice"})
+    env = {p: with_faults(hold_round=4, hold_until=release, key_dump=dumps) for p in parties}
     workdir = tmp_path / "job"
     seen: dict[str, object] = {}
 
@@ -104,7 +105,8 @@ def test_the_aggregator_memory_and_disk_hold_no_key_share(tmp_path):
     report = run_local(spec, workdir, progress=False, echo=lambda *_: None, party_env=env)
     searcher.join(timeout=60)
     assert "error" not in seen, seen
-    assert report["mode"] == "lattice" and len(report["rounds"]) == 3
+    assert report["mode"] == "lattice" and len(report["rounds"]) == 5
+    assert {dump.read_text() for dump in dumps.glob("*.rounds")} == {"3 4"}, "rounds 1 and 2 were dropped"
     # 3 parties: each its own share and the 2 summed shares it used (its own and one received)
     assert seen["windows"] >= 3 * 2, seen
     assert seen["aggregator_memory"] == 0 and seen["aggregator_disk"] == 0, seen

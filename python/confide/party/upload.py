@@ -207,6 +207,12 @@ class PartyExchange:
         """Free relayed messages every party is done with (here, in the relay, and in the re-send cache)."""
         self.client.release(round_number, prefix)
 
+    def discard_received(self, round_number: int, prefix: str) -> None:
+        """Drop the pooled messages of rounds 1..``round_number`` under ``prefix`` (the relay retires its own)."""
+        self.client.pool.discard(
+            lambda k: k[0] == self.job_id and 1 <= k[1] <= round_number and str(k[2]).startswith(prefix)
+        )
+
     def wait(self, key: tuple, timeout: float | None = None, *, pop: bool = False):
         """Wait for a pooled message, re-uploading after a reconnect; ``pop`` takes it out of the pool."""
         timeout = self.client.message_timeout_s if timeout is None else timeout

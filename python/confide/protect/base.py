@@ -51,6 +51,9 @@ class Exchange(Protocol):
     def release(self, round_number: int, prefix: str) -> None:
         """Every party is done with the messages of ``round_number`` under tag ``prefix``: free them."""
 
+    def discard_received(self, round_number: int, prefix: str) -> None:
+        """Drop this party's own copies of what it received under ``prefix`` in rounds 1..``round_number`` (local)."""
+
 
 @dataclass(frozen=True)
 class ProtectionParams:

@@ -81,6 +81,10 @@ class MemoryExchange:
                 if key[3] == self.party_id:
                     del self.hub.boxes[key]
 
+    def discard_received(self, round_number: int, prefix: str) -> None:
+        for number in range(1, round_number + 1):
+            self.release(number, prefix)  # the hub is this party's only copy
+
 
 def run_parallel(work: dict[str, Callable[[], object]], timeout: float = 60.0) -> dict[str, object]:
     """Run one callable per party in its own thread; return results, re-raise the first error."""
