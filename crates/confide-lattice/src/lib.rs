@@ -418,6 +418,35 @@ pub(crate) fn sub_mod(a: u64, b: u64) -> u64 {
 mod tests {
     use super::*;
 
+    /// The ring product through concrete-ntt's plan against the schoolbook negacyclic convolution
+    /// mod `Q` (a known answer computed without any NTT): `X^n = -1` folds the high half back negated.
+    #[test]
+    fn ntt_product_equals_the_schoolbook_negacyclic_product() {
+        use rand_core::SeedableRng;
+        let n = 1024;
+        let ring = Ring::new(Params::new(n, 16).unwrap());
+        let mut rng = rand_chacha::ChaCha20Rng::seed_from_u64(7);
+        let a: Vec<u64> = (0..n).map(|_| rng.next_u64() % Q).collect();
+        let s = ring.secret_key(&mut rng);
+        let mut want = vec![0u64; n];
+        for (i, &ai) in a.iter().enumerate() {
+            for (j, &sj) in s.coefficients().iter().enumerate() {
+                let term = ((ai as u128 * lift(sj) as u128) % Q as u128) as u64;
+                let k = (i + j) % n;
+                want[k] = if i + j < n { add_mod(want[k], term) } else { sub_mod(want[k], term) };
+            }
+        }
+        let mut a_ntt = a.clone();
+        ring.plan.fwd(&mut a_ntt);
+        assert_eq!(ring.product(&a_ntt, s.coefficients()), want);
+        // and the packed form's path: a in the NTT domain times the key's cached NTT, inverted
+        let key = ring.key_ntt(&s);
+        let mut got = a_ntt.clone();
+        ring.plan.mul_assign_normalize(&mut got, key.values());
+        ring.plan.inv(&mut got);
+        assert_eq!(got, want);
+    }
+
     #[test]
     fn modular_helpers_stay_in_range() {
         assert_eq!(lift(-1), Q - 1);

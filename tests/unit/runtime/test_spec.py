@@ -247,6 +247,8 @@ FIVE = ["h-1", "h-2", "h-3", "h-4", "h-5"]
         (spec(parties=["a-1", "a-2"], protection={"mode": "threshold"}), "needs at least 3 parties"),
         (spec(parties=FIVE, protection={"mode": "threshold", "min_parties": 2}), "protection.min_parties (2) is below"),
         (spec(protection={"mode": "threshold", "keygen": "trusted"}), "protection.keygen"),
+        (spec(protection={"mode": "lattice", "threshold": 4}), "protection.threshold (4) exceeds the 3 parties"),
+        (spec(protection={"mode": "lattice", "threshold": 1}), "protection.threshold: Input should be greater than"),
     ],
 )
 def test_threshold_settings_that_cannot_run_are_refused(data, message):
