@@ -13,10 +13,11 @@ Per round attempt (docs/crypto.md, "Lattice aggregation"; :mod:`confide.crypto.l
    in the NTT domain from the attempt's seed (``confide-lattice``'s ``packed``). Eight bytes for two
    values, four a value like float32; the data plane sums the words mod ``q``
    (``AGGREGATION_KIND_RLWE_SUM``), refusing any word outside ``[0, q)``;
-3. once the summed slices arrive, each participant adds the key shares it received (its share of
-   ``sum s_i``), sends that summed share, sealed, to the ``t - 1`` participants before it (mod
-   ``m``), and rebuilds ``sum s_i`` from its own and the ``t - 1`` it receives; with it, each
-   slice of the sum decrypts to the sum of the updates.
+3. each participant adds the key shares it received (its share of ``sum s_i``) and sends that
+   summed share, sealed, to the other participants (right after local training; with
+   ``on_dropout: recover`` once the sum says whom the aggregator excluded); once the summed
+   slices arrive it rebuilds ``sum s_i`` from its own and the first ``t - 1`` that arrived, and
+   with it each slice of the sum decrypts to the sum of the updates.
 
 The aggregator sees ciphertexts under keys no party holds alone; a single update stays hidden
 from any coalition of the aggregator and fewer than ``t`` parties (``t`` of them could rebuild one
