@@ -104,7 +104,7 @@ class TransportUnavailableError(TransportError):
 
 
 class ServerStartError(TransportError, OSError):
-    """A server of this process could not start (its address is taken, TLS setup failed); an OSError too."""
+    """A server could not start (its address is taken, TLS setup failed, its process exited first); an OSError too."""
 
 
 class PermissionDeniedError(TransportError):

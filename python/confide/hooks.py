@@ -22,6 +22,9 @@ VARIABLE = "CONFIDE_PARTY_HOOKS"
 class PartyHooks:
     """No-op observers; a hooks object may define any subset of these methods."""
 
+    def round_started(self, round_number: int) -> None:
+        """The round began: nothing of it has left the party yet (not even a mode's key shares)."""
+
     def round_opened(self, round_number: int) -> None:
         """The round's upload stream is open (its header went out)."""
 
@@ -44,6 +47,9 @@ class PartyHooks:
 class _Bound(PartyHooks):
     def __init__(self, target: Any) -> None:
         self.target = target
+
+    def round_started(self, round_number: int) -> None:
+        getattr(self.target, "round_started", lambda _: None)(round_number)
 
     def round_opened(self, round_number: int) -> None:
         getattr(self.target, "round_opened", lambda _: None)(round_number)

@@ -7,10 +7,11 @@ import time
 import numpy as np
 import pytest
 
+from confide.errors import MessageTimeoutError
 from confide.local import LocalFederation
 from confide.local.cluster import Cluster
 from confide.transport.certs import Identity, init_federation
-from confide.transport.client import AGGREGATOR, AggregatorClient
+from confide.transport.client import AGGREGATOR, CONTROL_ROUND, AggregatorClient
 from confide.transport.routing import node_for
 from confide.v1 import runtime_pb2 as pb
 from tests.fixtures import waiting
@@ -289,3 +290,39 @@ def test_a_restarted_node_is_readmitted_by_every_party_at_the_same_round(cluster
     state = nodes.workdir / "node-1" / "job-f"
     assert sorted(path.name for path in state.glob("round-*.bin")) == ["round-1-0-s1.bin", "round-4-0-s1.bin"]
     assert not (nodes.workdir / "node-0" / "job-f" / "round-4-0-s1.bin").exists()
+
+
+def test_a_restarted_party_reaches_peers_that_moved_the_relay_and_then_routes_as_they_do(cluster):
+    # Found by the lattice soak: node 0 (the relay) died and came back, then the leader died. The
+    # survivors had moved the relay to node 1 until the next round boundary; the leader's new
+    # process counted no node lost and asked back in through node 0, where nobody listened, and a
+    # survivor waited for the leader's word until the message timeout.
+    nodes, connect = cluster
+    peer = connect("party-a")
+    nodes.kill(0)
+    wait_lost(peer, 0)
+    nodes.restart(0)
+    fresh = connect("party-b")  # a restarted party: its new process counts no node lost
+    assert not fresh.lost_nodes
+    fresh.send(CONTROL_ROUND, "rejoin/1", b"through its relay", ["party-a"])
+    with pytest.raises(MessageTimeoutError):
+        peer.recv(CONTROL_ROUND, "rejoin/1", "party-b", timeout=1.5)  # node 0: party-a does not listen there
+    fresh.send_through_every_node(CONTROL_ROUND, "rejoin/2", b"take me back", ["party-a"])
+    assert peer.recv(CONTROL_ROUND, "rejoin/2", "party-b", timeout=10) == b"take me back"
+    # The admission goes through every node too, node 0 included: both saw the request (each now
+    # counts party-b a dead process until it is admitted), so both must see that it was.
+    peer.send_through_every_node(CONTROL_ROUND, "admit/2", b"welcome", ["party-b"])
+    assert fresh.recv(CONTROL_ROUND, "admit/2", "party-a", timeout=10) == b"welcome"
+    # Admitted, it counts lost what its admitter does: one relay, one routing, one readmission round.
+    fresh.adopt_lost(peer.lost())
+    assert fresh.lost_nodes == {0}
+    fresh.send(1, "bound/0", b"routed alike", ["party-a"])
+    assert peer.recv(1, "bound/0", "party-b", timeout=10) == b"routed alike"
+    vector = np.ones(NUM_SLICES * SLICE_LENGTH, dtype=np.float32)
+    for round_number in (1, 2):
+        for client, party in ((peer, "party-a"), (fresh, "party-b")):
+            client.push(round_header(party, round_number), vector_slices(vector, range(NUM_SLICES)))
+            time.sleep(1.0)  # party-b's header comes late: a node that missed the admission aborts meanwhile
+        for client in (peer, fresh):
+            assert np.allclose(combined(client, round_number, timeout=15), 2.0)
+    assert not peer.lost_nodes and not fresh.lost_nodes, "both took node 0 back at round 2"

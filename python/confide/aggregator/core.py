@@ -187,6 +187,9 @@ class AggregatorCore:
         if state.status == "aborted":
             raise RoundClosedError(f"round {header.round} attempt {header.attempt} was aborted: {state.reason}")
         self._revoked_parties.pop(header.party_id, None)  # admitted, so its certificate now is not revoked
+        # A restarted party that pushes was admitted back: on a cluster the admission may have gone
+        # through another node (the leader's relay) while its request came through this one too.
+        self._restarted.discard((header.job_id, header.party_id))
         with state.lock:
             state.joined.add(header.party_id)
             state.broken.pop(header.party_id, None)

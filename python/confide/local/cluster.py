@@ -129,7 +129,7 @@ class Cluster:
         try:
             self.ports[node] = self.children.wait_port(f"node-{node}", port_file, timeout)
         except ConfideError as error:
-            raise ConfideError(f"aggregator {error}") from None
+            raise type(error)(f"aggregator {error}") from None
         return self.addresses[node]
 
     def kill(self, node: int) -> None:

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from confide.errors import ConfideError, JobFailedError
+from confide.errors import ConfideError, JobFailedError, ServerStartError
 from confide.local.cluster import Cluster
 from confide.local.processes import Processes
 from confide.party.data import embedded_classes, embedded_federation
@@ -149,6 +149,8 @@ class LocalFederation:
         )
         try:
             self.port = self.children.wait_port("aggregator", port_file, 60)
+        except ServerStartError as error:  # it exited while starting: a restart may try again
+            raise ServerStartError(f"the aggregator did not start: {error}") from None
         except ConfideError as error:
             raise JobFailedError(f"the aggregator did not start: {error}") from None
         return self.port
@@ -287,7 +289,12 @@ class LocalFederation:
             )
         echo(f"{name} (pid {process.pid}) {how} {where}: restarting it ({used + 1}/{self.max_restarts})")
         started = time.perf_counter()
-        start()
+        try:
+            start()
+        except ServerStartError as error:
+            # It died again while starting (killed once more, as the soak does, or a crash at start):
+            # the next tick finds the new process dead and restarts it, within the budget.
+            echo(f"{name} exited while starting ({str(error).splitlines()[0]}); it will be restarted again")
         self.restarts.append(
             {
                 "process": name,

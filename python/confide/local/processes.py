@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from confide.errors import ConfideError
+from confide.errors import ConfideError, ServerStartError
 
 __all__ = ["Processes"]
 
@@ -57,7 +57,7 @@ class Processes:
         process = self.children[name]
         while not port_file.exists() or not port_file.read_text().strip():
             if process.poll() is not None:
-                raise ConfideError(f"{name} exited with code {process.returncode}:\n{self.tail(name)}")
+                raise ServerStartError(f"{name} exited with code {process.returncode}:\n{self.tail(name)}")
             if time.monotonic() > deadline:
                 raise ConfideError(f"{name} did not start within {timeout_s:g} s:\n{self.tail(name)}")
             time.sleep(0.05)

@@ -233,6 +233,19 @@ class Membership:
             joiners[party] = {"tag": tag, "request": self.exchange.recv(CONTROL_ROUND, tag, party, timeout=1.0)}
             self.incarnations[party] = _incarnation(tag)
         self._decision = joiners
+        if joiners:
+            members = self._members(participants, joiners)
+            weights, strategy_state = snapshot()
+            for party, joiner in joiners.items():
+                try:
+                    self._admit(round_number, party, joiner["tag"], members, weights, strategy_state, attempt)
+                except ConfideError as error:  # it asks again under a new incarnation
+                    log.warning("round %d: admitting %s failed: %s", round_number, party, error)
+                    continue
+                log.info("round %d: %s rejoins (request %s)", round_number, party, joiner["tag"])
+        # The others hear of the joiners only now that every node has their admission: their
+        # headers of this round list the joiners, and a node that still counted one a dead process
+        # would abort the attempt before the joiner's own header came (docs/dataplane.md).
         others = [p for p in participants if p != self.party_id and p not in joiners]
         if others:
             payload = encode_fields(
@@ -244,16 +257,6 @@ class Membership:
             identity = self.exchange.identity
             message = _signed(identity, MEMBERSHIP, self.exchange.job_id, payload, str(round_number).encode())
             self.exchange.send(round_number, MEMBERSHIP, message, others)
-        if joiners:
-            members = self._members(participants, joiners)
-            weights, strategy_state = snapshot()
-            for party, joiner in joiners.items():
-                try:
-                    self._admit(round_number, party, joiner["tag"], members, weights, strategy_state, attempt)
-                except ConfideError as error:  # it asks again under a new incarnation
-                    log.warning("round %d: admitting %s failed: %s", round_number, party, error)
-                    continue
-                log.info("round %d: %s rejoins (request %s)", round_number, party, joiner["tag"])
         return self._members(participants, joiners)
 
     def await_rejoiners(self, round_number: int, dropped: list[str], needed: int, timeout: float) -> bool:
@@ -353,12 +356,16 @@ class Membership:
             chunks=len(chunks),
             incarnations=json.dumps(self.incarnations),
             attempt=attempt,
+            # The aggregator nodes this leader counts lost: the joiner routes as everyone does.
+            lost_nodes=json.dumps(sorted(self.client.lost())),
         )
         for index, chunk in enumerate(chunks):
             chunk_tag = f"{MODEL_PREFIX}{incarnation}/{index}"
             self.exchange.send(round_number, chunk_tag, _seal(keys, party, chunk_tag, chunk), [party])
         admit_tag = f"{ADMIT_PREFIX}{incarnation}"
-        self.exchange.send(
+        # Through every node, as the request came: each node that saw the request must see this, or
+        # it would take the joiner's attempts for a dead process's (docs/dataplane.md).
+        self.client.send_through_every_node(
             CONTROL_ROUND,
             admit_tag,
             encode_fields(
@@ -396,7 +403,8 @@ def request_rejoin(
             payload = encode_fields(announcement=announcement)
             request = _signed(exchange.identity, "rejoin", exchange.job_id, payload, str(incarnation).encode())
             sent.append(f"{REJOIN_PREFIX}{incarnation}")
-            exchange.send(CONTROL_ROUND, sent[-1], request, peers)
+            # Through every node: the peers may have moved the relay off one this fresh process counts live.
+            client.send_through_every_node(CONTROL_ROUND, sent[-1], request, peers)
             asked_at = time.monotonic()
             asked()
         wanted = {f"{ADMIT_PREFIX}{_incarnation(tag)}" for tag in sent}
@@ -422,6 +430,7 @@ def request_rejoin(
         "incarnations",
     )
     round_number, participants = int(inner["round"]), [str(p) for p in inner["participants"]]
+    client.adopt_lost(int(index) for index in json.loads(inner.get("lost_nodes") or "[]"))
     if me not in participants or any(p not in parties for p in participants):
         raise ProtocolError(f"admission from {leader!r} lists participants {participants} that do not fit the job")
     if keys is not None:

@@ -98,6 +98,7 @@ def train_and_aggregate(
     )
     # What the mode needs that does not depend on the update (the lattice mode's key shares) travels
     # while this party trains.
+    HOOKS.round_started(round_number)
     protection.prepare_round(round_number, first_attempt, participants)
     started = time.perf_counter()
     fitted = model.fit(data.X, data.y, config)

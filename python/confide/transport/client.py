@@ -56,6 +56,7 @@ from confide.errors import ConfideError, MessageTimeoutError, RoundAbortedError,
 from confide.transport import tls
 from confide.transport.pool import Interrupted, MessagePool
 from confide.transport.routing import node_for, serving_node
+from confide.transport.slicing import Paced
 from confide.transport.status import from_rpc_error
 from confide.v1 import runtime_pb2 as pb
 from confide.v1 import runtime_pb2_grpc as rpc
@@ -151,16 +152,55 @@ def batched(header: pb.RoundHeader, slices: Iterable[pb.Slice], sent: dict[int, 
 
 
 class _RetainedUpload:
-    """One pushed attempt's slices by share, kept so that a lost node's share can go elsewhere."""
+    """One pushed attempt's slices by share, kept so that a lost node's share can go elsewhere.
 
-    def __init__(self, header: pb.RoundHeader, shares: dict[int, list[pb.Slice]]) -> None:
+    The slices arrive as the mode releases them (:meth:`add`, then :meth:`close`); each share's
+    push streams them from the first (:meth:`stream`), the header having gone out at once.
+    """
+
+    def __init__(self, header: pb.RoundHeader, nodes: int) -> None:
         self.header = header
-        self.shares = shares
+        self.shares: dict[int, list[pb.Slice]] = {share: [] for share in range(nodes)}
         #: Share -> the node it went to last.
         self.served: dict[int, int] = {}
         #: Share -> pushes of it under way (such a push moves on by itself when its node is lost).
         self.pushing: dict[int, int] = defaultdict(int)
         self.lock = threading.Lock()
+        self._routed = threading.Condition(self.lock)
+        self._closed = False
+
+    def add(self, share: int, item: pb.Slice) -> None:
+        with self._routed:
+            self.shares[share].append(item)
+            self._routed.notify_all()
+
+    def close(self) -> None:
+        """No slice follows: every share's stream ends after its last."""
+        with self._routed:
+            self._closed = True
+            self._routed.notify_all()
+
+    def stream(self, share: int) -> Paced[pb.Slice]:
+        """The share's slices from the first, as they come, until :meth:`close`."""
+        sent = [0]
+
+        def items():
+            while True:
+                with self._routed:
+                    while sent[0] == len(self.shares[share]) and not self._closed:
+                        self._routed.wait()
+                    ready, closed = self.shares[share][sent[0] :], self._closed
+                for item in ready:
+                    sent[0] += 1
+                    yield item
+                if closed:
+                    return
+
+        def ready() -> bool:
+            with self.lock:
+                return self._closed or sent[0] < len(self.shares[share])
+
+        return Paced(items(), ready)
 
 
 class _Node:
@@ -612,6 +652,12 @@ class AggregatorClient:
     # -- relay ------------------------------------------------------------------------------
     def send(self, round_number: int, tag: str, payload: bytes, recipients: Sequence[str]) -> None:
         """Relay ``payload`` to ``recipients`` (kept for re-sending after a reconnect)."""
+        envelope = self._kept(round_number, tag, payload, recipients)
+        self._call(lambda timeout: self._relay_send(envelope, timeout), "relaying")
+        self.bytes_sent[round_number] += envelope.ByteSize()
+
+    def _kept(self, round_number: int, tag: str, payload: bytes, recipients: Sequence[str]) -> pb.Envelope:
+        """The envelope of a send, kept for re-sending after a reconnect (the last two rounds' and control ones)."""
         envelope = pb.Envelope(
             job_id=self.job_id,
             round=round_number,
@@ -625,8 +671,61 @@ class AggregatorClient:
             newest = max((key[0] for key in self._sent if key[0] != CONTROL_ROUND), default=0)
             for key in [k for k in self._sent if 0 < k[0] < newest - 1]:
                 del self._sent[key]
-        self._call(lambda timeout: self._relay_send(envelope, timeout), "relaying")
-        self.bytes_sent[round_number] += envelope.ByteSize()
+        return envelope
+
+    def send_through_every_node(self, round_number: int, tag: str, payload: bytes, recipients: Sequence[str]) -> None:
+        """Relay ``payload`` through every node, those this party counts lost too, not only its relay.
+
+        For a rejoin request and its admission, which every node must see: a node that saw the
+        request but not the admission would abort the joiner's attempts as a dead process's. A
+        restarted party's fresh process counts no node lost, while the others may have moved the
+        relay off a node that died and came back since (they take it back only at a round
+        boundary): the request reaches them whichever node they listen to, and the admission
+        reaches that node too, over a fresh channel (this party's own may be backing off), two
+        seconds at most. A recipient files one copy. A node this party counts live must take it;
+        with none, the last refusal is raised.
+        """
+        if len(self._nodes) == 1:
+            self.send(round_number, tag, payload, recipients)
+            return
+        envelope = self._kept(round_number, tag, payload, recipients)
+        delivered, failure, lost = False, None, self.lost()
+        for node in self._nodes:
+            try:
+                if node.index in lost:
+                    with contextlib.closing(tls.channel(node.target, self.identity)) as channel:
+                        rpc.RelayStub(channel).Send(envelope, timeout=2.0, wait_for_ready=True)
+                    continue
+                node.relay.Send(envelope, timeout=max(1.0, self.reconnect_timeout_s / 4), wait_for_ready=False)
+            except grpc.RpcError as error:
+                if node.index not in lost:
+                    failure = from_rpc_error(error, f"relaying {tag} through node {node.index}")
+                continue
+            delivered = True
+            self.bytes_sent[round_number] += envelope.ByteSize()
+        if not delivered and failure is not None:
+            raise failure
+
+    def adopt_lost(self, indices: Iterable[int]) -> None:
+        """Count these nodes lost, as the party that admitted this restarted one does.
+
+        Every party must relay through, and push each share to, the same node. A restarted party
+        starts with no node lost; the others take a node that died back only at a round boundary
+        (:meth:`_readmit`, asking the node, which answers all of them alike). Adopting their
+        lost nodes puts this party on their routing, and its next push probes those nodes as
+        theirs do. Nothing of this process went to them yet, so nothing moves.
+        """
+        for index in indices:
+            if not 0 <= index < len(self._nodes) or len(self._nodes) == 1:
+                continue
+            node = self._nodes[index]
+            with self._lost_lock:
+                if index in self.lost_nodes or len(self.lost_nodes) + 1 == len(self._nodes):
+                    continue
+                self.lost_nodes.add(index)
+            if node.stream is not None:
+                node.stream.cancel()
+            log.info("aggregator node %d (%s) counted lost, as by the party that admitted this one", index, node.target)
 
     def _relay_send(self, envelope: pb.Envelope, timeout: float) -> pb.RelayReply:
         """Send one envelope through the relay; on a cluster a relay node that refuses is lost and the next relays."""
@@ -775,23 +874,30 @@ class AggregatorClient:
                 raise failure from None
         # Routing changes only between rounds (and by losses): a node that is back serves from its admission round.
         self._readmit(header.round)
-        return self._push_cluster(header, list(slices))
+        return self._push_cluster(header, slices)
 
-    def _push_cluster(self, header: pb.RoundHeader, slices: list[pb.Slice]) -> pb.PushReply:
+    def _push_cluster(self, header: pb.RoundHeader, slices: Iterable[pb.Slice]) -> pb.PushReply:
         nodes = len(self._nodes)
-        shares: dict[int, list[pb.Slice]] = defaultdict(list)
-        for item in slices:
-            shares[node_for(self.job_id, item.index, nodes)].append(item)
-        upload = _RetainedUpload(header, dict(shares))
+        upload = _RetainedUpload(header, nodes)
         with self._retained_lock:
             # Kept for two rounds: parties are at most one round apart, so a share a peer still
             # waits for belongs to this round or the one before.
             self._retained[header.round] = upload
             for old in [r for r in self._retained if r < header.round - 1]:
                 del self._retained[old]
-        # One stream per share, all at once: the nodes aggregate in parallel.
+        # One stream per share, all at once: the nodes aggregate in parallel. Each opens with the
+        # header now, as a single aggregator's does, and its slices follow as the mode releases
+        # them: every node knows the attempt while the parties agree (a lattice party's key
+        # shares, paillier's range), so a party that died before sending anything is dropped as
+        # soon as its new process says so, instead of its peers waiting out the message timeout.
         with ThreadPoolExecutor(max_workers=nodes, thread_name_prefix="confide-push") as pool:
-            replies = list(pool.map(lambda share: self._push_share(upload, share), range(nodes)))
+            pushes = [pool.submit(self._push_share, upload, share) for share in range(nodes)]
+            try:
+                for item in slices:
+                    upload.add(node_for(self.job_id, item.index, nodes), item)
+            finally:
+                upload.close()
+            replies = [push.result() for push in pushes]
         return pb.PushReply(
             accepted=sum(r.accepted for r in replies),
             duplicates=sum(r.duplicates for r in replies),
@@ -814,7 +920,7 @@ class AggregatorClient:
                 upload.pushing[share] += 1
             try:
                 return self._nodes[node].push_stub.PushSlices(
-                    batched(share_header, upload.shares.get(share, []), self.bytes_sent),
+                    batched(share_header, upload.stream(share), self.bytes_sent),
                     wait_for_ready=False,
                     timeout=None,
                 )

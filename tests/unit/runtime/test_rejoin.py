@@ -29,10 +29,20 @@ PARAMS = ProtectionParams(setup_timeout_s=10, mask_bound=None)
 
 
 class MemoryClient:
-    """What :mod:`confide.party.rejoin` asks of the aggregator client: a look into the pool."""
+    """What :mod:`confide.party.rejoin` asks of the aggregator client: a look into the pool, one relay."""
 
-    def __init__(self, hub: MemoryHub, me: str) -> None:
-        self.hub, self.me = hub, me
+    def __init__(self, hub: MemoryHub, exchange, me: str) -> None:
+        self.hub, self.exchange, self.me = hub, exchange, me
+        self.adopted: list[int] = []
+
+    def send_through_every_node(self, round_number: int, tag: str, payload: bytes, recipients) -> None:
+        self.exchange.send(round_number, tag, payload, recipients)  # one relay: no node to count lost
+
+    def lost(self) -> frozenset[int]:
+        return frozenset()
+
+    def adopt_lost(self, indices) -> None:
+        self.adopted.extend(indices)
 
     def pending(self, round_number: int, prefix: str) -> list[tuple[str, str]]:
         with self.hub.changed:
@@ -45,7 +55,7 @@ class MemoryClient:
 
 def _party(hub, federation, name, mode="paillier"):
     exchange = hub.exchange(federation[name])
-    return make_protection(mode, exchange, PARAMS), exchange, MemoryClient(hub, name)
+    return make_protection(mode, exchange, PARAMS), exchange, MemoryClient(hub, exchange, name)
 
 
 def _set_up(hub, federation, mode):
@@ -236,5 +246,24 @@ def test_aggregator_ignores_a_rejoin_request_sent_again_after_admission(tmp_path
         assert ("job", "charlie") not in core._restarted
         core.party_restarted("job", "charlie", 9)  # a genuinely new process
         assert ("job", "charlie") in core._restarted
+    finally:
+        core.close()
+
+
+def test_a_node_that_missed_the_admission_takes_a_push_from_the_party_as_its_admission(tmp_path):
+    # Found by the lattice soak on two nodes: the restarted party's request came through node 0
+    # too, its admission only through the leader's relay (node 1). Node 0 kept it "restarted and
+    # not admitted back", and once the party was late with a header, aborted that attempt over it.
+    from confide.aggregator.service import AggregatorConfig, AggregatorCore
+    from tests.unit.runtime.test_aggregator import header
+
+    core = AggregatorCore(AggregatorConfig(state_dir=str(tmp_path)))
+    try:
+        core.party_restarted("j", "a", 7)
+        assert ("j", "a") in core._restarted
+        core.open_round(header(party_id="a", round=3))
+        assert ("j", "a") not in core._restarted
+        core.party_restarted("j", "a", 7)  # its request again (a replay): the same process, still admitted
+        assert ("j", "a") not in core._restarted
     finally:
         core.close()
