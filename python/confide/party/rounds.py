@@ -96,6 +96,11 @@ def train_and_aggregate(
         global_weights=_read_only(layout.unflatten(held.load(), copy=False)) if strategy.proximal_mu > 0 else None,
         dp_sgd=training.privacy.fit_dp_sgd() if training.privacy is not None else None,
     )
+    if round_number > 2:
+        # Peer messages of rounds two back and older (key shares, agreements, recovery shares, late
+        # copies): every party has finished those rounds, so they leave this party's pool (the
+        # relay retires its own). Without this a party kept every round's messages for the job.
+        exchange.discard_received(round_number - 2, "")
     # What the mode needs that does not depend on the update (the lattice mode's key shares) travels
     # while this party trains.
     HOOKS.round_started(round_number)

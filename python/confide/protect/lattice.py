@@ -171,13 +171,9 @@ class LatticeProtection(SecAgg):
     def prepare_round(self, round_number: int, attempt: int, participants: list[str]) -> None:
         """Draw the attempt's key and send its shares, sealed, before local training.
 
-        The key shares and summed shares of two rounds back and older leave this party's pool:
-        it finished those rounds, and a share that arrives late for one is dropped at the next
-        round (the relay retires its own copies). Without this a party kept 2 (m - 1) shares of
-        8 KiB a round for the whole job.
+        The round loop drops the pooled shares of rounds two back and older (without that a party
+        kept 2 (m - 1) shares of 8 KiB a round for the whole job: tests/integration/test_lattice_keys.py).
         """
-        if round_number > 2:
-            self.exchange.discard_received(round_number - 2, "lattice-")
         self._draw_key(round_number, attempt, list(participants))
 
     def _draw_key(self, round_number: int, attempt: int, participants: list[str]) -> None:
