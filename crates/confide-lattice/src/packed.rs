@@ -109,12 +109,19 @@ impl Ring {
     /// little-endian 8-byte words, each masked to 62 bits and kept if under `Q` (rejection on public
     /// randomness; a word is rejected with probability `2^-26`).
     pub fn public_poly_packed(&self, seed: &[u8; 32], index: u64) -> Vec<u64> {
+        let mut out = Vec::with_capacity(self.params.n);
+        self.public_poly_into(seed, index, &mut out, &mut vec![0u8; 8 * self.params.n]);
+        out
+    }
+
+    /// [`Ring::public_poly_packed`] into ``out`` (emptied first), through ``bytes`` (`8n` of them):
+    /// the block loops reuse both.
+    fn public_poly_into(&self, seed: &[u8; 32], index: u64, out: &mut Vec<u64>, bytes: &mut [u8]) {
         let mut key = [0u8; 16];
         xof(b"confide-lattice/a62-aes/v1", seed, index).read(&mut key);
         let mut cipher = stream(&key);
         let n = self.params.n;
-        let mut out = Vec::with_capacity(n);
-        let mut bytes = vec![0u8; 8 * n];
+        out.clear();
         while out.len() < n {
             let wanted = n - out.len();
             keystream(&mut cipher, &mut bytes[..8 * wanted]);
@@ -125,7 +132,6 @@ impl Ring {
                 }
             }
         }
-        out
     }
 
     /// ``values`` (each under `2^bits`) encrypted under ``key``, two to a coefficient: block `k` of
@@ -150,9 +156,10 @@ impl Ring {
         let mut noise = stream(&noise_key);
         noise_key.zeroize();
         let mut noise_bytes = vec![0u8; 8 * n];
+        let (mut product, mut public_bytes) = (Vec::with_capacity(n), vec![0u8; 8 * n]);
         let mut out = Vec::with_capacity(Packing::coefficients(values.len()));
         for (k, block) in values.chunks(LANES * n).enumerate() {
-            let mut product = self.public_poly_packed(seed, ((slice as u64) << 24) | k as u64);
+            self.public_poly_into(seed, ((slice as u64) << 24) | k as u64, &mut product, &mut public_bytes);
             self.plan.mul_assign_normalize(&mut product, key.values());
             self.plan.inv(&mut product);
             let words = block.len().div_ceil(LANES);
@@ -165,6 +172,7 @@ impl Ring {
             }
         }
         noise_bytes.zeroize();
+        product.zeroize(); // a*s gives the key away to whoever knows a
         Ok(out)
     }
 
@@ -236,8 +244,9 @@ impl Ring {
         let low = (1u64 << d) - 1;
         let value_mask = (1u64 << packing.bits) - 1;
         let mut wrong = 0usize;
+        let (mut product, mut public_bytes) = (Vec::with_capacity(n), vec![0u8; 8 * n]);
         for (k, block) in total.chunks(n).enumerate() {
-            let mut product = self.public_poly_packed(seed, ((slice as u64) << 24) | k as u64);
+            self.public_poly_into(seed, ((slice as u64) << 24) | k as u64, &mut product, &mut public_bytes);
             self.plan.mul_assign_normalize(&mut product, keys.values());
             self.plan.inv(&mut product);
             for (&b, &p) in block.iter().zip(&product) {
@@ -252,6 +261,7 @@ impl Ring {
                 }
             }
         }
+        product.zeroize();
         Ok(wrong)
     }
 }

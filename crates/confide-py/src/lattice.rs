@@ -5,7 +5,7 @@
 use crate::errors::invalid;
 use confide_lattice::packed::{fold_words, Packing};
 use confide_lattice::shamir::{add_shares, reconstruct_key_sum, share_key, MAX_PARTIES, P};
-use confide_lattice::{add_assign, os_rng, KeyNtt, KeyRng, KeySum, LatticeError, Params, Ring, SecretKey};
+use confide_lattice::{add_assign, os_rng, KeyNtt, KeySum, LatticeError, Params, Ring, SecretKey};
 use numpy::{PyArray1, PyReadonlyArray1, PyReadwriteArray1};
 use pyo3::prelude::*;
 use std::sync::OnceLock;
@@ -25,7 +25,7 @@ fn seed_of(seed: &[u8]) -> PyResult<[u8; 32]> {
     seed.try_into().map_err(|_| invalid("seed", format!("must be 32 bytes, got {}", seed.len())))
 }
 
-fn slice<'a, T: numpy::Element>(field: &'static str, array: &'a PyReadonlyArray1<'_, T>) -> PyResult<&'a [T]> {
+fn contiguous<'a, T: numpy::Element>(field: &'static str, array: &'a PyReadonlyArray1<'_, T>) -> PyResult<&'a [T]> {
     array.as_slice().map_err(|_| invalid(field, "array must be contiguous"))
 }
 
@@ -82,7 +82,16 @@ impl PyLatticeRing {
         key: &PyLatticeKey,
         values: PyReadonlyArray1<'_, u64>,
     ) -> PyResult<Bound<'py, PyArray1<u64>>> {
-        self.encrypt_with(py, seed, key, &values, |ring, seed, key, values, rng| ring.encrypt_vector(seed, key, values, rng))
+        let seed = seed_of(seed)?;
+        self.check_key(key.n)?;
+        let values = contiguous("values", &values)?;
+        let out = py
+            .detach(|| {
+                let mut rng = os_rng()?;
+                self.ring.encrypt_vector(&seed, &key.key, values, &mut rng)
+            })
+            .map_err(|e| failed("values", e))?;
+        Ok(PyArray1::from_vec(py, out))
     }
 
     /// The first ``length`` values of a sum of ciphertexts, decrypted with the sum of their keys.
@@ -94,7 +103,10 @@ impl PyLatticeRing {
         total: PyReadonlyArray1<'_, u64>,
         length: usize,
     ) -> PyResult<Bound<'py, PyArray1<u64>>> {
-        self.decrypt_with(py, seed, key_sum, &total, |ring, seed, keys, total| ring.decrypt_vector(seed, keys, total, length))
+        let seed = seed_of(seed)?;
+        let total = contiguous("total", &total)?;
+        let out = py.detach(|| self.ring.decrypt_vector(&seed, &key_sum.sum, total, length)).map_err(|e| failed("total", e))?;
+        Ok(PyArray1::from_vec(py, out))
     }
 
     /// ``values`` (uint32, each under ``2^bits``) encrypted under ``key`` two to a coefficient mod
@@ -111,10 +123,9 @@ impl PyLatticeRing {
         bits: u32,
         parties: usize,
     ) -> PyResult<Bound<'py, PyArray1<u64>>> {
-        let seed = seed_of(seed)?;
         self.check_key(key.n)?;
-        let packing = self.packing(bits, parties)?;
-        let values = values.as_slice().map_err(|_| invalid("values", "array must be contiguous"))?;
+        let (seed, packing) = self.packed(seed, bits, parties)?;
+        let values = contiguous("values", &values)?;
         let out = py
             .detach(|| {
                 let mut rng = os_rng()?;
@@ -139,9 +150,8 @@ impl PyLatticeRing {
         parties: usize,
         length: usize,
     ) -> PyResult<Bound<'py, PyArray1<u32>>> {
-        let seed = seed_of(seed)?;
-        let packing = self.packing(bits, parties)?;
-        let total = total.as_slice().map_err(|_| invalid("total", "array must be contiguous"))?;
+        let (seed, packing) = self.packed(seed, bits, parties)?;
+        let total = contiguous("total", &total)?;
         let out = py
             .detach(|| self.ring.decrypt_packed(&seed, slice, self.sum_ntt(key_sum)?, total, &packing, length))
             .map_err(|e| failed("total", e))?;
@@ -162,9 +172,8 @@ impl PyLatticeRing {
         parties: usize,
         length: usize,
     ) -> PyResult<usize> {
-        let seed = seed_of(seed)?;
-        let packing = self.packing(bits, parties)?;
-        let total = total.as_slice().map_err(|_| invalid("total", "array must be contiguous"))?;
+        let (seed, packing) = self.packed(seed, bits, parties)?;
+        let total = contiguous("total", &total)?;
         py.detach(|| self.ring.residual_packed(&seed, slice, self.sum_ntt(key_sum)?, total, &packing, length))
             .map_err(|e| failed("total", e))
     }
@@ -184,7 +193,7 @@ impl PyLatticeRing {
     /// ``[0, q)`` is refused by index and nothing is added.
     #[staticmethod]
     fn fold_packed(py: Python<'_>, mut acc: PyReadwriteArray1<'_, u64>, b: PyReadonlyArray1<'_, u64>) -> PyResult<()> {
-        let b = slice("b", &b)?;
+        let b = contiguous("b", &b)?;
         let acc = acc.as_slice_mut().map_err(|_| invalid("acc", "array must be contiguous and writable"))?;
         if acc.len() != b.len() {
             return Err(invalid("b", format!("has {} words, the sum {}", b.len(), acc.len())));
@@ -203,7 +212,7 @@ impl PyLatticeRing {
     /// The aggregator's fold: ``acc += b (mod q)`` in place.
     #[staticmethod]
     fn fold(py: Python<'_>, mut acc: PyReadwriteArray1<'_, u64>, b: PyReadonlyArray1<'_, u64>) -> PyResult<()> {
-        let b = slice("b", &b)?;
+        let b = contiguous("b", &b)?;
         let acc = acc.as_slice_mut().map_err(|_| invalid("acc", "array must be contiguous and writable"))?;
         if acc.len() != b.len() {
             return Err(invalid("b", format!("has {} coefficients, the sum {}", b.len(), acc.len())));
@@ -214,50 +223,6 @@ impl PyLatticeRing {
 }
 
 impl PyLatticeRing {
-    /// One encryption call: the seed and key checked, the work done without the GIL, errors named.
-    fn encrypt_with<'py, T, F>(
-        &self,
-        py: Python<'py>,
-        seed: &[u8],
-        key: &PyLatticeKey,
-        values: &PyReadonlyArray1<'_, T>,
-        run: F,
-    ) -> PyResult<Bound<'py, PyArray1<T>>>
-    where
-        T: numpy::Element + Sync + Send,
-        F: FnOnce(&Ring, &[u8; 32], &SecretKey, &[T], &mut KeyRng) -> Result<Vec<T>, LatticeError> + Send,
-    {
-        let seed = seed_of(seed)?;
-        self.check_key(key.n)?;
-        let values = slice("values", values)?;
-        let out = py
-            .detach(|| {
-                let mut rng = os_rng()?;
-                run(&self.ring, &seed, &key.key, values, &mut rng)
-            })
-            .map_err(|e| failed("values", e))?;
-        Ok(PyArray1::from_vec(py, out))
-    }
-
-    /// One decryption call: the seed checked, the work done without the GIL, errors named.
-    fn decrypt_with<'py, T, F>(
-        &self,
-        py: Python<'py>,
-        seed: &[u8],
-        key_sum: &PyLatticeKeySum,
-        total: &PyReadonlyArray1<'_, T>,
-        run: F,
-    ) -> PyResult<Bound<'py, PyArray1<T>>>
-    where
-        T: numpy::Element + Sync + Send,
-        F: FnOnce(&Ring, &[u8; 32], &KeySum, &[T]) -> Result<Vec<T>, LatticeError> + Send,
-    {
-        let seed = seed_of(seed)?;
-        let total = slice("total", total)?;
-        let out = py.detach(|| run(&self.ring, &seed, &key_sum.sum, total)).map_err(|e| failed("total", e))?;
-        Ok(PyArray1::from_vec(py, out))
-    }
-
     /// The key sum's NTT, computed once (a key sum of another ring's dimension is refused).
     fn sum_ntt<'a>(&self, key_sum: &'a PyLatticeKeySum) -> Result<&'a KeyNtt, LatticeError> {
         let (got, expected) = (key_sum.sum.coefficients().len(), self.ring.params().n);
@@ -267,8 +232,10 @@ impl PyLatticeRing {
         Ok(key_sum.ntt.get_or_init(|| self.ring.key_sum_ntt(&key_sum.sum)))
     }
 
-    fn packing(&self, bits: u32, parties: usize) -> PyResult<Packing> {
-        Packing::new(bits, parties, self.ring.params().eta).map_err(|e| failed("bits", e))
+    /// A packed call's seed and lanes, each refused by name.
+    fn packed(&self, seed: &[u8], bits: u32, parties: usize) -> PyResult<([u8; 32], Packing)> {
+        let seed = seed_of(seed)?;
+        Ok((seed, Packing::new(bits, parties, self.ring.params().eta).map_err(|e| failed("bits", e))?))
     }
 
     fn check_key(&self, n: usize) -> PyResult<()> {
@@ -319,7 +286,7 @@ impl PyLatticeKeySum {
     /// From the summed shares of the points ``points`` (1-based, at least the threshold), for ``parties`` keys.
     #[staticmethod]
     fn reconstruct(points: Vec<u64>, shares: Vec<PyReadonlyArray1<'_, u16>>, parties: usize) -> PyResult<Self> {
-        let slices = shares.iter().map(|s| slice("shares", s)).collect::<PyResult<Vec<&[u16]>>>()?;
+        let slices = shares.iter().map(|s| contiguous("shares", s)).collect::<PyResult<Vec<&[u16]>>>()?;
         let sum = reconstruct_key_sum(&points, &slices, parties).map_err(|e| failed("shares", e))?;
         Ok(Self { sum, ntt: OnceLock::new() })
     }
@@ -327,7 +294,7 @@ impl PyLatticeKeySum {
     /// ``total += share`` in the share field (a party's share of the key sum), in place.
     #[staticmethod]
     fn add_shares(mut total: PyReadwriteArray1<'_, u16>, share: PyReadonlyArray1<'_, u16>) -> PyResult<()> {
-        let share = slice("share", &share)?;
+        let share = contiguous("share", &share)?;
         let total = total.as_slice_mut().map_err(|_| invalid("total", "array must be contiguous and writable"))?;
         add_shares(total, share).map_err(|e| failed("share", e))
     }
