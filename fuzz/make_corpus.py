@@ -134,7 +134,22 @@ def push_streams(key: DecryptionKey) -> list[bytes]:
             indices=[0, 1, 2], n_valid=[4, 4, 2], lengths=[len(c) for c in ciphertexts], payload=b"".join(ciphertexts)
         )
     )
+    # Lattice words (two values a word mod q): all under q, and one at q (refused, nothing kept).
+    lattice = pb.PushMessage(header=header(pb.AGGREGATION_KIND_RLWE_SUM, mode="lattice")).SerializeToString()
+    q = 0x3FFF_FFEE_0000_0001
+    words = [np.array([1, q - 1], dtype="<u8"), np.array([2, 3], dtype="<u8"), np.array([q - 2], dtype="<u8")]
+
+    def rlwe_batch(words: list[np.ndarray]) -> bytes:
+        payloads = [w.tobytes() for w in words]
+        return pb.PushMessage(
+            batch=pb.SliceBatch(
+                indices=[0, 1, 2], n_valid=[4, 4, 2], lengths=[len(p) for p in payloads], payload=b"".join(payloads)
+            )
+        ).SerializeToString()
+
     return [
+        framed(lattice, rlwe_batch(words)),
+        framed(lattice, rlwe_batch([words[0], np.array([4, q], dtype="<u8"), words[2]])),
         framed(plain, *(m.SerializeToString() for m in single)),
         framed(plain, batch.SerializeToString()),
         framed(plain, batch.SerializeToString(), batch.SerializeToString()),
@@ -289,6 +304,8 @@ def main() -> None:
     ids = b"r1r2r3"
     points = psi_key.hash_and_blind(b"confide-psi-v1|fuzz|str", ids, np.array([0, 2, 4, 6], dtype=np.uint64), 1)
     write("psi_points", [b"\x00" + points, b"\x01" + _native.PsiKey.tags(points, 1) * 2])
+    # flags (1: words reduced under q, 2: but one raw, 4: a byte short), length (u16), raw index (u16), bytes
+    write("rlwe_fold", [bytes([1, 16, 0, 0, 0]) + bytes(range(64)), bytes([3, 0, 9, 0x10, 8]) + bytes(range(200, 256))])
 
 
 def _frames(data: bytes) -> list[bytes]:
