@@ -153,6 +153,7 @@ test-python: setup $(WHEEL_STAMP)
 	./scripts/ensure-chromium.sh
 	./scripts/ensure-toxiproxy.sh
 	./scripts/ensure-mlflow-server.sh
+	./scripts/ensure-prometheus.sh
 	@status=0; \
 	$(PYTHON) -m pytest -n 2 --dist loadfile --timeout 600 -m "not serial and not exclusive" tests || status=$$?; \
 	echo "== the serial tests, two at a time (tests/groups.py SERIAL_FILES) =="; \

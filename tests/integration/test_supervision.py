@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from prometheus_client import REGISTRY
 
 from tests.fixtures.faults import confide_processes, with_faults
 from tests.fixtures.federation import run_local
@@ -70,7 +71,9 @@ def test_crashed_party_rejoins_at_the_next_round_and_ends_with_everyones_model(t
     )
     lines: list[str] = []
     env = _slow_rounds(spec, **{"hospital-c": {"exit_round": 4}}, hold=(6, tmp_path / "asked"))
+    restarts = REGISTRY.get_sample_value("confide_restarts_total", {"process_role": "party"}) or 0.0
     report = run_local(spec, tmp_path, progress=False, echo=lines.append, party_env=env)
+    assert REGISTRY.get_sample_value("confide_restarts_total", {"process_role": "party"}) == restarts + 1
 
     said = [line for line in lines if line.startswith("hospital-c (pid ")]
     assert len(said) == 1 and "exited with status 17" in said[0] and "at round 4 of 12: restarting it" in said[0]

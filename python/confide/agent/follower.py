@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from confide import checkpoints as ckpt
+from confide import metrics
 from confide.agent.client import ControllerClient
 from confide.agent.config import apply_delta, config_digest
 from confide.errors import (
@@ -173,7 +174,16 @@ class Agent:
 
     def step(self) -> dict:
         """One sync: report, receive, act. Returns the controller's answer."""
-        answer = self.client.sync(self._reports())
+        reports = self._reports()
+        try:
+            answer = self.client.sync(reports)
+        except ConfideError:
+            metrics.HEARTBEATS.labels("agent", "failed").inc()
+            raise
+        metrics.HEARTBEATS.labels("agent", "sent").inc()
+        for report in reports:
+            for row in report.get("metrics") or []:
+                _observe_round(row)  # each round's row goes out once: counted once
         self._metrics_sent.update(self._metrics_marks)
         self._unchanged_sent.update(self._unchanged_marks)
         self._reported_checkpoints.update(self._checkpoint_marks)
@@ -303,3 +313,14 @@ class Agent:
             self._reported_checkpoints[session] = resume_round
             joining = instruction.get("joining") or []
             self.worker.start(session, run, config, resume_round, self.session_dir(session), joining)
+
+
+def _observe_round(row: dict) -> None:
+    """A session's round, as its party reported it, in this agent's metrics (the party is its child)."""
+    metrics.ROUNDS.labels("party", "completed").inc()
+    for phase, key in (("round", "seconds"), ("train", "train_s"), ("crypto", "crypto_s")):
+        if isinstance(row.get(key), (int, float)):
+            metrics.ROUND_SECONDS.labels("party", phase).observe(row[key])
+    for direction in ("sent", "received"):
+        if isinstance(row.get(f"bytes_{direction}"), (int, float)):
+            metrics.BYTES.labels("party", direction).inc(row[f"bytes_{direction}"])

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from confide import _native
+from confide import _native, metrics
 from confide.aggregator.mailbox import Mailboxes
 from confide.aggregator.rounds import RoundKey, RoundState, expected_length, is_tee, validate_header
 from confide.aggregator.store import ResultStore
@@ -331,6 +331,8 @@ class AggregatorCore:
 
     def _complete(self, state: RoundState) -> None:
         # Stored before the last slice goes out: whoever sees the round complete can get it again.
+        metrics.ROUNDS.labels("aggregator", "completed").inc()
+        metrics.ROUND_SECONDS.labels("aggregator", "round").observe(time.monotonic() - state.created)
         state.close()
         stored = state.stored_header()
         done = state.results.finish(stored)
@@ -443,6 +445,7 @@ class AggregatorCore:
             except (ConfideError, ValueError) as error:  # aborted meanwhile (closed plane): the abort told everyone
                 log.warning("round %s: excluding %s stopped: %s", state.key, ", ".join(new), error)
                 return True
+        metrics.DROPOUTS.labels("aggregator", "excluded").inc(len(new))
         log.warning("round %s: %s excluded (%s); the survivors remove their masks", state.key, ", ".join(new), reason)
         self._deliver(state, *outcome)
         return True
@@ -454,6 +457,8 @@ class AggregatorCore:
                 return
             state.status = "aborted"
             state.reason = reason
+        metrics.ROUNDS.labels("aggregator", "aborted").inc()
+        metrics.DROPOUTS.labels("aggregator", "aborted").inc(len(dropped))
         state.close()
         log.warning("round %s aborted: %s", state.key, reason)
         self._tell(state.header, pb.RoundControl.KIND_ABORTED, dropped, reason)

@@ -46,6 +46,12 @@ def add_commands(commands) -> None:
     controller.add_argument("--listen", default="127.0.0.1:8443", help="host:port (port 0 picks a free one)")
     controller.add_argument("--port-file", default=None, help="write the bound port here once listening")
     controller.add_argument(
+        "--metrics",
+        default=None,
+        metavar="HOST:PORT",
+        help="serve Prometheus metrics on HOST:PORT (default: $CONFIDE_METRICS)",
+    )
+    controller.add_argument(
         "--alive", type=float, default=30.0, help="seconds without a heartbeat before a party is shown down"
     )
     controller.add_argument(
@@ -99,6 +105,12 @@ def add_commands(commands) -> None:
     agent.add_argument("--workdir", required=True, help="session configurations, runs and checkpoints")
     agent.add_argument("--datasets", default=None, help="the party's dataset catalog (YAML)")
     agent.add_argument("--interval", type=float, default=1.0, help="seconds between syncs")
+    agent.add_argument(
+        "--metrics",
+        default=None,
+        metavar="HOST:PORT",
+        help="serve Prometheus metrics on HOST:PORT (default: $CONFIDE_METRICS)",
+    )
     agent.add_argument(
         "--share-log-lines",
         type=int,
@@ -225,8 +237,15 @@ def _wait_signal() -> threading.Event:
 
 
 def _controller(args) -> int:
+    from confide import metrics
     from confide.controller.server import serve
     from confide.web import create_console_app
+
+    if (args.metrics or os.environ.get(metrics.VARIABLE)) and args.workers != 1:
+        raise InvalidParameterError(
+            f"--metrics needs --workers 1: the {args.workers} worker processes would each count their own requests"
+        )
+    metrics.serve_from(args.metrics)
 
     serve(
         certs_dir=args.certs,
@@ -339,6 +358,7 @@ def _console(args) -> int:
 
 
 def _agent(args) -> int:
+    from confide import metrics
     from confide.agent import Agent
     from confide.agent.client import ControllerClient
     from confide.data.catalog import Catalog
@@ -346,6 +366,7 @@ def _agent(args) -> int:
 
     metadata = Catalog.load(args.datasets).metadata() if args.datasets else []
     workdir = Path(args.workdir)
+    metrics.serve_from(args.metrics)
     if not 0 <= args.share_log_lines <= 1000:
         raise InvalidParameterError(f"--share-log-lines must be in [0, 1000], got {args.share_log_lines}")
     worker = PartyWorker(

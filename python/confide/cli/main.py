@@ -93,6 +93,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     aggregator.add_argument("--state", default=None, help="directory for completed rounds (survives restarts)")
     aggregator.add_argument("--port-file", default=None, help="write the bound port here once listening")
+    aggregator.add_argument(
+        "--metrics",
+        default=None,
+        metavar="HOST:PORT",
+        help="serve Prometheus metrics on HOST:PORT (default: $CONFIDE_METRICS)",
+    )
     aggregator.add_argument("--round-timeout", type=float, default=120.0, help="seconds a participant may be absent")
     aggregator.add_argument("--dropout-grace", type=float, default=5.0, help="seconds to resume a broken stream")
     aggregator.add_argument("--controller", default=None, help="follow this controller (https://host:port)")
@@ -131,6 +137,12 @@ def _parser() -> argparse.ArgumentParser:
     party.add_argument("--certs", required=True, help="federation certificate directory")
     party.add_argument("--workdir", required=True, help="reports (and checkpoints, unless --checkpoints)")
     party.add_argument("--checkpoints", default=None, help="checkpoint directory")
+    party.add_argument(
+        "--metrics",
+        default=None,
+        metavar="HOST:PORT",
+        help="serve Prometheus metrics on HOST:PORT (default: $CONFIDE_METRICS)",
+    )
     party.add_argument("--runtime-job-id", default=None, help="job id at the aggregator (one per run)")
     party.add_argument("--resume-round", type=int, default=0, help="continue after this checkpointed round")
     party.add_argument("--datasets", default=None, help="this party's dataset catalog (FL_Data jobs)")
@@ -167,6 +179,12 @@ def _parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", help="run a job on a local federation (aggregator + parties as processes)")
     run.add_argument("job", nargs="?", default=None, help="job specification (YAML or JSON)")
     run.add_argument("--workdir", default=None, help="default: reports/<job_id>")
+    run.add_argument(
+        "--metrics",
+        default=None,
+        metavar="HOST:PORT",
+        help="serve the launcher's Prometheus metrics (restarts) on HOST:PORT (default: $CONFIDE_METRICS)",
+    )
     run.add_argument(
         "--resume",
         action="store_true",
@@ -347,7 +365,10 @@ def _aggregator(args) -> int:
     for flag, value in (("--max-staged-mb", args.max_staged_mb), ("--mailbox-memory-mb", args.mailbox_memory_mb)):
         if value < 0:
             raise InvalidParameterError(f"{flag} must be at least 0 (MiB), got {value}")
+    from confide import metrics
+
     identity = Identity.load(args.certs, args.name)
+    metrics.serve_from(args.metrics)  # first: a port in use stops the node before it takes rounds
     config = AggregatorConfig(
         round_timeout_s=args.round_timeout,
         dropout_grace_s=args.dropout_grace,
@@ -360,6 +381,16 @@ def _aggregator(args) -> int:
         crl_path=str(crl_path_for(args.certs, args.crl)),
     )
     server, port, core = serve(identity, args.listen, config)
+    metrics.watch(
+        lambda: {
+            "open_rounds": core.open_rounds(),
+            "staged_bytes": core.dataplane.stats()["staged_bytes"],
+            "relay_memory_bytes": core.mailboxes.retained_bytes,
+            "relay_spilled_bytes": core.mailboxes.spilled_bytes,
+        },
+        metrics.AGGREGATOR_QUEUE,
+        "What the node holds now: open round attempts, partial sums staged, relayed messages in memory and on disk",
+    )
     if args.port_file:
         temporary = Path(args.port_file + ".tmp")
         temporary.write_text(str(port))
@@ -417,8 +448,11 @@ def _cluster(args) -> int:
 def _party(args) -> int:
     import json
 
+    from confide import metrics
     from confide.party import run_party
     from confide.spec import load_job, parse_job
+
+    metrics.serve_from(args.metrics)
 
     session = None
     if args.config is not None:
@@ -481,8 +515,11 @@ def _launch(args) -> int:
 
 
 def _run(args) -> int:
+    from confide import metrics
     from confide.local import run_local
     from confide.spec import load_job, parse_job
+
+    metrics.serve_from(args.metrics)
 
     if args.job is None and not (args.resume and args.workdir):
         raise InvalidParameterError("confide run needs a job file (or --resume --workdir DIR)")

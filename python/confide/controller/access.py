@@ -13,6 +13,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from confide import metrics
 from confide.controller.common import (
     ACTIVE,
     EXPIRY_SWEEP_S,
@@ -405,6 +406,7 @@ class Access:
                     if problem is not None and decision["decision"] == "allow":
                         detail = {**detail, **_refused_use(decision["dataset"], decisions)}
                     self._audit(db, caller, f"use:{action}", decision["dataset"], detail["decision"], detail)
+                    metrics.GRANT_DECISIONS.labels(detail["decision"]).inc()
         if problem is not None:
             log.info("%s %s denied: %s", caller.name, action, denied)
             raise problem

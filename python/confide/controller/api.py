@@ -32,6 +32,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
+from confide import metrics
 from confide.controller.service import Caller, Controller, certificate_digest
 from confide.crypto.identity import peer_identity
 from confide.errors import (
@@ -526,6 +527,7 @@ def create_app(
         @app.post("/v1/agent/sync", tags=["agents"], response_model=SyncReply)
         async def sync(body: SyncRequest, who: Who) -> dict:
             """An agent's heartbeat and reports; returns deltas and commands for it."""
+            metrics.HEARTBEATS.labels("controller", "received").inc()
             # A heartbeat that writes nothing is one short read: on the event loop, no thread hop.
             answer = controller.sync_read_only(who, body.reports)
             return answer if answer is not None else await call(controller.sync, who, body.reports)

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
+from confide import metrics
 from confide.errors import ConfideError, JobFailedError, ServerStartError
 from confide.local.cluster import Cluster
 from confide.local.processes import Processes
@@ -288,6 +289,7 @@ class LocalFederation:
                 f"(max_restarts {self.max_restarts}):\n{self._tail(name)}"
             )
         echo(f"{name} (pid {process.pid}) {how} {where}: restarting it ({used + 1}/{self.max_restarts})")
+        metrics.RESTARTS.labels("node" if name.startswith("node-") else name if name == "aggregator" else "party").inc()
         started = time.perf_counter()
         try:
             start()

@@ -39,7 +39,9 @@ class Processes:
     def spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
         """Start ``confide <args>`` as ``name`` (appending to its log); ``env`` adds variables."""
         self.logs.mkdir(parents=True, exist_ok=True)
-        environment = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env, **(env or {})}
+        # One metrics listener a process: the launcher's CONFIDE_METRICS is its own, never its children's.
+        inherited = {k: v for k, v in os.environ.items() if k != "CONFIDE_METRICS"}
+        environment = {**inherited, "PYTHONUNBUFFERED": "1", **self.env, **(env or {})}
         with open(self.logs / f"{name}.log", "ab") as log:
             process = subprocess.Popen(
                 [sys.executable, "-m", "confide", *args],

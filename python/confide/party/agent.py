@@ -115,7 +115,8 @@ class PartyWorker:
         stop_file.unlink(missing_ok=True)
         command += ["--stop-file", str(stop_file)]
         log_file = open(run_dir / "party.log", "ab")  # noqa: SIM115 - owned by the child
-        env = {**os.environ, **self.extra_env}
+        # The agent's CONFIDE_METRICS is its own listener: a session's process would collide with it.
+        env = {**{k: v for k, v in os.environ.items() if k != "CONFIDE_METRICS"}, **self.extra_env}
         process = subprocess.Popen(
             command, stdout=log_file, stderr=subprocess.STDOUT, env=env, preexec_fn=_die_with_parent
         )

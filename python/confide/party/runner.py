@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from confide import checkpoints as ckpt
+from confide import metrics
 from confide.artifact import load_vertical_part, write_artifact, write_vertical_artifact
 from confide.compute.base import peak_rss_mb
 from confide.crypto.identity import Identity
@@ -259,6 +260,7 @@ def run_party(
 
     extra = {"fetch": fetch} if spec.protection.mode == "paillier" else {}
     protection = make_protection(spec.protection.mode, exchange, params, **extra)
+    metrics.PROTECTION_MODE.labels(protection.mode).set(1)
     # Several slices encoded at once, one thread each; without the pipeline one slice uses every core.
     protection.encode_threads = 1 if encode_workers(spec.transport.pipeline) > 1 else 0
     protection.pipeline = spec.transport.pipeline
@@ -356,6 +358,7 @@ def run_party(
                 write_ledger(checkpoint_dir, privacy)
             participants = entry.participants
             report.rounds.append(entry)
+            _observe(entry, protection.mode)
             report.status = "running"
             interval = spec.checkpoint_interval
             if interval and (round_number % interval == 0 or round_number == spec.rounds):
@@ -371,7 +374,7 @@ def run_party(
         report.weights = layout.flatten(model.get_weights()).tolist() if layout.size <= MAX_WEIGHTS_IN_REPORT else None
         save_model(workdir / f"{party_id}.model.npz", model, layout, spec)
         last = report.rounds[-1] if report.rounds else None
-        metrics = {
+        final_metrics = {
             k: v
             for k, v in {
                 "test_auc": last.test_auc if last else None,
@@ -390,7 +393,7 @@ def run_party(
             data=data,
             rounds=report.rounds[-1].round if report.rounds else spec.rounds,
             protection=report.protection,
-            metrics=metrics,
+            metrics=final_metrics,
             runtime_job_id=runtime_job_id,
             checkpoint_leaf=final_leaf(checkpoint_dir, spec),
         )
@@ -557,3 +560,15 @@ def _write_report(path: Path, report: PartyReport) -> None:
     temporary = path.with_suffix(".tmp")
     temporary.write_text(report.model_dump_json(indent=1, exclude_none=True))
     os.replace(temporary, path)
+
+
+def _observe(entry, mode: str) -> None:
+    """One completed round in this process's metrics (confide.metrics): phases, bytes, retries."""
+    for phase in metrics.PHASES:
+        seconds = entry.seconds if phase == "round" else getattr(entry, f"{phase}_s")
+        metrics.ROUND_SECONDS.labels("party", phase).observe(seconds)
+    metrics.ROUNDS.labels("party", "completed").inc()
+    metrics.RETRIES.labels("party").inc(entry.attempts - 1)
+    metrics.BYTES.labels("party", "sent").inc(entry.bytes_sent)
+    metrics.BYTES.labels("party", "received").inc(entry.bytes_received)
+    metrics.CRYPTO_SECONDS.labels(mode).inc(entry.crypto_s)

@@ -151,3 +151,20 @@ def test_grants_and_audit_views(controller, fed):
     assert controller.audit(ADMIN, after=everything[-2]["id"]) == everything[-1:]
     with pytest.raises(InvalidParameterError, match="limit"):
         controller.audit(ADMIN, limit=0)
+
+
+def test_each_dataset_decision_is_counted_for_prometheus(controller, fed):
+    from prometheus_client import REGISTRY
+
+    def count(decision: str) -> float:
+        return REGISTRY.get_sample_value("confide_grant_decisions_total", {"decision": decision}) or 0.0
+
+    denied, allowed = count("deny"), count("allow")
+    fed.setup(grant=False)
+    with pytest.raises(DataAccessDeniedError):
+        fed.submit()
+    assert count("deny") - denied == len(PARTIES) and count("allow") == allowed
+    for name in PARTIES:
+        fed.grant(name)
+    fed.submit()
+    assert count("allow") - allowed == len(PARTIES)
