@@ -96,6 +96,24 @@ def test_crashed_party_rejoins_at_the_next_round_and_ends_with_everyones_model(t
     assert report["final_auc"] > 0.98
 
 
+def test_a_lattice_party_that_died_between_rounds_gets_key_shares_sealed_to_its_new_process(tmp_path):
+    # Found by the lattice soak: hospital-c died once its round 4 was summed and was admitted to
+    # round 5, but hospital-b had sealed its round-5 key share (before training, before it heard
+    # who joined) to c's old pair key: c could not open it and was dropped for good.
+    spec = make_spec(job_id="rejoin-lattice", rounds=8, protection={"mode": "lattice", "on_dropout": "retry"})
+    faults = {"hospital-c": {"exit_round": 4, "exit_step": "summed", "exit_marker": tmp_path / "c.crashed"}}
+    env = _slow_rounds(spec, **faults, hold=(4, tmp_path / "asked"))
+    lines: list[str] = []
+    report = run_local(spec, tmp_path / "run", progress=False, echo=lines.append, party_env=env)
+
+    assert report["dropped"] == {}, report["dropped"]
+    assert [r["process"] for r in report["restarts"]] == ["hospital-c"], lines
+    rejoin = report["parties"]["hospital-c"]["rejoins"]
+    assert len(rejoin) == 1 and rejoin[0]["at_round"] == 5, rejoin  # the round right after: b prepared it with c
+    assert all(r["participants"] == spec.parties for r in report["rounds"][4:])
+    assert len(_final_models(tmp_path / "run", spec.parties)) == 1
+
+
 @pytest.mark.parametrize("mode", ["secagg", "paillier"])
 def test_two_of_three_crashing_in_one_round_are_admitted_back_by_the_survivor_to_its_retry(tmp_path, mode):
     # Found by the soak: the leader and another party died in one round, the one survivor was

@@ -79,10 +79,6 @@ def default_threshold(parties: int) -> int:
     return max(2, (parties + 1) // 2)
 
 
-def _key_tag(attempt: int, participants) -> str:
-    """The key shares' tag: a key drawn for other participants (before a rejoin) is never taken for this one."""
-    members = hashlib.sha256("\x00".join(participants).encode()).hexdigest()[:16]
-    return f"lattice-key/{attempt}/{members}"
 
 
 def _summed_share(peer: str, data: bytes) -> np.ndarray:
@@ -162,6 +158,20 @@ class LatticeProtection(SecAgg):
                     raise
                 log.warning("a key share of an attempt that is over was not sent: %s", error)
 
+    def _key_tag(self, attempt: int, participants) -> str:
+        """The key shares' tag, bound to the participants and the pair keys each holds now.
+
+        A key drawn for other participants is never taken for these; nor is one whose shares were
+        sealed to a participant's earlier process: a party that restarted and was admitted back
+        has a new pair key, and a share sealed (before training) to its old one would not open.
+        The tag differs, so the share is drawn and sent again once the membership says who joined.
+        """
+        self.keys.announcement()  # ours is among them once made
+        members = hashlib.sha256("\x00".join(participants).encode())
+        for party in participants:
+            members.update(hashlib.sha256(self.keys.announcements.get(party, b"")).digest())
+        return f"lattice-key/{attempt}/{members.hexdigest()[:16]}"
+
     def _ring_bits(self, parties: int) -> int:
         bits = message_bits(parties)
         if bits < 8:
@@ -182,14 +192,14 @@ class LatticeProtection(SecAgg):
         self._threshold = min(self.params.threshold or default_threshold(m), m)
         self._key = self._ring.new_key()
         shares = self._key.shares(self._threshold, m)
-        me = self.exchange.party_id
+        me, tag = self.exchange.party_id, self._key_tag(attempt, participants)
         for position, peer in enumerate(participants):
             if peer == me:
                 self._own_share = shares[position]
             else:
                 share = shares[position].astype("<u2").tobytes()
-                self._share_soon(round_number, _key_tag(attempt, participants), share, [peer])
-        self._drawn = (round_number, attempt, tuple(participants))
+                self._share_soon(round_number, tag, share, [peer])
+        self._drawn = (round_number, attempt, tuple(participants), tag)
 
     def begin_round(self, context: RoundContext, vector: np.ndarray) -> None:
         """Fix the bound and the message bits; draw the attempt's key unless it was drawn for these participants."""
@@ -197,7 +207,8 @@ class LatticeProtection(SecAgg):
         super(SecAgg, self).begin_round(context, vector)  # the bound and the fixed point (not secagg's masks)
         self._bits = self._fixed.bits
         self._parties = m
-        if self._key is None or self._drawn != (context.round, context.attempt, tuple(context.participants)):
+        tag = self._key_tag(context.attempt, context.participants)
+        if self._key is None or self._drawn != (context.round, context.attempt, tuple(context.participants), tag):
             self._draw_key(context.round, context.attempt, list(context.participants))
         self._seed = hashlib.sha256(
             b"confide-lattice-seed-v1\x00"
@@ -269,7 +280,7 @@ class LatticeProtection(SecAgg):
             self._confirm(context, peers, view)
             context.stats["excluded"] = sorted(excluded)
         summed = np.array(self._own_share, dtype=np.uint16)
-        tag = _key_tag(context.attempt, context.participants)
+        tag = self._key_tag(context.attempt, context.participants)
         for peer in peers:
             share = np.frombuffer(self.collect(context.round, tag, peer), dtype="<u2")
             if share.size != RING_DIMENSION:
