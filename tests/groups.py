@@ -18,6 +18,7 @@ SERIAL_FILES = {
     "integration/test_supervision.py": "paced rounds against restart and rejoin deadlines",
     "integration/test_revocation.py": "revokes in the middle of paced rounds",
     "integration/test_hospitals.py": "paced rounds against a stop grace period",
+    "integration/test_walkthrough.py": "the README's fixed ports (8443, 50051, 50052), kept out of the parallel run",
     # tests/integration/test_compute.py stops its Ray clusters with `ray stop --force`, which stops
     # every Ray cluster on the machine: no other Ray test may run beside it.
     "unit/compute/test_ray.py": "its Ray cluster would be stopped by test_compute.py's teardown on the other worker",

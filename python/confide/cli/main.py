@@ -21,9 +21,36 @@ from confide.errors import ConfideError, InvalidParameterError
 __all__ = ["main"]
 
 
+class JsonLines(logging.Formatter):
+    """One JSON object a line (``--log-format json``): time (UTC, ISO 8601), level, logger, message, pid."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        import datetime
+        import json
+
+        entry = {
+            "time": datetime.datetime.fromtimestamp(record.created, datetime.timezone.utc).isoformat(
+                timespec="milliseconds"
+            ),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+            "pid": record.process,
+        }
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry, ensure_ascii=False)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="confide", description="Cross-silo federated learning.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress at INFO level")
+    parser.add_argument(
+        "--log-format",
+        choices=["text", "json"],
+        default=os.environ.get("CONFIDE_LOG_FORMAT") or "text",
+        help="text lines, or one JSON object a line for a log shipper (default: $CONFIDE_LOG_FORMAT, else text)",
+    )
     commands = parser.add_subparsers(dest="command", required=True)
 
     certs = commands.add_parser(
@@ -36,7 +63,12 @@ def _parser() -> argparse.ArgumentParser:
     init.add_argument("--dir", required=True, help="directory for ca.crt and <name>.crt/.key")
     init.add_argument("--parties", default="", help="comma-separated party names")
     init.add_argument("--services", default="controller,aggregator", help="comma-separated service names")
-    init.add_argument("--admins", default="runner", help="comma-separated admin names")
+    init.add_argument(
+        "--admins",
+        default="runner",
+        help="comma-separated admin names (runner: the admin a local deployment on one machine uses; "
+        'a CA for separate machines: --services "" --admins "", every identity then enrolls by request)',
+    )
     init.add_argument("--developers", default="", help="comma-separated developer names")
     init.add_argument("--hosts", default="localhost,127.0.0.1", help="names/IPs services answer on")
     init.add_argument("--days", type=int, default=365, help="validity of the CA and every certificate")
@@ -246,11 +278,20 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status."""
     settle_numeric_threads()
     args = _parser().parse_args(argv)
+    if args.log_format not in ("text", "json"):  # from the environment: argparse checks only the flag
+        print(f"confide: error: CONFIDE_LOG_FORMAT must be text or json, got {args.log_format!r}", file=sys.stderr)
+        return 2
+    handler = logging.StreamHandler()
+    handler.setFormatter(
+        JsonLines()
+        if args.log_format == "json"
+        else logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s")
+    )
     logging.basicConfig(
         level=logging.INFO
         if args.verbose or args.command in ("aggregator", "party", "controller", "agent")
         else logging.WARNING,
-        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+        handlers=[handler],
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per controller sync otherwise
     try:
