@@ -173,6 +173,7 @@ bench: setup build/wheel-venv/.installed
 	$(PYTHON) benchmarks/crypto_bench.py
 	$(PYTHON) benchmarks/privacy_bench.py
 	$(PYTHON) benchmarks/runtime_bench.py
+	$(PYTHON) benchmarks/metrics_bench.py --write
 	$(PYTHON) benchmarks/controller_bench.py --stores sqlite,postgres
 	$(PYTHON) benchmarks/console_bench.py --write
 	$(PYTHON) benchmarks/vertical_bench.py
