@@ -79,8 +79,6 @@ def default_threshold(parties: int) -> int:
     return max(2, (parties + 1) // 2)
 
 
-
-
 def _summed_share(peer: str, data: bytes) -> np.ndarray:
     share = np.frombuffer(data, dtype="<u2")
     if share.size != RING_DIMENSION:
