@@ -7,15 +7,16 @@
 #   of the development build (build/gmp) would use instructions another CPU may lack.
 # - The AVX-512 IFMA Paillier engine is Rust code compiled for every x86-64 and chosen at run
 #   time (CPUID), so it needs nothing here.
-# - The development build's target directory (target/), so the wheel reuses every compiled crate:
-#   its own directory and a staged copy of the sources took 141 s on two cores. Where the
-#   development GMP is itself fat (config.guess names the CPU: most hosts) the development build
-#   is the wheel's and this takes seconds. Where it is tuned, the crates above GMP compile again
-#   against the portable one, and `-L` puts it first at the extension's link: those rustc
-#   arguments are part of that crate's fingerprint, so cargo relinks it. The check below fails
-#   the build if the tuned GMP got in.
-# - The same interpreter as `maturin develop` (the venv's): pyo3's build configuration, and with it
-#   every crate above pyo3, is then the one already built.
+# - glibc 2.28 (manylinux_2_28: RHEL/Rocky 8, Ubuntu 20.04 and later): maturin links through zig
+#   (the ziglang package, requirements-dev.txt) against glibc 2.28's symbol versions; linked by
+#   this machine's gcc the extension needed glibc 2.34 (pthread_*, dlsym moved into libc then).
+#   zig finds a library by its name only as a shared object, so build/gmp-zig/libgmp.so names the
+#   portable GMP's static archive (the linker reads it as the archive it is); that is the only GMP
+#   on the link's path, so the check below cannot look for GMP's symbols in the stripped result.
+# - Its own target directory (target/manylinux): a different linker and C compiler, so sharing the
+#   development build's would rebuild one or the other at every switch. The first build compiles
+#   every crate (about 3 minutes on two cores); later ones relink (about a minute).
+# - The venv's interpreter: pyo3's configuration (abi3, CPython 3.10 and later).
 # - The generated gRPC modules (python/confide/v1) and the console's front-end libraries are
 #   made by `make setup` first; git ignores them, so pyproject.toml's [tool.maturin] include
 #   names them for the wheel.
@@ -31,33 +32,34 @@ for generated in python/confide/v1/runtime_pb2.py python/confide/v1/runtime_pb2_
 done
 rm -f dist/confide-*.whl
 mkdir -p dist
-build=("$root/.venv/bin/maturin" build --release --quiet --interpreter "$root/.venv/bin/python"
-    --target-dir "$root/target" --out "$root/dist")
-if [ "$(cat "$gmp/.confide-gmp-6.3.0")" = "fat-copy" ]; then
-    "${build[@]}"  # the development GMP is the portable one: the development link is the wheel's
-else
-    # GMP's build script reads these, so the crates above it compile again (about 2 min of CPU);
-    # `-L` puts the portable GMP before the tuned one at the extension's link.
-    CPATH="$gmp/include" LIBRARY_PATH="$gmp/lib" "${build[@]}" -- -L "native=$gmp/lib"
-fi
+mkdir -p "$root/build/gmp-zig"
+ln -sf "$gmp/lib/libgmp.a" "$root/build/gmp-zig/libgmp.so"
+# maturin runs zig as `python3 -m ziglang` from PATH: the venv's.
+PATH="$root/.venv/bin:$PATH" CPATH="$gmp/include" LIBRARY_PATH="$gmp/lib" \
+    "$root/.venv/bin/maturin" build --release --quiet --zig --compatibility manylinux_2_28 \
+    --interpreter "$root/.venv/bin/python" --target-dir "$root/target/manylinux" --out "$root/dist" \
+    -- -L "native=$root/build/gmp-zig" -L "native=$gmp/lib"
 wheel=$(ls dist/confide-*.whl 2>/dev/null | head -1)
 [ -n "$wheel" ] || { echo "build-wheel: maturin made no wheel" >&2; exit 1; }
 python3 - "$wheel" <<'PY'
-import subprocess, sys, tempfile, zipfile
+import re, subprocess, sys, tempfile, zipfile
 wheel = zipfile.ZipFile(sys.argv[1])
 names = wheel.namelist()
 for needed in ("confide/v1/runtime_pb2.py", "confide/v1/runtime_pb2_grpc.py", "confide/_native.abi3.so"):
     if needed not in names:
         sys.exit(f"build-wheel: {sys.argv[1]} lacks {needed}")
-# The portable GMP, not the tuned one: a fat GMP dispatches through its CPU vector table, and
-# GMP is inside the extension rather than a shared library the system must have.
+# GMP is inside the extension rather than a shared library the system must have, and nothing it
+# calls in glibc is newer than 2.28 (the wheel's platform tag says so too).
 with tempfile.TemporaryDirectory() as where:
     native = wheel.extract("confide/_native.abi3.so", where)
-    symbols = subprocess.run(["nm", native], capture_output=True, text=True).stdout
-    if "__gmpn_cpuvec" not in symbols:
-        sys.exit("build-wheel: the extension holds no fat GMP (__gmpn_cpuvec): the tuned GMP was linked")
     needed = subprocess.run(["readelf", "-d", native], capture_output=True, text=True).stdout
     if "libgmp" in needed:
         sys.exit("build-wheel: the extension needs a shared libgmp; GMP must be linked in")
-print(f"build-wheel: {sys.argv[1]} ({len(names)} files, fat GMP inside)")
+    dynamic = subprocess.run(["objdump", "-T", native], capture_output=True, text=True).stdout
+    versions = {tuple(map(int, v.split("."))) for v in re.findall(r"GLIBC_([0-9.]+)", dynamic)}
+    if max(versions) > (2, 28):
+        sys.exit(f"build-wheel: the extension needs glibc {'.'.join(map(str, max(versions)))} (> 2.28)")
+if "manylinux_2_28_x86_64" not in sys.argv[1]:
+    sys.exit(f"build-wheel: {sys.argv[1]} is not tagged manylinux_2_28")
+print(f"build-wheel: {sys.argv[1]} ({len(names)} files, GMP inside, glibc <= 2.28)")
 PY

@@ -110,3 +110,31 @@ def test_demo_job_runs_from_the_installed_wheel(venv, tmp_path, ifma):
     assert "protection that ran: paillier" in output
     report = json.loads((tmp_path / "demo" / "report.json").read_text())
     assert report["mode"] == "paillier" and report["final_auc"] > 0.98
+
+
+def _glibc(tag: str) -> tuple[int, int] | None:
+    """The glibc a platform tag needs (manylinux_2_28_x86_64 -> (2, 28)); None for a pure wheel."""
+    legacy = {"manylinux1": (2, 5), "manylinux2010": (2, 12), "manylinux2014": (2, 17)}
+    if tag == "any":
+        return None
+    if tag.split("_x86_64")[0] in legacy:
+        return legacy[tag.split("_x86_64")[0]]
+    found = re.match(r"manylinux_(\d+)_(\d+)_x86_64$", tag)
+    assert found, f"not a manylinux tag: {tag}"
+    return int(found[1]), int(found[2])
+
+
+def test_the_wheel_and_its_dependencies_need_glibc_2_28_at_most():
+    """RHEL/Rocky 8 (glibc 2.28): the tag, the symbol versions the extension binds, the wheelhouse."""
+    wheel = WHEELS[-1]
+    tags = wheel.name.removesuffix(".whl").split("-")[-1].split(".")
+    assert max(_glibc(t) for t in tags) <= (2, 28), wheel.name
+    with zipfile.ZipFile(wheel) as archive, archive.open("confide/_native.abi3.so") as native:
+        data = native.read()
+    needs = {tuple(map(int, v.split(b"."))) for v in re.findall(rb"GLIBC_(\d+\.\d+(?:\.\d+)?)", data)}
+    assert needs and max(needs) <= (2, 28), sorted(needs)[-3:]
+    house = sorted((ROOT / "build" / "wheelhouse").glob("*.whl"))
+    if not house:
+        pytest.skip("no build/wheelhouse (make image or make bundle builds it)")
+    too_new = [w.name for w in house if max((_glibc(t) or (0, 0)) for t in w.stem.split("-")[-1].split(".")) > (2, 28)]
+    assert not too_new, too_new
