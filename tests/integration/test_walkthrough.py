@@ -22,7 +22,7 @@ README = ROOT / "examples" / "hospital_csv" / "README.md"
 WAIT_FOR_DATASETS = """
 for i in $(seq 120); do
   [ "$(confide data list --controller https://127.0.0.1:8443 --certs $W/alice --as alice 2>/dev/null \\
-      | grep -c patients)" = 3 ] && break
+      | grep -cE '^hospital-[abc] +patients ')" = 3 ] && break
   sleep 0.5
 done
 """
@@ -31,6 +31,7 @@ done
 def test_the_hospital_walkthrough_runs_as_written_and_the_ca_key_stays_with_the_operator(tmp_path):
     blocks = re.findall(r"```bash\n(.*?)```", README.read_text(), re.S)
     identities, services, job = blocks[:3]
+    (stop,) = [block for block in blocks if block.startswith("confide stop")]
     short = tmp_path / "job.yaml"
     short.write_text((ROOT / "examples" / "hospital_csv" / "job.yaml").read_text().replace("rounds: 30", "rounds: 3"))
     ports = "127.0.0.1:8443", "127.0.0.1:50051", "50052"
@@ -41,6 +42,9 @@ def test_the_hospital_walkthrough_runs_as_written_and_the_ca_key_stays_with_the_
             services,
             WAIT_FOR_DATASETS,
             job.replace("examples/hospital_csv/job.yaml", str(short)),
+            'ls "$W/run"',
+            stop,
+            '[ -z "$(ls -A "$W/run")" ] && echo "every pid file removed"',
         ]
     )
     for port in ports:  # the walkthrough's fixed ports: refuse to start over someone else's service
@@ -61,6 +65,9 @@ def test_the_hospital_walkthrough_runs_as_written_and_the_ca_key_stays_with_the_
     output = log.read_text()
     assert process.returncode == 0, output[-4000:]
     assert re.search(r"session \w+: completed \(run 1, round 3\)", output), output[-4000:]
+    # `confide stop` ended the five services it started and removed their pid files.
+    assert output.count(": stopped process ") == 5, output[-4000:]
+    assert "every pid file removed" in output
     keys = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("ca.key"))
     assert keys == ["flc/operator/ca.key"], keys
     held = sorted(p.name for p in (tmp_path / "flc").rglob("*.key") if p.name != "ca.key")

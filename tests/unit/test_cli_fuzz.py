@@ -114,7 +114,15 @@ def test_bad_values_get_a_message_not_a_traceback(command, parser, tmp_path, mon
         if not isinstance(a, (argparse._HelpAction, argparse._StoreTrueAction, argparse._StoreFalseAction))
         and a.dest != "verbose"
     ]
-    assert targets or command in ("data list", "data parties", "data uses", "grant list", "job list", "audit")
+    assert targets or command in (
+        "data list",
+        "data parties",
+        "data uses",
+        "grant list",
+        "job list",
+        "audit",
+        "container health",
+    )
     failures = 0
     for target in targets or [None]:
         for value in BAD_VALUES:

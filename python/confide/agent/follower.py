@@ -91,8 +91,11 @@ class Agent:
         address: str | None = None,
         datasets: list[dict] | None = None,
         interval_s: float = 1.0,
+        alive_file: str | os.PathLike | None = None,
     ) -> None:
         self.client = client
+        # Touched after every sync the controller answered: a container's health check reads its age.
+        self.alive_file = Path(alive_file) if alive_file is not None else None
         self.worker = worker
         self.workdir = Path(workdir)
         self.address = address
@@ -181,6 +184,8 @@ class Agent:
             metrics.HEARTBEATS.labels("agent", "failed").inc()
             raise
         metrics.HEARTBEATS.labels("agent", "sent").inc()
+        if self.alive_file is not None:
+            self.alive_file.touch()
         for report in reports:
             for row in report.get("metrics") or []:
                 _observe_round(row)  # each round's row goes out once: counted once

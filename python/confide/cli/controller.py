@@ -106,6 +106,11 @@ def add_commands(commands) -> None:
     agent.add_argument("--datasets", default=None, help="the party's dataset catalog (YAML)")
     agent.add_argument("--interval", type=float, default=1.0, help="seconds between syncs")
     agent.add_argument(
+        "--alive-file",
+        default=None,
+        help="touch this file after every sync the controller answered (a health check reads its age)",
+    )
+    agent.add_argument(
         "--metrics",
         default=None,
         metavar="HOST:PORT",
@@ -378,7 +383,7 @@ def _agent(args) -> int:
         share_metrics_with_tracking=args.share_metrics_with_tracking,
     )
     client = ControllerClient(args.controller, certs_dir=args.certs, name=args.name)
-    agent = Agent(client, worker, workdir, datasets=metadata, interval_s=args.interval)
+    agent = Agent(client, worker, workdir, datasets=metadata, interval_s=args.interval, alive_file=args.alive_file)
     stopped = _wait_signal()
     thread = threading.Thread(target=agent.run_forever, name="confide-agent", daemon=True)
     thread.start()

@@ -14,8 +14,10 @@ import threading
 from collections.abc import MutableMapping
 from pathlib import Path
 
+from confide.cli import container as container_commands
 from confide.cli import controller as controller_commands
 from confide.cli import model as model_commands
+from confide.cli import stop as stop_commands
 from confide.errors import ConfideError, InvalidParameterError
 
 __all__ = ["main"]
@@ -250,6 +252,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     controller_commands.add_commands(commands)
     model_commands.add_commands(commands)
+    container_commands.add_commands(commands)
+    stop_commands.add_commands(commands)
+    for name in ("controller", "aggregator", "agent"):
+        stop_commands.add_pid_file_option(commands.choices[name])
     tracking = commands.add_parser("tracking", help="records kept for an MLflow server that was not reached")
     tracking_commands = tracking.add_subparsers(dest="tracking_command", required=True)
     replay = tracking_commands.add_parser("replay", help="send a kept record (mlflow-pending.json) to its server")
@@ -277,7 +283,11 @@ def settle_numeric_threads(environ: MutableMapping[str, str] = os.environ) -> No
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status."""
     settle_numeric_threads()
-    args = _parser().parse_args(argv)
+    return run_parsed(_parser().parse_args(argv))
+
+
+def run_parsed(args: argparse.Namespace) -> int:
+    """Run a command line already parsed (``confide container run`` parses its role's options)."""
     if args.log_format not in ("text", "json"):  # from the environment: argparse checks only the flag
         print(f"confide: error: CONFIDE_LOG_FORMAT must be text or json, got {args.log_format!r}", file=sys.stderr)
         return 2
@@ -289,12 +299,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     logging.basicConfig(
         level=logging.INFO
-        if args.verbose or args.command in ("aggregator", "party", "controller", "agent")
+        if args.verbose or args.command in ("aggregator", "party", "controller", "agent", "container")
         else logging.WARNING,
         handlers=[handler],
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per controller sync otherwise
     try:
+        if getattr(args, "pid_file", None):
+            stop_commands.write_pid_file(args.pid_file)
         if args.command == "certs":
             return _certs(args)
         if args.command == "aggregator":
@@ -307,6 +319,12 @@ def main(argv: list[str] | None = None) -> int:
             return controller_commands.dispatch(args)
         if args.command == "model":
             return model_commands.dispatch(args)
+        if args.command == "stop":
+            lines = stop_commands.stop(args.paths, args.timeout)
+            print("\n".join(lines))
+            return 1 if any("still running" in line for line in lines) else 0
+        if args.command == "container":
+            return container_commands.dispatch(args, _parser().parse_args, run_parsed)
         if args.command == "tracking":
             from confide.tracking import replay
 
