@@ -13,7 +13,7 @@ PROTO     := python/confide/v1/runtime_pb2.py
 CONSOLE   := python/confide/web/static/vendor/.built
 RUST_SRC  := $(shell find crates -name '*.rs' -o -name Cargo.toml 2>/dev/null) Cargo.toml .cargo/config.toml
 
-.PHONY: help setup bytecode demo test test-fast test-imports test-rust test-fuzz-rust test-python bench lint fmt clean fuzz wheel
+.PHONY: help setup bytecode demo test test-fast test-imports test-rust test-fuzz-rust test-python bench lint fmt clean fuzz wheel image bundle
 
 help:
 	@echo "make demo   three hospitals train Homo LR in paillier mode, then a CNN in lattice mode (separate processes, gRPC + mTLS)"
@@ -23,6 +23,8 @@ help:
 	@echo "make lint   clippy, rustfmt --check, ruff, the import contract"
 	@echo "make fuzz   fuzz every decoder of network and disk bytes, FUZZ_SECONDS (600) per target"
 	@echo "make wheel  a manylinux wheel for other x86-64 machines (portable GMP) in dist/"
+	@echo "make image  the container image, built offline from Debian packages and the wheel (root, podman)"
+	@echo "make bundle the offline install bundle: wheels, image, chart, checksums (dist/confide-bundle-*.tar)"
 
 setup: $(NATIVE) $(PROTO) $(CONSOLE) bytecode
 
@@ -123,6 +125,29 @@ $(WHEEL_STAMP): $(NATIVE) $(PROTO) $(CONSOLE) $(RUST_SRC) scripts/build-wheel.sh
 	./scripts/build-wheel.sh && touch $@
 wheel: $(WHEEL_STAMP)
 
+# The container image (scripts/build-image.sh: mmdebstrap, buildah; one image for every role) and
+# the Helm binary the chart's tests render with (scripts/ensure-helm.sh, from the Go module proxy).
+# Where podman cannot run here (not root, no apt) it says so and the container tests skip.
+IMAGE_STAMP := build/image/.confide-image
+$(IMAGE_STAMP): $(WHEEL_STAMP) scripts/build-image.sh scripts/build-wheelhouse.sh scripts/sbom.py \
+		scripts/ensure-podman.sh requirements-dev.txt
+	./scripts/ensure-podman.sh
+	@if [ "$$(id -u)" = 0 ] && command -v podman >/dev/null && command -v mmdebstrap >/dev/null; then \
+		./scripts/build-image.sh && touch $@; \
+	else \
+		echo "make image: podman and mmdebstrap need root here: no image, the container tests skip"; \
+	fi
+image: $(IMAGE_STAMP)
+
+# The offline bundle (scripts/build-bundle.sh); tests/integration/test_bundle.py installs it in a
+# network namespace with no route out.
+BUNDLE_STAMP := dist/.confide-bundle
+$(BUNDLE_STAMP): $(WHEEL_STAMP) $(IMAGE_STAMP) scripts/build-bundle.sh scripts/bundle-install.sh \
+		$(shell git ls-files deploy examples/breast_cancer.yaml 2>/dev/null)
+	./scripts/ensure-helm.sh
+	./scripts/build-bundle.sh && touch $@
+bundle: $(BUNDLE_STAMP)
+
 # The wheel installed as another machine would (the suite's pinned versions of its dependencies),
 # for the crypto bench's portable-against-tuned records.
 build/wheel-venv/.installed: $(WHEEL_STAMP)
@@ -148,7 +173,7 @@ fuzz: setup
 #    now run in 3 (99 s + 66 s here, Toxiproxy's test_wan skipped);
 # 3. `exclusive` alone. tests/groups.py says why each file is in 2 or 3; phases 2 and 3 collect
 #    only their files.
-test-python: setup $(WHEEL_STAMP)
+test-python: setup $(WHEEL_STAMP) $(IMAGE_STAMP) $(BUNDLE_STAMP)
 	./scripts/ensure-postgres.sh
 	./scripts/ensure-chromium.sh
 	./scripts/ensure-toxiproxy.sh

@@ -28,6 +28,7 @@ SERIAL_FILES = {
 #: pipelined against serial), own a fixed network resource, or bound a wait at about a second.
 EXCLUSIVE_FILES = {
     "integration/test_wan.py": "one fixed subnet and namespaces; measures shaped-link throughput",
+    "integration/test_containers.py": "the containers' fixed host ports (8443, 50051, 9100...) and podman's state",
     # These two failed beside two serial files at once (-n 3): a resume refused, an upload's
     # slices not delivered within 20 s. They passed beside one, but they are kept alone.
     "integration/test_upload_resets.py": "times uploads across connection resets",
