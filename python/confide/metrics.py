@@ -25,6 +25,7 @@ from confide.errors import InvalidParameterError, ServerStartError
 
 __all__ = [
     "AGGREGATOR_QUEUE",
+    "CONTROLLER_QUEUE",
     "BYTES",
     "CRYPTO_SECONDS",
     "DROPOUTS",
@@ -46,6 +47,7 @@ VARIABLE = "CONFIDE_METRICS"
 
 #: The gauges an aggregator node serves of what it holds now (registered by ``confide aggregator``).
 AGGREGATOR_QUEUE = "confide_aggregator_queue"
+CONTROLLER_QUEUE = "confide_controller_queue"
 
 #: Round phases of a party (RoundReport fields) and the aggregator's whole attempt.
 PHASES = ("train", "agree", "encode", "upload", "wait", "decode", "crypto", "iteration", "round")
@@ -80,9 +82,19 @@ class _Watched(Collector):
         yield family
 
 
+_WATCHED: dict[str, _Watched] = {}
+
+
 def watch(read: Callable[[], dict[str, float]], name: str, documentation: str, label: str = "queue") -> None:
-    """Serve the gauges ``read()`` returns (label value -> number) under ``name``, read at every scrape."""
-    REGISTRY.register(_Watched(read, name, documentation, label))
+    """Serve the gauges ``read()`` returns (label value -> number) under ``name``, read at every scrape.
+
+    Watching a name again replaces what was watched under it: a process serves one live object per
+    name (a test that starts several controllers in one process watches the newest).
+    """
+    if name in _WATCHED:
+        REGISTRY.unregister(_WATCHED.pop(name))
+    _WATCHED[name] = _Watched(read, name, documentation, label)
+    REGISTRY.register(_WATCHED[name])
 
 
 def serve(address: str, *, field: str = "--metrics") -> int:

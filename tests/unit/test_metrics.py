@@ -83,7 +83,11 @@ def test_every_dashboard_query_names_a_metric_that_exists():
     # metric names, once the label lists of aggregations (by (...)) and selectors ({...}) are gone
     bare = [re.sub(r"\b(by|without)\s*\([^)]*\)|\{[^}]*\}", "", expr) for expr in expressions]
     used = {name for expr in bare for name in re.findall(r"\b(confide_[a-z_]+|process_[a-z_]+|up)\b", expr)}
-    exposed = _exposed_names() | {"up", metrics.AGGREGATOR_QUEUE}  # the queue gauges: registered by a node
+    exposed = _exposed_names() | {
+        "up",
+        metrics.AGGREGATOR_QUEUE,
+        metrics.CONTROLLER_QUEUE,
+    }  # registered by a node, a controller
     assert used and used <= exposed, f"the dashboard queries metrics nobody exposes: {sorted(used - exposed)}"
     families = {f.name for f in REGISTRY.collect() if f.name.startswith("confide_")} - {"confide_test_queue"}
     shown = {re.sub(r"_(total|bucket|sum|count)$", "", name) for name in used}

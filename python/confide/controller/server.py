@@ -53,6 +53,7 @@ try:
 except ImportError:  # a base dependency; an installation without it still serves, on h11
     _HttpProtocol = H11Protocol
 
+from confide import metrics
 from confide.controller.api import create_app
 from confide.controller.service import Controller
 from confide.controller.store import database_url, open_store
@@ -160,6 +161,11 @@ class ControllerServer:
         self.revocations = RevocationList(crl_path_for(certs_dir, crl), identity.ca_pem)
         self.store = open_store(database, migrate=migrate)
         self.controller = Controller(self.store, alive_s=alive_s, tracking_dir=tracking_dir_for(database))
+        metrics.watch(
+            self.controller.queue_depths,
+            metrics.CONTROLLER_QUEUE,
+            "What waits at the controller: active sessions by state, configurations not yet applied by their recipient",
+        )
         app = create_app(self.controller, ca_pem=identity.ca_pem, revocations=self.revocations)
         self.socket = _bound_socket(address, reuse_port=reuse_port)
         if reuse_port:

@@ -23,10 +23,13 @@ import threading
 import time
 from datetime import datetime
 
+from sqlalchemy import func, select
+
 from confide.controller.access import Access
 from confide.controller.agents import AgentSync
 from confide.controller.common import (  # noqa: F401 - re-exported: the API, console and tests import them here
     _PARTICIPATIONS,
+    ACTIVE,
     LAST_SEEN_WRITE_S,
     Caller,
     _aware,
@@ -36,7 +39,7 @@ from confide.controller.common import (  # noqa: F401 - re-exported: the API, co
 )
 from confide.controller.lifecycle import Lifecycle
 from confide.controller.registry import Registry
-from confide.controller.store import Store, utcnow
+from confide.controller.store import JobSession, Participant, Store, utcnow
 from confide.controller.tracked import SessionTracking
 
 __all__ = ["Caller", "Controller", "certificate_digest"]
@@ -65,3 +68,27 @@ class Controller(Registry, Access, Lifecycle, AgentSync, SessionTracking):
         self._clock = time.monotonic  # the write interval's clock (tests move it)
         self._heard: dict[str, datetime] = {}  # name -> its latest heartbeat received by this process
         self._now = utcnow  # the clock of stored times and expiry (tests move it)
+
+    def queue_depths(self) -> dict[str, float]:
+        """What waits here, read at each metrics scrape (``confide_controller_queue``).
+
+        ``sessions_<state>`` for the states a session waits in (running, verifying, awaiting), and
+        ``configs_unapplied``: recipients of an active session that have not applied its newest
+        configuration yet (an agent or aggregator node behind, or away).
+        """
+        waiting = ("running", "verifying", "awaiting")
+        depths = {f"sessions_{state}": 0.0 for state in waiting}
+        with self.store.transaction() as db:
+            counted = db.execute(
+                select(JobSession.state, func.count()).where(JobSession.state.in_(waiting)).group_by(JobSession.state)
+            )
+            for state, count in counted:
+                depths[f"sessions_{state}"] = float(count)
+            behind = db.scalar(
+                select(func.count())
+                .select_from(Participant)
+                .join(JobSession, Participant.session_id == JobSession.id)
+                .where(JobSession.state.in_(ACTIVE), Participant.applied_seq < JobSession.head_seq)
+            )
+        depths["configs_unapplied"] = float(behind or 0)
+        return depths

@@ -322,3 +322,19 @@ def test_concurrent_last_checkpoint_reports_record_the_checkpoint(
         thread.join(timeout=30)
     assert errors == []
     assert [e["kind"] for e in controller.log(DEV, token)] == ["submit", "checkpoint"]
+
+
+def test_queue_depths_count_waiting_sessions_and_recipients_behind(controller, running):
+    """``confide_controller_queue``: a submitted session waits on every recipient until each applies it."""
+    token, agents = running
+    depths = controller.queue_depths()
+    assert depths["sessions_running"] == 1
+    assert depths["configs_unapplied"] == len(RECIPIENTS)
+    for name in ("aggregator", "hospital-a"):  # receive the configuration, then report it applied
+        agents[name].sync()
+        agents[name].sync(token, run=1, status="running")
+    assert controller.queue_depths()["configs_unapplied"] == len(RECIPIENTS) - 2
+    for name in RECIPIENTS:
+        agents[name].sync()
+        agents[name].sync(token, run=1, status="running")
+    assert controller.queue_depths()["configs_unapplied"] == 0
