@@ -26,10 +26,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchutil import machine, record, results_table, write, write_markdown_block  # noqa: E402
-from runtime_bench import PARTIES, SHAPES  # noqa: E402
+from runtime_bench import PARTIES, SHAPES, job_spec  # noqa: E402
 
 from confide.local import run_local  # noqa: E402
-from confide.spec import parse_job  # noqa: E402
 
 
 def _free_port() -> int:
@@ -49,18 +48,7 @@ def _scraper(ports: list[int], stop: threading.Event, sizes: list[int]) -> None:
 
 
 def run(shape: str, rounds: int, workdir: Path, metrics_on: bool) -> tuple[float, list[int]]:
-    config = SHAPES[shape]
-    spec = parse_job(
-        {
-            "job_id": f"metrics-{shape}-{'on' if metrics_on else 'off'}",
-            "rounds": rounds,
-            "parties": PARTIES,
-            "model": {"algorithm": "homo_lr", **config["model"]},
-            "data": config["data"],
-            "protection": {"mode": "secagg", "bits": 16},
-            "seed": 1,
-        }
-    )
+    spec = job_spec(shape, f"metrics-{shape}-{'on' if metrics_on else 'off'}", rounds, {"mode": "secagg", "bits": 16})
     party_env: dict[str, dict[str, str]] = {}
     aggregator_args: list[str] = []
     stop, sizes, scraper = threading.Event(), [], None

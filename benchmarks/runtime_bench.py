@@ -106,19 +106,24 @@ SHAPES = {
 }
 
 
-def run_mode(shape: str, mode: str, rounds: int, workdir: Path) -> dict:
+def job_spec(shape: str, job_id: str, rounds: int, protection: dict):
+    """The bench's Homo LR job on ``shape`` (SHAPES) for PARTIES under ``protection``."""
     config = SHAPES[shape]
-    spec = parse_job(
+    return parse_job(
         {
-            "job_id": f"bench-{shape}-{mode}",
+            "job_id": job_id,
             "rounds": rounds,
             "parties": PARTIES,
             "model": {"algorithm": "homo_lr", **config["model"]},
             "data": config["data"],
-            "protection": {"mode": mode, "key_bits": 2048, "bits": 16},
+            "protection": protection,
             "seed": 1,
         }
     )
+
+
+def run_mode(shape: str, mode: str, rounds: int, workdir: Path) -> dict:
+    spec = job_spec(shape, f"bench-{shape}-{mode}", rounds, {"mode": mode, "key_bits": 2048, "bits": 16})
     target = workdir / f"{shape}-{mode}"
     if target.exists():
         shutil.rmtree(target)
@@ -130,7 +135,7 @@ def run_mode(shape: str, mode: str, rounds: int, workdir: Path) -> dict:
         "train": statistics.median(r["train_s"] for r in later),
         "bytes": statistics.median(r["bytes_sent"] + r["bytes_received"] for r in later),
         "auc": report["final_auc"],
-        "length": config["data"]["features"] + 1,
+        "length": SHAPES[shape]["data"]["features"] + 1,
         "setup": report["setup_seconds"],
     }
 

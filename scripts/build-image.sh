@@ -11,7 +11,8 @@
 # 2. The wheel and its pinned dependencies (build/wheelhouse, scripts/build-wheelhouse.sh) go
 #    into /opt/confide/lib with no index; bytecode is compiled there once (unchecked-hash: no time
 #    stamps), since the root file system is read-only when the image runs.
-# 3. A user `confide` (10001) with no login shell owns /var/lib/confide, the state volume.
+# 3. A user `confide` (10001) with no login shell owns /var/lib/confide, the state volume. Every
+#    file newer than SOURCE_DATE_EPOCH (what the hooks wrote) is dated to it.
 # 4. buildah commits it from scratch: user 10001, entry point `python3 -m confide container`
 #    (the role is the command: `run controller|aggregator|agent ...`), a health check
 #    (`confide container health`), OCI labels (version, revision, created) and the SBOM
@@ -55,6 +56,7 @@ mmdebstrap --quiet --variant=essential --include=python3,ca-certificates,libstdc
     --customize-hook="python3 '$ROOT/scripts/sbom.py' \"\$1\" $SITE confide $VERSION > \"\$1/usr/share/confide/sbom.cdx.json\"" \
     --customize-hook="cp \"\$1/usr/share/confide/sbom.cdx.json\" '$WORK/sbom.cdx.json'" \
     --customize-hook='rm -rf "$1/var/cache/apt" "$1/var/lib/apt/lists" "$1/var/log"/*' \
+    --customize-hook='find "$1" \( -path "$1/proc" -o -path "$1/sys" -o -path "$1/dev" \) -prune -o -newermt "@$SOURCE_DATE_EPOCH" -exec touch --no-dereference --date="@$SOURCE_DATE_EPOCH" {} +' \
     bookworm "$WORK/rootfs.tar" "$MIRROR"
 
 ctr=$(buildah from scratch)
