@@ -43,9 +43,20 @@ def offline():
         subprocess.run(["ip", "netns", "delete", name], check=False)
 
 
-def _clean_env() -> dict[str, str]:
+def _clean_env(storage: Path | None = None) -> dict[str, str]:
+    """No venv, no confide settings; podman loads into ``storage`` (its own graph root) when given.
+
+    Loaded into the machine's storage, the archive's image (OCI: no HEALTHCHECK) would replace the
+    one ``make image`` built under the same name, which the container tests inspect.
+    """
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV", "CONFIDE_", "PIP_"))}
-    return {**env, "PYTHON": sys.executable, "CONTAINERS_CONF": str(CONF)}
+    env |= {"PYTHON": sys.executable, "CONTAINERS_CONF": str(CONF)}
+    if storage is not None:
+        storage.mkdir(parents=True, exist_ok=True)
+        conf = storage / "storage.conf"
+        conf.write_text(f'[storage]\ndriver = "overlay"\ngraphroot = "{storage}/graph"\nrunroot = "{storage}/run"\n')
+        env["CONTAINERS_STORAGE_CONF"] = str(conf)
+    return env
 
 
 def test_the_bundle_installs_with_no_network_and_runs_the_demo(offline, tmp_path):
@@ -60,17 +71,18 @@ def test_the_bundle_installs_with_no_network_and_runs_the_demo(offline, tmp_path
     assert probe.returncode != 0 and "unreachable" in probe.stderr.lower(), probe.stderr
 
     image = "--image" if shutil.which("podman") and CONF.exists() and any((bundle / "images").iterdir()) else ""
+    storage = tmp_path / "podman"
     install = subprocess.run(
         [*offline, "bash", str(bundle / "install.sh"), str(tmp_path / "venv"), *([image] if image else [])],
         capture_output=True,
         text=True,
-        env=_clean_env(),
+        env=_clean_env(storage),
         timeout=600,
     )
     assert install.returncode == 0, install.stdout[-3000:] + install.stderr[-3000:]
     if image:
         loaded = subprocess.run(
-            ["podman", "image", "exists", "localhost/confide:0.1.0"], env=_clean_env(), capture_output=True
+            ["podman", "image", "exists", "localhost/confide:0.1.0"], env=_clean_env(storage), capture_output=True
         )
         assert loaded.returncode == 0
 
