@@ -14,6 +14,7 @@ dataset ever becomes a label, so a federation's series count does not grow with 
 from __future__ import annotations
 
 import errno
+import logging
 import os
 from collections.abc import Callable, Iterable
 
@@ -77,7 +78,12 @@ class _Watched(Collector):
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
         family = GaugeMetricFamily(self._name, self._documentation, labels=[self._label])
-        for key, value in self._read().items():
+        try:
+            values = self._read()
+        except Exception as error:  # noqa: BLE001 - a gauge that cannot be read (its store is away) fails no scrape
+            logging.getLogger("confide.metrics").debug("%s not read: %s", self._name, error)
+            values = {}
+        for key, value in values.items():
             family.add_metric([key], float(value))
         yield family
 

@@ -34,6 +34,10 @@ def test_the_listener_serves_every_family_and_what_a_round_counted():
     assert 'confide_round_seconds_bucket{le="0.5",phase="train",role="party"}' in text
     assert 'confide_test_queue{queue="open_rounds"} 2.0' in text
     assert "process_resident_memory_bytes" in text  # prometheus_client's process collector
+    # A gauge whose object is gone (a controller whose store was dropped) fails no scrape.
+    metrics.watch(lambda: 1 / 0, "confide_test_queue", "a gauge that cannot be read")
+    text = _scrape(port)
+    assert "confide_rounds_total" in text and 'confide_test_queue{queue="open_rounds"}' not in text
 
 
 def test_a_port_in_use_or_a_malformed_address_is_refused_naming_the_field():
