@@ -6,6 +6,7 @@
 //!   overflow flags.
 //! * [`daciq`]: the dACIQ clipping threshold with the corrected A(b) table.
 //! * [`flbooster`]: FLBooster's unsigned offset packing (§3), for comparison.
+//! * [`tags`]: linear tags of verifiable aggregation (inner products with public challenges).
 //!
 //! Packed plaintexts are little-endian u64 limbs of at most k − 2 bits, so they
 //! and their sums stay below any k-bit Paillier modulus. This crate knows
@@ -18,6 +19,7 @@ mod error;
 pub mod flbooster;
 pub mod params;
 mod rng;
+pub mod tags;
 
 pub use batchcrypt::{BatchCryptCodec, Decoded, Packed, Quantizer};
 pub use bits::Layout;

@@ -893,6 +893,35 @@ fn codec_layout_of(kind: &str, bits: u32, max_summands: u32, alpha: f64, plainte
     Ok((layout.slot_bits, layout.slots))
 }
 
+/// The 16-byte key of a challenge, or an error naming the field.
+fn tag_key(key: &[u8]) -> PyResult<[u8; 16]> {
+    key.try_into().map_err(|_| invalid("key", format!("must be 16 bytes, got {}", key.len())))
+}
+
+/// Integer tags of verifiable aggregation: `<r_k, q> mod 2^31 - 1` for k < `vectors`, with `q` the
+/// signed residues mod `2^bits` held in `words` (confide_codec::tags; GIL released).
+#[pyfunction]
+fn verify_integer_tags(py: Python<'_>, words: PyReadonlyArray1<'_, u32>, bits: u32, key: &[u8], vectors: usize) -> PyResult<Vec<u64>> {
+    let key = tag_key(key)?;
+    let words = words.as_slice().map_err(|_| invalid("words", "must be a contiguous uint32 array"))?;
+    Ok(py.detach(|| confide_codec::tags::integer_tags(words, bits, &key, vectors)).map_err(NativeError::from)?)
+}
+
+/// Float tags of verifiable aggregation: `(<r_k, x>, <|r_k|, |x|>)` for k < `vectors` (GIL released).
+#[pyfunction]
+fn verify_float_tags(py: Python<'_>, values: PyReadonlyArray1<'_, f32>, key: &[u8], vectors: usize) -> PyResult<Vec<(f64, f64)>> {
+    let key = tag_key(key)?;
+    let values = values.as_slice().map_err(|_| invalid("values", "must be a contiguous float32 array"))?;
+    Ok(py.detach(|| confide_codec::tags::float_tags(values, &key, vectors)))
+}
+
+/// The first `count` words of challenge vector `vector` under `key` (tests check the tags against them).
+#[pyfunction]
+fn verify_challenge_words<'py>(py: Python<'py>, key: &[u8], vector: u64, count: usize) -> PyResult<Bound<'py, PyArray1<u32>>> {
+    let key = tag_key(key)?;
+    Ok(PyArray1::from_vec(py, confide_codec::tags::challenge_words(&key, vector, count)))
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyEncryptionKey>()?;
@@ -902,6 +931,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(daciq_threshold, m)?)?;
     m.add_function(wrap_pyfunction!(daciq_alpha_factor, m)?)?;
     m.add_function(wrap_pyfunction!(codec_layout_of, m)?)?;
+    m.add_function(wrap_pyfunction!(verify_integer_tags, m)?)?;
+    m.add_function(wrap_pyfunction!(verify_float_tags, m)?)?;
+    m.add_function(wrap_pyfunction!(verify_challenge_words, m)?)?;
     m.add("GMP_VERSION", gmp_version())?;
     m.add_function(wrap_pyfunction!(engine, m)?)?;
     psi::register(m)?;

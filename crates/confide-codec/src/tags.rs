@@ -1,0 +1,172 @@
+//! Linear tags for verifiable aggregation: inner products with public challenge vectors.
+//!
+//! The protocol is in `python/confide/protect/verify.py` (and docs/crypto.md, "Verifiable
+//! aggregation"); this module is its hot path. A challenge vector is the AES-128-CTR keystream
+//! under a 16-byte key with the initial counter block `vector · 2^64` (big-endian, as NIST SP
+//! 800-38A), read as little-endian u32 words:
+//!
+//! * integer tags: `r_j = word_j & (2^31 − 1)` and `t = Σ r_j q_j mod p` with `p = 2^31 − 1`,
+//!   where `q_j` is the signed value of a residue mod `2^bits` (the masking modes' fixed point);
+//! * float tags: `r_j = word_j · 2^−31 − 1` in [−1, 1), and `(Σ r_j x_j, Σ |r_j| |x_j|)` in f64.
+//!
+//! Each product of a 31-bit `r` and a 32-bit offset value is below 2^63, so a u128 accumulator
+//! holds any slice exactly; the offset is removed once at the end.
+
+use aes::cipher::{KeyIvInit, StreamCipher};
+
+use crate::error::{invalid, Result};
+
+type Aes128Ctr = ctr::Ctr128BE<aes::Aes128>;
+
+/// The prime integer tags are reduced by.
+pub const TAG_PRIME: u64 = (1 << 31) - 1;
+
+/// Values whose challenge words are drawn at once (a 16 KiB buffer).
+const BLOCK: usize = 4096;
+
+/// The keystream of challenge vector `vector` under `key`, as consecutive u32 words.
+struct Challenge {
+    cipher: Aes128Ctr,
+    bytes: Vec<u8>,
+}
+
+impl Challenge {
+    fn new(key: &[u8; 16], vector: u64) -> Self {
+        let mut iv = [0u8; 16];
+        iv[..8].copy_from_slice(&vector.to_be_bytes());
+        Self { cipher: Aes128Ctr::new(key.into(), &iv.into()), bytes: vec![0u8; 4 * BLOCK] }
+    }
+
+    /// The next `count` (at most [`BLOCK`]) words.
+    fn next(&mut self, count: usize) -> impl Iterator<Item = u32> + '_ {
+        let bytes = &mut self.bytes[..4 * count];
+        bytes.fill(0);
+        self.cipher.apply_keystream(bytes);
+        bytes.chunks_exact(4).map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]]))
+    }
+}
+
+/// The first `count` words of challenge vector `vector` (for tests and the Python reference).
+pub fn challenge_words(key: &[u8; 16], vector: u64, count: usize) -> Vec<u32> {
+    let mut challenge = Challenge::new(key, vector);
+    let mut out = Vec::with_capacity(count);
+    let mut left = count;
+    while left > 0 {
+        let take = left.min(BLOCK);
+        out.extend(challenge.next(take));
+        left -= take;
+    }
+    out
+}
+
+/// `Σ r_j q_j mod p` for challenge vectors `0..vectors`, where `q_j` is `words[j]` read as a
+/// signed residue mod `2^bits` (`bits` in 2..=32).
+pub fn integer_tags(words: &[u32], bits: u32, key: &[u8; 16], vectors: usize) -> Result<Vec<u64>> {
+    if !(2..=32).contains(&bits) {
+        return Err(invalid("bits", format!("must be in [2, 32], got {bits}")));
+    }
+    let shift = 32 - bits;
+    let mut out = Vec::with_capacity(vectors);
+    for vector in 0..vectors {
+        let mut challenge = Challenge::new(key, vector as u64);
+        let (mut total, mut weight) = (0u128, 0u128);
+        for block in words.chunks(BLOCK) {
+            for (&word, r) in block.iter().zip(challenge.next(block.len())) {
+                let r = u64::from(r & 0x7FFF_FFFF);
+                // The signed value, offset by 2^31 into [0, 2^32).
+                let signed = ((word << shift) as i32 >> shift) as i64;
+                let offset = (signed + (1 << 31)) as u64;
+                total += u128::from(r * offset);
+                weight += u128::from(r);
+            }
+        }
+        let prime = u128::from(TAG_PRIME);
+        let removed = ((weight % prime) << 31) % prime;
+        out.push(((total % prime + prime - removed) % prime) as u64);
+    }
+    Ok(out)
+}
+
+/// `(Σ r_j x_j, Σ |r_j| |x_j|)` in f64 for challenge vectors `0..vectors`, r uniform in [−1, 1).
+pub fn float_tags(values: &[f32], key: &[u8; 16], vectors: usize) -> Vec<(f64, f64)> {
+    (0..vectors)
+        .map(|vector| {
+            let mut challenge = Challenge::new(key, vector as u64);
+            let (mut tag, mut weight) = (0f64, 0f64);
+            for block in values.chunks(BLOCK) {
+                for (&x, r) in block.iter().zip(challenge.next(block.len())) {
+                    let r = f64::from(r) * (1.0 / 2_147_483_648.0) - 1.0;
+                    let x = f64::from(x);
+                    tag += r * x;
+                    weight += r.abs() * x.abs();
+                }
+            }
+            (tag, weight)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reference(words: &[u32], bits: u32, key: &[u8; 16], vector: u64) -> u64 {
+        let r = challenge_words(key, vector, words.len());
+        let modulus = 1i128 << bits;
+        let mut total = 0i128;
+        for (&w, &r) in words.iter().zip(&r) {
+            let mut q = i128::from(w) % modulus;
+            if q >= modulus / 2 {
+                q -= modulus;
+            }
+            total += i128::from(r & 0x7FFF_FFFF) * q;
+        }
+        total.rem_euclid(i128::from(TAG_PRIME)) as u64
+    }
+
+    #[test]
+    fn integer_tags_match_a_big_integer_reference() {
+        let key = [7u8; 16];
+        for bits in [2u32, 17, 31, 32] {
+            let words: Vec<u32> = (0..10_000u32).map(|i| i.wrapping_mul(2_654_435_761) >> (32 - bits)).collect();
+            let tags = integer_tags(&words, bits, &key, 2).expect("bits in range");
+            assert_eq!(tags, vec![reference(&words, bits, &key, 0), reference(&words, bits, &key, 1)]);
+        }
+    }
+
+    #[test]
+    fn tags_are_linear_in_the_values() {
+        let key = [3u8; 16];
+        // Signed values in [-2^29, 2^29): their sum stays inside the 32-bit ring.
+        let a: Vec<u32> = (0..5000u32).map(|i| (i.wrapping_mul(7919) as i32 >> 2) as u32).collect();
+        let b: Vec<u32> = (0..5000u32).map(|i| ((i.wrapping_mul(104_729) ^ 0xDEAD) as i32 >> 2) as u32).collect();
+        let sum: Vec<u32> = a.iter().zip(&b).map(|(x, y)| x.wrapping_add(*y)).collect();
+        let ta = integer_tags(&a, 32, &key, 2).expect("bits");
+        let tb = integer_tags(&b, 32, &key, 2).expect("bits");
+        let ts = integer_tags(&sum, 32, &key, 2).expect("bits");
+        for k in 0..2 {
+            assert_eq!((ta[k] + tb[k]) % TAG_PRIME, ts[k]);
+        }
+    }
+
+    #[test]
+    fn bits_out_of_range_are_refused() {
+        assert!(integer_tags(&[1, 2], 1, &[0u8; 16], 1).is_err());
+        assert!(integer_tags(&[1, 2], 33, &[0u8; 16], 1).is_err());
+    }
+
+    #[test]
+    fn float_tags_follow_the_challenge() {
+        let key = [9u8; 16];
+        let values: Vec<f32> = (0..9000).map(|i| (i as f32 * 0.37).sin()).collect();
+        let words = challenge_words(&key, 1, values.len());
+        let (mut tag, mut weight) = (0f64, 0f64);
+        for (&x, &w) in values.iter().zip(&words) {
+            let r = f64::from(w) / 2_147_483_648.0 - 1.0;
+            tag += r * f64::from(x);
+            weight += r.abs() * f64::from(x).abs();
+        }
+        let got = float_tags(&values, &key, 2)[1];
+        assert!((got.0 - tag).abs() < 1e-9 && (got.1 - weight).abs() < 1e-9);
+    }
+}
