@@ -14,9 +14,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
-__all__ = ["PartyHooks", "load_hooks"]
+__all__ = ["AggregatorHooks", "PartyHooks", "load_aggregator_hooks", "load_hooks"]
 
 VARIABLE = "CONFIDE_PARTY_HOOKS"
+AGGREGATOR_VARIABLE = "CONFIDE_AGGREGATOR_HOOKS"
 
 
 class PartyHooks:
@@ -79,3 +80,32 @@ def load_hooks() -> PartyHooks:
 
     target = load_entry(entry, who=VARIABLE)
     return _Bound(target() if isinstance(target, type) else target)
+
+
+class AggregatorHooks:
+    """Where an aggregator's fold and delivery can be changed: the suite plays a lying aggregator here.
+
+    The aggregator is untrusted by design (docs/crypto.md, "Verifiable aggregation"): nothing a
+    party accepts depends on what these return, since every party checks the sums it is served.
+    ``CONFIDE_AGGREGATOR_HOOKS`` names an object with either method (``tests/fixtures/lying.py``
+    drops, replays, alters, swaps and equivocates); without it the aggregator runs neither.
+    """
+
+    def received(self, header, party: str, indices, lengths, payload: bytes) -> bytes:
+        """The slices ``party`` pushed (``indices``, payloads of ``lengths`` bytes back to back), as folded."""
+        return payload
+
+    def deliver(self, header, index: int, payload: bytes, recipient: str) -> bytes:
+        """Combined slice ``index`` as it goes to ``recipient``."""
+        return payload
+
+
+def load_aggregator_hooks() -> AggregatorHooks | None:
+    """The aggregator hooks ``CONFIDE_AGGREGATOR_HOOKS`` names, or None (the data path untouched)."""
+    entry = os.environ.get(AGGREGATOR_VARIABLE)
+    if not entry:
+        return None
+    from confide.ml.custom import load_entry
+
+    target = load_entry(entry, who=AGGREGATOR_VARIABLE)
+    return target() if isinstance(target, type) else target

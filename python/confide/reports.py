@@ -85,6 +85,8 @@ class RoundReport(_Report):
     encode_s: float = 0.0
     encode_cpu_s: float = 0.0
     crypto_s: float = 0.0
+    #: Checking the combined slices against the parties' tags (confide.protect.verify), tag exchange included.
+    verify_s: float = 0.0
     #: Train, protect, aggregate and apply, without the evaluation that follows (BatchCrypt's iteration).
     iteration_s: float = 0.0
     #: Evaluating the new global model (training loss and test metrics).
@@ -285,6 +287,10 @@ class JobRound(_Report):
     seconds: float
     crypto_s: float
     train_s: float
+    #: Mean seconds the parties spent verifying the round's sums.
+    verify_s: float = 0.0
+    #: Attempts whose sums failed verification and were refused (each names the node that served them).
+    refused: list[dict[str, Any]] = []
 
 
 class JobReport(_Report):

@@ -178,6 +178,10 @@ def default_threshold(parties: int) -> int:
     return max(2, (parties + 1) // 2)
 
 
+#: Modes whose combined slices the parties can check (confide.protect: verify_arithmetic set).
+VERIFIED_MODES = ("plain", "secagg", "groupmask", "tee", "lattice")
+
+
 class ProtectionSpec(_Strict):
     """Protection mode and its parameters (docs/runtime.md has the threat model of each)."""
 
@@ -206,6 +210,17 @@ class ProtectionSpec(_Strict):
     #: plain and tee: how updates travel to the aggregator: float32, or narrower (float16, bfloat16:
     #: half the bytes; int8 with a scale per slice: a quarter), widened before they are summed.
     wire: Literal["float32", "float16", "bfloat16", "int8"] = "float32"
+    #: The parties check every combined slice against linear tags (docs/crypto.md, "Verifiable
+    #: aggregation"): auto, where the mode supports it (VERIFIED_MODES); on (an error elsewhere); off.
+    verify: Literal["auto", "on", "off"] = "auto"
+    #: A combined slice that fails its check: fail stops the job naming the aggregator node; retry runs
+    #: the round again without that node (an aggregator cluster; with one node the job fails).
+    on_wrong_sum: Literal["fail", "retry"] = "fail"
+
+    @property
+    def verifies(self) -> bool:
+        """Whether the parties check the sums in this job."""
+        return self.verify == "on" or (self.verify == "auto" and self.mode in VERIFIED_MODES)
 
     def params(self):
         """The :class:`confide.protect.ProtectionParams` of this section (the mode's own parameters)."""
@@ -213,6 +228,15 @@ class ProtectionSpec(_Strict):
 
         fields = self.model_dump(include=set(ProtectionParams.__dataclass_fields__))
         return ProtectionParams(**fields, recover=self.on_dropout == "recover")
+
+    @model_validator(mode="after")
+    def _verify_where_it_runs(self) -> ProtectionSpec:
+        if self.verify == "on" and self.mode not in VERIFIED_MODES:
+            raise ValueError(
+                f"protection.verify on: the parties cannot yet check the sums of mode {self.mode} (verified modes: "
+                f"{', '.join(VERIFIED_MODES)}); use verify: auto or off"
+            )
+        return self
 
     @model_validator(mode="after")
     def _narrow_wire_is_for_float_modes(self) -> ProtectionSpec:

@@ -105,7 +105,9 @@ def test_secagg_recovers_a_dropout_at_each_step_without_retrying(tmp_path, step)
         job_id=f"recover-{step}",
         parties=everyone,
         rounds=7,
-        protection={"mode": "secagg", "on_dropout": "recover", "recovery_timeout_s": 5.0},
+        # A party that dies after the sum sends no verification tags: with verification on its round is
+        # retried (test_verified_secagg_retries_a_round_whose_sum_lost_a_party below); off, it is recovered.
+        protection={"mode": "secagg", "on_dropout": "recover", "recovery_timeout_s": 5.0, **_unverified(step)},
         transport={"round_timeout_s": 8.0},
     )
     fault = with_faults(exit_round=4, exit_step=step)
@@ -132,6 +134,39 @@ def test_secagg_recovers_a_dropout_at_each_step_without_retrying(tmp_path, step)
     assert rebuilt == (1 if step == "summed" else 0), "only a party that died after uploading needs its shares"
 
 
+def _unverified(step: str) -> dict:
+    """protection.verify off where the dropout comes after the sum (its tags never come)."""
+    return {"verify": "off"} if step == "summed" else {}
+
+
+def test_verified_secagg_retries_a_round_whose_sum_lost_a_party(tmp_path):
+    """With the sums verified, a party that dies after its words are summed costs one retry.
+
+    Its tags (sent once the sum is in) never come, so no survivor can check the sum it is part of:
+    the round runs again without it, and that sum is checked. Round 4 is the only one retried.
+    """
+    everyone = ["hospital-a", "hospital-b", "hospital-c", "hospital-d"]
+    survivors = ["hospital-a", "hospital-b", "hospital-d"]
+    spec = make_spec(
+        job_id="recover-verified",
+        parties=everyone,
+        rounds=6,
+        protection={"mode": "secagg", "on_dropout": "recover", "recovery_timeout_s": 5.0, "share_timeout_s": 3.0},
+        transport={"round_timeout_s": 8.0},
+    )
+    fault = with_faults(exit_round=4, exit_step="summed")
+    report = run_local(
+        spec, tmp_path, progress=False, echo=lambda *_: None, party_env={"hospital-c": fault}, max_restarts=0
+    )
+    rounds = report["rounds"]
+    assert [r["round"] for r in rounds] == list(range(1, 7))
+    assert [r["attempts"] for r in rounds] == [1, 1, 1, 2, 1, 1]
+    assert rounds[3]["participants"] == survivors and all(r["participants"] == survivors for r in rounds[4:])
+    assert report["protection"]["verification"]["ran"] is True
+    assert all(r["verify_s"] > 0 and not r["refused"] for r in rounds)
+    assert report["final_auc"] > 0.98
+
+
 @pytest.mark.parametrize("step", ["released", "summed"])
 def test_lattice_completes_a_round_after_a_dropout_without_retrying(tmp_path, step):
     """on_dropout recover in lattice: the survivors' key sum decrypts the survivors' sum (no retry).
@@ -147,7 +182,7 @@ def test_lattice_completes_a_round_after_a_dropout_without_retrying(tmp_path, st
         job_id=f"lattice-recover-{step}",
         parties=everyone,
         rounds=6,
-        protection={"mode": "lattice", "on_dropout": "recover", "share_timeout_s": 10.0},
+        protection={"mode": "lattice", "on_dropout": "recover", "share_timeout_s": 10.0, **_unverified(step)},
         transport={"round_timeout_s": 8.0},
     )
     fault = with_faults(exit_round=4, exit_step=step)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from confide.spec import VERIFIED_MODES
 from tests.fixtures.federation import run_local
 from tests.integration.conftest import make_spec
 
@@ -31,6 +32,13 @@ def test_mode_trains_and_reports_what_ran(reports, mode):
     assert report["rounds"][-1]["loss"] < report["rounds"][0]["loss"]
     assert report["final_auc"] > 0.98
     assert report["aggregator_saw"]
+    # Every party checked every sum where the mode allows it; elsewhere the report says the sums were trusted.
+    verification = report["protection"]["verification"]
+    assert verification["ran"] is (mode in VERIFIED_MODES), verification
+    if verification["ran"]:
+        assert all(r["verify_s"] > 0 and not r["refused"] for r in report["rounds"])
+    else:
+        assert "trusted" in verification["reason"]
     stored = json.loads(Path(report["files"]["json"]).read_text())
     assert stored["mode"] == mode
     assert Path(report["files"]["plot"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -724,6 +724,8 @@ def build_report(
                 "seconds": max(e["seconds"] for e in entries),
                 "crypto_s": float(np.mean([e.get("crypto_s", 0.0) for e in entries])),
                 "train_s": float(np.mean([e["train_s"] for e in entries])),
+                "verify_s": float(np.mean([e.get("verify_s", 0.0) for e in entries])),
+                "refused": _refused({p: _entry(r, number) for p, r in reports.items()}),
             }
         )
     protection = dict(first["protection"])
@@ -768,6 +770,16 @@ def build_report(
         spec=json.loads(spec.model_dump_json()),
     )
     return report.model_dump(mode="json")
+
+
+def _refused(entries: dict[str, dict | None]) -> list[dict]:
+    """The refused attempts of a round, once each, with the parties that refused them."""
+    out: dict[tuple, dict] = {}
+    for party, entry in entries.items():
+        for refusal in ((entry or {}).get("stats") or {}).get("verification_refused", []):
+            key = (refusal["attempt"], refusal["kind"], tuple(refusal["slices"]))
+            out.setdefault(key, {**refusal, "parties": []})["parties"].append(party)
+    return list(out.values())
 
 
 def _model_summary(reports: dict[str, dict]) -> dict | None:

@@ -29,6 +29,8 @@ class PartyContext:
     metrics: tuple[str, ...]
     min_parties: int
     on_dropout: str
+    #: protection.on_wrong_sum: "fail" or "retry" (on the cluster's next node).
+    on_wrong_sum: str
     checkpoint_interval: int | None
     transport: TransportSpec
 
@@ -46,6 +48,7 @@ class PartyContext:
             metrics=tuple(spec.metrics),
             min_parties=spec.protection.min_parties,
             on_dropout=spec.protection.on_dropout,
+            on_wrong_sum=spec.protection.on_wrong_sum,
             checkpoint_interval=spec.checkpoint_interval,
             transport=spec.transport,
         )

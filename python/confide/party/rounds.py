@@ -31,6 +31,7 @@ from confide.party.rejoin import Membership, request_rejoin
 from confide.party.upload import PartyExchange, RoundUpload
 from confide.protect import RoundContext
 from confide.protect.base import chunks
+from confide.protect.verify import VerificationError
 from confide.reports import RoundReport
 from confide.spec import TransportSpec
 from confide.transport.client import AGGREGATOR, AggregatorClient
@@ -114,6 +115,7 @@ def train_and_aggregate(
     if training.membership is not None and not settled:
         participants = training.membership.settle(round_number, participants, client.message_timeout_s)
     attempt = first_attempt
+    refused: list[dict] = []  # attempts whose sums failed verification (retried on another node)
     scaled = 1.0  # what ``delta`` has been multiplied by so far (without privacy it becomes the contribution in place)
     while True:
         total = sum(float(counts[p][0]) for p in participants)
@@ -155,6 +157,15 @@ def train_and_aggregate(
                 log.warning("round %d: %s excluded as dropouts; their masks removed, no retry", round_number, excluded)
                 participants = survivors
             break
+        except VerificationError as wrong:
+            refused.append({"attempt": attempt, "slices": wrong.slices[:8], "kind": wrong.kind, "reason": str(wrong)})
+            node = _node_to_avoid(training, wrong, round_number, attempt)
+            if node is None:
+                raise JobFailedError(f"party {party_id!r}: {wrong}") from None
+            log.warning("%s; retrying round %d without %s", wrong, round_number, client.node_name(node))
+            client.mark_lost(node, f"it served a wrong sum in round {round_number}")
+            attempt += 1
+            continue
         except RoundAbortedError as aborted:
             if party_id in aborted.dropped:
                 raise JobFailedError(f"this party was dropped from round {round_number}: {aborted}") from None
@@ -173,6 +184,8 @@ def train_and_aggregate(
             log.warning("%s; retrying round %d with %s", aborted, round_number, aborted.survivors)
             participants = list(aborted.survivors)
             attempt += 1
+    if refused:
+        context.stats["verification_refused"] = refused
     del vector, delta, private  # the contribution is summed: only the global vector and the aggregate remain
     if training.privacy is not None:
         aggregate = training.privacy.finish(aggregate, participants)
@@ -244,6 +257,21 @@ def _readmit(
         round_number, [job.party_id], lambda: (round_start, training.strategy.state()), attempt=attempt
     )
     return members if len(members) >= job.min_parties else None
+
+
+def _node_to_avoid(training: Training, wrong: VerificationError, round_number: int, attempt: int) -> int | None:
+    """The cluster node a retry must go around, or None where the job fails instead.
+
+    Only with ``on_wrong_sum: retry``, a wrong sum or an equivocation (not a peer's malformed
+    tags), one node to blame, and another live node left to take its share.
+    """
+    client = training.client
+    if training.job.on_wrong_sum != "retry" or wrong.kind == "message" or not wrong.slices:
+        return None
+    nodes = {client.slice_node(round_number, attempt, index) for index in wrong.slices}
+    if len(nodes) != 1 or client.cluster_nodes <= 1 + len(client.lost_nodes):
+        return None
+    return nodes.pop()
 
 
 def rejoin_peers(job: PartyContext, protection, exchange, client, model, layout: WeightLayout, strategy):
@@ -448,7 +476,17 @@ def run_attempt(
                 HOOKS.round_summed(context.round)
             return combined
 
-        aggregate = protection.finish_round(context, result)
+        verifier = protection.verifier
+        if verifier is not None:
+            verifier.begin(context, vector)
+
+        def node_of(index: int) -> str:
+            return client.node_name(client.slice_node(context.round, context.attempt, index))
+
+        try:
+            aggregate = protection.finish_round(context, result)
+        except VerificationError as wrong:  # a mode's own check refused a slice while decoding it
+            raise wrong.served_by(node_of) from None
         finish = time.perf_counter() - began
         timings["upload_s"] = upload.seconds
         timings["wait_s"] = exchange.wait_seconds
@@ -458,6 +496,11 @@ def run_attempt(
         upload.join()
         if upload.reply is not None:
             exchange.key_sent_at = client.reconnects
+        if verifier is not None:
+            excluded_now = set(client.excluded(context.round, context.attempt))
+            included = [p for p in context.participants if p not in excluded_now]
+            context.stats["verification"] = verifier.settle(included, node_of)
+            timings["verify_s"] = context.stats["verification"]["verify_s"]
         return aggregate, timings
     except BaseException:
         upload.cancel()

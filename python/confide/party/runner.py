@@ -76,6 +76,7 @@ from confide.party.rounds import (
 )
 from confide.party.upload import PartyExchange, encode_workers
 from confide.protect import RoundContext, make_protection
+from confide.protect.verify import Verifier, describe
 from confide.reports import Failure, ModelSummary, PartyReport
 from confide.spec import JobSpec
 from confide.transport.client import CONTROL_ROUND, AggregatorClient
@@ -264,6 +265,8 @@ def run_party(
     # Several slices encoded at once, one thread each; without the pipeline one slice uses every core.
     protection.encode_threads = 1 if encode_workers(spec.transport.pipeline) > 1 else 0
     protection.pipeline = spec.transport.pipeline
+    if spec.protection.verifies:
+        protection.verifier = Verifier(protection, timeout_s=spec.protection.share_timeout_s)
     restore = _stop_on_sigterm(stop_file)
     admitted_round = attempt_admitted = 0
     try:
@@ -302,7 +305,7 @@ def run_party(
         if rejoin:
             membership.incarnations.update(admission.incarnations)
         report.setup_seconds = time.perf_counter() - started
-        report.protection = protection.report()
+        report.protection = {**protection.report(), "verification": describe(protection, spec.protection.verify)}
         slice_length = slice_length_for(spec.transport.slice_bytes)
         if resume_round and joining:
             holders = [p for p in spec.parties if p not in joining]
@@ -368,7 +371,7 @@ def run_party(
                 on_round(entry.model_dump(mode="json", exclude_none=True))
             HOOKS.round_done(round_number)
         report.status = "completed"
-        report.protection = protection.report()
+        report.protection = {**protection.report(), "verification": describe(protection, spec.protection.verify)}
         if privacy is not None:
             report.protection["privacy"] = privacy.report()
         report.weights = layout.flatten(model.get_weights()).tolist() if layout.size <= MAX_WEIGHTS_IN_REPORT else None

@@ -191,12 +191,18 @@ class Protection(ABC):
     #: fine): the upload then keeps only its first slices. ``threshold`` decrypts against the
     #: ciphertexts it sent, so it keeps them all.
     reencodable: ClassVar[bool] = True
+    #: How the parties check the combined slices (:mod:`confide.protect.verify`): ``integer``
+    #: (exactly, over the mode's integer encoding), ``float`` (to float32 rounding), or None where
+    #: the mode cannot yet be checked (its report says so).
+    verify_arithmetic: ClassVar[str | None] = None
 
     def __init__(self, exchange: Exchange, params: ProtectionParams) -> None:
         self.exchange = exchange
         self.params = params
         #: The secrets every participant holds (group key, the shared Paillier key), for a rejoiner.
         self.group_secrets: dict[str, bytes] = {}
+        #: Checks every combined slice ``finish_round`` decodes (a :class:`confide.protect.verify.Verifier`).
+        self.verifier = None
 
     def setup(self, participants: list[str]) -> None:  # noqa: B027 - optional hook
         """Job-level key set-up with the other participants (none by default)."""
@@ -239,6 +245,20 @@ class Protection(ABC):
     @abstractmethod
     def encode(self, context: RoundContext, index: int, values: np.ndarray) -> bytes:
         """Protect slice ``index`` (thread-safe: runs in the pipeline thread)."""
+
+    def verify_image(self, context: RoundContext, index: int, values: np.ndarray) -> np.ndarray:
+        """The exact image of what ``encode`` contributes for slice ``index`` (for :attr:`verify_arithmetic`).
+
+        Integer modes: uint32 words holding the residues mod ``2^verify_bits`` the combined slice
+        sums (signed fixed point); float modes: the float32 values the aggregator widens and sums.
+        Deterministic: the verifier recomputes it after the sum.
+        """
+        raise NotImplementedError(f"mode {self.mode} has no verification image")
+
+    def verified(self, index: int, payload: bytes, total: np.ndarray) -> None:
+        """``finish_round`` decoded combined slice ``index`` (delivered as ``payload``) to the sum image ``total``."""
+        if self.verifier is not None:
+            self.verifier.observe(index, payload, total)
 
     def header_key(self) -> bytes:
         """Public key material the aggregator needs (paillier only)."""

@@ -42,6 +42,7 @@ from confide import _native
 from confide.errors import InvalidParameterError, MessageTimeoutError, ProtocolError, RoundAbortedError
 from confide.protect.base import RoundContext
 from confide.protect.masking import SecAgg
+from confide.protect.verify import VerificationError
 from confide.v1 import runtime_pb2 as pb
 
 __all__ = ["LatticeProtection"]
@@ -349,18 +350,21 @@ class LatticeProtection(SecAgg):
                     f"for {stop - start} values"
                 )
             if index == 0 and self._residual(words, stop - start)(keys):
-                raise ProtocolError(self._blame(context, words, stop - start))
+                raise self._blame(context, words, stop - start)
             began = time.perf_counter()
             try:
                 messages = self._ring.decrypt_packed(
                     self._seed, index, keys, words, self._bits, self._parties, stop - start
                 )
             except InvalidParameterError as error:  # the key sum decrypted slice 0: this sum is not the parties'
-                raise ProtocolError(
+                raise VerificationError(
                     f"round {context.round}: summed slice {index} does not decrypt under the key sum that decrypts "
-                    f"slice 0: the aggregator's sum is not of the parties' ciphertexts ({error})"
+                    f"slice 0: the aggregator's sum is not of the parties' ciphertexts ({error}); the round is refused",
+                    slices=[index],
+                    round_number=context.round,
                 ) from None
             decoded = time.perf_counter()
+            self.verified(index, piece.payload, messages)
             out[start:stop] = self._decode_words(messages)
             decrypt_s, decode_s = decrypt_s + decoded - began, decode_s + time.perf_counter() - decoded
         context.stats["decrypt_s"], context.stats["fixed_point_decode_s"] = round(decrypt_s, 6), round(decode_s, 6)
@@ -372,23 +376,28 @@ class LatticeProtection(SecAgg):
         """Words of slice 0 past the error bound under a key sum."""
         return lambda keys: self._ring.residual_packed(self._seed, 0, keys, words, self._bits, self._parties, length)
 
-    def _blame(self, context: RoundContext, words: np.ndarray, length: int) -> str:
-        """Why slice 0 does not decrypt: the summed key shares that do not verify, named where they can be."""
+    def _blame(self, context: RoundContext, words: np.ndarray, length: int) -> ProtocolError:
+        """Why slice 0 does not decrypt: the summed key shares that do not verify, named where they can be.
+
+        None to name: the aggregator's sum is wrong (a :class:`VerificationError`, which names its node).
+        """
         waiting = [p for p in self._sum_peers if p not in self._summed]
         for peer, data in self._first_arrivals(context.round, self._sum_tag, waiting, len(waiting), strict=False):
             self._summed[peer] = (context.participants.index(peer) + 1, _summed_share(peer, data))
         parties = len(self._sum_peers) + 1
         bad = bad_decryption_shares(self._residual(words, length), self._summed, self._threshold, parties)
         if bad:
-            return (
+            return ProtocolError(
                 f"round {context.round}: the summed key share of {', '.join(bad)} does not verify: with it the sum "
                 "decrypts with errors past the parties' bound (a wrong share, or a wrong key share sent to that "
                 "party); nothing was decrypted"
             )
-        return (
+        return VerificationError(
             f"round {context.round}: no {self._threshold} of the {len(self._summed)} summed key shares at hand "
             "decrypt the sum: the aggregator's sum is not of the parties' ciphertexts, or too many shares are "
-            "wrong to tell which; nothing was decrypted"
+            "wrong to tell which; nothing was decrypted, the round is refused",
+            slices=[0],
+            round_number=context.round,
         )
 
     def report(self) -> dict:

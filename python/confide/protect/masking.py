@@ -46,6 +46,7 @@ __all__ = ["FixedPoint", "GroupMask", "GroupShared", "SecAgg", "distribute_group
 
 class _Masking(Protection):
     kind = pb.AGGREGATION_KIND_UINT32_SUM
+    verify_arithmetic = "integer"
 
     def __init__(self, exchange, params) -> None:
         super().__init__(exchange, params)
@@ -75,6 +76,16 @@ class _Masking(Protection):
     def _decode_words(self, words: np.ndarray) -> np.ndarray:
         require(self._fixed, "begin_round first")
         return self._fixed.decode(words)
+
+    @property
+    def verify_bits(self) -> int:
+        """The ring the fixed point sums in: its words are residues mod 2^verify_bits."""
+        require(self._fixed, "begin_round first")
+        return self._fixed.bits
+
+    def verify_image(self, context: RoundContext, index: int, values: np.ndarray) -> np.ndarray:
+        """The fixed-point words this party adds to slice ``index`` (before any mask)."""
+        return self._encode_words(values)
 
 
 class SecAgg(_Masking):
@@ -184,6 +195,7 @@ class SecAgg(_Masking):
                         np.subtract(words, mask, out=words)
                     else:
                         np.add(words, mask, out=words)
+            self.verified(index, payload, words)
             out[start:stop] = self._decode_words(words)
         return out
 
@@ -258,7 +270,9 @@ class GroupMask(GroupShared, _Masking):
         out = context.output()
         for index in range(context.num_slices):
             start, stop = context.bounds(index)
-            words = np.frombuffer(result(index).payload, dtype="<u4") - prg_words(total, index, stop - start)
+            payload = result(index).payload
+            words = np.frombuffer(payload, dtype="<u4") - prg_words(total, index, stop - start)
+            self.verified(index, payload, words)
             out[start:stop] = self._decode_words(words)
         return out
 

@@ -18,7 +18,7 @@ from confide.errors import InvalidParameterError
 from confide.protect.base import Protection, ProtectionParams, RoundContext
 from confide.v1 import runtime_pb2 as pb
 
-__all__ = ["WIRE_KINDS", "Plain", "check_wire", "narrow", "to_bfloat16"]
+__all__ = ["WIRE_KINDS", "Plain", "check_wire", "narrow", "to_bfloat16", "widened"]
 
 #: protection.wire -> the aggregation kind its slices travel as.
 WIRE_KINDS = {
@@ -61,6 +61,19 @@ def narrow(values: np.ndarray, wire: str, round_number: int) -> bytes:
     return scale.astype("<f4").tobytes() + np.clip(quantized, -127, 127).astype(np.int8).tobytes()
 
 
+def widened(values: np.ndarray, wire: str) -> np.ndarray:
+    """The float32 values the aggregator sums for a slice sent as ``narrow(values, wire)`` (exactly)."""
+    if wire == "float32":
+        return np.asarray(values, dtype=np.float32)
+    if wire == "float16":
+        return np.asarray(values, dtype=np.float32).astype(np.float16).astype(np.float32)
+    data = narrow(values, wire, 0)
+    if wire == "bfloat16":
+        return (np.frombuffer(data, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
+    scale = np.frombuffer(data[:4], dtype="<f4")[0]  # as the data plane: float32(q) * scale
+    return np.frombuffer(data[4:], dtype=np.int8).astype(np.float32) * scale
+
+
 def to_bfloat16(values: np.ndarray) -> np.ndarray:
     """bfloat16 words (uint16) of float32 ``values``, rounded to nearest even."""
     bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
@@ -74,6 +87,7 @@ class Plain(Protection):
     mode = "plain"
     kind = pb.AGGREGATION_KIND_FLOAT32_SUM
     aggregator_sees = "every party's update in the clear"
+    verify_arithmetic = "float"
 
     def __init__(self, exchange, params: ProtectionParams) -> None:
         super().__init__(exchange, params)
@@ -91,12 +105,19 @@ class Plain(Protection):
         """The slice in the job's wire format."""
         return narrow(values, self.params.wire, context.round)
 
+    def verify_image(self, context: RoundContext, index: int, values: np.ndarray) -> np.ndarray:
+        """The float32 values the aggregator sums for this slice."""
+        return widened(values, self.params.wire)
+
     def finish_round(self, context: RoundContext, result: Callable[[int], pb.Slice]) -> np.ndarray:
         """Concatenate the summed slices (float32 whatever the wire)."""
         out = context.output()
         for index in range(context.num_slices):
             start, stop = context.bounds(index)
-            out[start:stop] = np.frombuffer(result(index).payload, dtype="<f4")
+            payload = result(index).payload
+            values = np.frombuffer(payload, dtype="<f4")
+            self.verified(index, payload, values)
+            out[start:stop] = values
         return out
 
     def report(self) -> dict:

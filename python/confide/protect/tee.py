@@ -39,7 +39,8 @@ from confide.errors import ProtocolError
 from confide.protect.base import Protection, RoundContext
 from confide.protect.keys import GroupCipher, PeerKeys
 from confide.protect.masking import GroupShared, distribute_group_secrets
-from confide.protect.plain import check_wire, narrow
+from confide.protect.plain import check_wire, narrow, widened
+from confide.protect.verify import VerificationError
 from confide.v1 import runtime_pb2 as pb
 
 __all__ = ["TEE_WIRE_KINDS", "TeeProtection", "open_slice", "seal_slice", "slice_aad", "wrap_session_key"]
@@ -106,6 +107,7 @@ class TeeProtection(GroupShared, Protection):
         "AES-256-GCM ciphertexts outside the enclave; the enclave side sees every update "
         "(simulated here: no SGX, so the aggregator host could read it)"
     )
+    verify_arithmetic = "float"
 
     def __init__(self, exchange, params) -> None:
         super().__init__(exchange, params)
@@ -156,6 +158,10 @@ class TeeProtection(GroupShared, Protection):
         aad = slice_aad(self.exchange.job_id, context.round, context.attempt, context.position, index)
         return seal_slice(self._aead, aad, narrow(values, self.params.wire, context.round))
 
+    def verify_image(self, context: RoundContext, index: int, values: np.ndarray) -> np.ndarray:
+        """The float32 values the enclave sums for this slice."""
+        return widened(values, self.params.wire)
+
     def finish_round(self, context: RoundContext, result: Callable[[int], pb.Slice]) -> np.ndarray:
         """Open every combined slice."""
         require(self._aead, "setup first")
@@ -163,9 +169,19 @@ class TeeProtection(GroupShared, Protection):
         for index in range(context.num_slices):
             start, stop = context.bounds(index)
             aad = slice_aad(self.exchange.job_id, context.round, context.attempt, RESULT_POSITION, index)
-            values = open_slice(self._aead, aad, result(index).payload)
+            payload = result(index).payload
+            try:
+                values = open_slice(self._aead, aad, payload)
+            except ProtocolError as error:
+                raise VerificationError(
+                    f"round {context.round}: combined slice {index} is not what the enclave sealed ({error}); the "
+                    "round is refused",
+                    slices=[index],
+                    round_number=context.round,
+                ) from None
             if len(values) != stop - start:
                 raise ProtocolError(f"combined slice {index} holds {len(values)} values, expected {stop - start}")
+            self.verified(index, payload, values)
             out[start:stop] = values
         return out
 

@@ -946,6 +946,18 @@ class AggregatorClient:
         with self._lost_lock:
             return serving_node(share, len(self._nodes), self.lost_nodes)
 
+    def slice_node(self, round_number: int, attempt: int, index: int) -> int:
+        """The node that served combined slice ``index`` of an attempt this party pushed."""
+        nodes = len(self._nodes)
+        if nodes == 1:
+            return 0
+        return self._served_by(round_number, attempt, node_for(self.job_id, index, nodes))
+
+    def node_name(self, node: int) -> str:
+        """How reports name aggregator node ``node``: its number in the cluster and its address."""
+        target = self._nodes[node].target
+        return f"aggregator node {node} ({target})" if len(self._nodes) > 1 else f"the aggregator ({target})"
+
     def fetch(self, round_number: int, attempt: int, indices: list[int]) -> list[pb.Slice]:
         """Combined slices of a completed attempt, from the store of the node serving each share."""
         nodes = len(self._nodes)

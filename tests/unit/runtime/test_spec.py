@@ -333,3 +333,30 @@ def test_a_scoring_job_names_one_trained_model_of_a_vertical_algorithm():
     assert "exactly one of session" in error_of(spec(model=vertical, score={"session": session, "model_dir": "x"}))
     assert "score.session" in error_of(spec(model=vertical, score={"session": "../../etc"}))
     assert "score with 'confide model predict'" in error_of(spec(score={"session": session}))
+
+
+@pytest.mark.parametrize(
+    "protection,verifies",
+    [
+        ({"mode": "secagg"}, True),
+        ({"mode": "plain", "verify": "on"}, True),
+        ({"mode": "lattice", "verify": "off"}, False),
+        ({"mode": "paillier"}, False),  # auto: not verifiable yet, and the report says so
+        ({"mode": "threshold", "verify": "auto"}, False),
+    ],
+)
+def test_verification_defaults_to_the_modes_that_support_it(protection, verifies):
+    assert parse_job(spec(protection=protection)).protection.verifies is verifies
+
+
+@pytest.mark.parametrize(
+    "protection,words",
+    [
+        ({"mode": "paillier", "verify": "on"}, ["protection.verify on", "mode paillier", "verify: auto or off"]),
+        ({"mode": "secagg", "verify": "yes"}, ["protection.verify"]),
+        ({"mode": "secagg", "on_wrong_sum": "ignore"}, ["protection.on_wrong_sum"]),
+    ],
+)
+def test_verification_errors_name_the_field(protection, words):
+    message = error_of(spec(protection=protection))
+    assert all(w in message for w in words), message
