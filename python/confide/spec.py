@@ -316,6 +316,19 @@ class StrategySpec(_Strict):
     beta1: float = Field(0.9, gt=0, lt=1)
     beta2: float = Field(0.99, gt=0, lt=1)
     tau: float = Field(1e-3, gt=0, le=10)
+    #: trimmed_mean: share of each coordinate's values cut at each end.
+    trim_fraction: float = Field(0.2, gt=0, lt=0.5, allow_inf_nan=False)
+    #: krum, multi_krum: malicious updates tolerated (f, with 2f + 2 < parties); multi_krum averages
+    #: ``selected`` updates (None: parties - f).
+    byzantine: int = Field(1, ge=0, le=MAX_PARTIES)
+    selected: int | None = Field(None, ge=1, le=MAX_PARTIES)
+    #: norm_clip: the L2 bound each update is scaled down to (None: the round's median norm).
+    norm_bound: float | None = Field(None, gt=0, allow_inf_nan=False)
+
+    @property
+    def robust(self) -> bool:
+        """Whether the aggregator applies this strategy to every update (it must see them: plain)."""
+        return self.name in ("median", "trimmed_mean", "krum", "multi_krum", "norm_clip")
 
     def build(self):
         """The :class:`confide.ml.strategies.Strategy` this section describes."""
@@ -330,6 +343,11 @@ class StrategySpec(_Strict):
                 "beta2": self.beta2,
                 "tau": self.tau,
             },
+            "median": {},
+            "trimmed_mean": {"trim_fraction": self.trim_fraction},
+            "krum": {"byzantine": self.byzantine},
+            "multi_krum": {"byzantine": self.byzantine, "selected": self.selected or 0},
+            "norm_clip": {"norm_bound": self.norm_bound},
         }[self.name]
         return make_strategy(self.name, **options)
 
@@ -534,11 +552,44 @@ class JobSpec(_Strict):
         self._check_model()
         self._check_threshold()
         self._check_privacy()
+        self._check_robust()
         if self.protection.min_parties > len(self.parties):
             raise ValueError(
                 f"protection.min_parties ({self.protection.min_parties}) exceeds the {len(self.parties)} parties"
             )
         return self
+
+    def _check_robust(self) -> None:
+        strategy = self.strategy
+        if not strategy.robust:
+            return
+        mode = self.protection.mode
+        if mode != "plain":
+            why = (
+                "its enclave interface does not run robust rules yet"
+                if mode == "tee"
+                else "the aggregator cannot order, compare or measure updates it cannot read"
+            )
+            raise ValueError(
+                f"strategy.name {strategy.name} is applied by the aggregator to every update: it needs "
+                f"protection.mode plain, got {mode} ({why})"
+            )
+        if self.protection.wire != "float32":
+            raise ValueError(f"strategy.name {strategy.name} needs protection.wire float32, got {self.protection.wire}")
+        if self.privacy is not None:
+            raise ValueError(
+                f"strategy.name {strategy.name}: privacy noise is calibrated to a sum of updates; a robust rule "
+                "is not one"
+            )
+        if self.protection.verify == "on":
+            raise ValueError(
+                f"protection.verify on: strategy.name {strategy.name} makes the aggregate a robust estimate, not a "
+                "sum the parties can check; use verify: auto"
+            )
+        try:
+            strategy.build().check(len(self.parties))
+        except InvalidParameterError as error:
+            raise ValueError(str(error)) from None
 
     def _check_privacy(self) -> None:
         privacy = self.privacy

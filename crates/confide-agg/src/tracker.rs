@@ -56,11 +56,14 @@ pub enum Kind {
     /// Lattice ciphertexts: little-endian 8-byte words mod the 62-bit prime of `confide-lattice`,
     /// two values a word, summed mod that prime; a word outside `[0, q)` is refused.
     RlweSum,
+    /// float32 slices kept side by side, not summed: participant p's values fill row p of an
+    /// m × n block, which completes as it is (a robust rule at the aggregator reads every update).
+    F32Stack,
 }
 
 impl Kind {
     /// Parses "f32_sum", "f32_mean", "u32_sum", "paillier", "tee_f32_sum", "tee_f32_mean", "f16_sum",
-    /// "bf16_sum", "q8_sum", "tee_f16_sum", "tee_bf16_sum", "tee_q8_sum", "rlwe_sum".
+    /// "bf16_sum", "q8_sum", "tee_f16_sum", "tee_bf16_sum", "tee_q8_sum", "rlwe_sum", "f32_stack".
     ///
     /// # Errors
     /// `InvalidParameter` naming the known kinds.
@@ -79,6 +82,7 @@ impl Kind {
             "tee_bf16_sum" => Kind::TeeBf16Sum,
             "tee_q8_sum" => Kind::TeeQ8Sum,
             "rlwe_sum" => Kind::RlweSum,
+            "f32_stack" => Kind::F32Stack,
             other => {
                 return Err(invalid(
                     "kind",
@@ -106,6 +110,7 @@ impl Kind {
             Kind::TeeBf16Sum => "tee_bf16_sum",
             Kind::TeeQ8Sum => "tee_q8_sum",
             Kind::RlweSum => "rlwe_sum",
+            Kind::F32Stack => "f32_stack",
         }
     }
     /// Whether slices are sealed for the enclave.
@@ -124,7 +129,7 @@ impl Kind {
         }
     }
     fn is_f32(self) -> bool {
-        matches!(self.opened(), Kind::F32Sum | Kind::F32Mean) || self.is_narrow()
+        matches!(self.opened(), Kind::F32Sum | Kind::F32Mean | Kind::F32Stack) || self.is_narrow()
     }
     /// Float kinds whose slices travel narrower than float32 (widened on arrival, summed as float32).
     fn is_narrow(self) -> bool {
@@ -177,6 +182,7 @@ impl Kind {
             Kind::TeeBf16Sum => 11,
             Kind::TeeQ8Sum => 12,
             Kind::RlweSum => 13,
+            Kind::F32Stack => 14,
         }
     }
 }
@@ -781,6 +787,7 @@ impl Tracker {
         match self.entries.get_mut(&key) {
             Some(entry) => {
                 match (&mut entry.acc, arrival) {
+                    (Acc::F32(acc), Arrival::Words(x)) if spec.kind == Kind::F32Stack => stack_row(acc, x, participant),
                     (Acc::F32(acc), Arrival::Words(x)) => kernels::accumulate_f32_bytes(acc, x, w)?,
                     (Acc::U32(acc), Arrival::Words(x)) => kernels::accumulate_u32_bytes_at(kernels::level(), acc, x)?,
                     (Acc::Rlwe(acc), Arrival::Words(x)) => fold_rlwe(acc, x, index, participant)?,
@@ -805,6 +812,12 @@ impl Tracker {
                         fold_rlwe(&mut v, x, index, participant)?;
                         let b = v.len() * 8;
                         (Acc::Rlwe(v), b)
+                    }
+                    Arrival::Words(x) if spec.kind == Kind::F32Stack => {
+                        let mut v = vec![0f32; x.len() / 4 * spec.participants as usize];
+                        stack_row(&mut v, x, participant);
+                        let b = v.len() * 4;
+                        (Acc::F32(v), b)
                     }
                     Arrival::Words(x) if spec.kind == Kind::U32Sum => {
                         let v: Vec<u32> = x.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
@@ -1062,6 +1075,15 @@ fn fold_rlwe(acc: &mut [u64], words: &[u8], index: u32, participant: u32) -> Res
             format!("participant {participant}: lattice word {at} is {value}, outside [0, q = {}); nothing was added", confide_lattice::Q),
         )
     })
+}
+
+/// Copies a participant's float32 slice into its row of a stacked block (rows of `x.len() / 4`).
+fn stack_row(block: &mut [f32], x: &[u8], participant: u32) {
+    let n = x.len() / 4;
+    let row = &mut block[participant as usize * n..(participant as usize + 1) * n];
+    for (value, bytes) in row.iter_mut().zip(x.chunks_exact(4)) {
+        *value = f32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
+    }
 }
 
 fn rlwe_bytes(words: &[u64]) -> Vec<u8> {

@@ -105,6 +105,24 @@ proptest! {
     }
 
     #[test]
+    fn f32_stack_keeps_every_participants_slice_in_its_row(c in case()) {
+        let spec = spec(5, Kind::F32Stack, c.participants, c.slice_length, c.vector_length, vec![1.0; c.participants as usize]);
+        let mut tracker = Tracker::new(usize::MAX, None, "t");
+        let out = run(&mut tracker, &spec, &c.data, &with_duplicates(&c));
+        let m = c.participants as usize;
+        for (index, block) in out.iter().enumerate() {
+            let block = f32s(block.as_ref().expect("every slice completes"));
+            let start = index * c.slice_length as usize;
+            let n = spec.n_valid(index as u32).unwrap();
+            prop_assert_eq!(block.len(), m * n);
+            for p in 0..m {
+                prop_assert_eq!(&block[p * n..(p + 1) * n], &c.data[p][start..start + n]);
+            }
+        }
+        prop_assert_eq!(tracker.stats().staged_bytes, 0);
+    }
+
+    #[test]
     fn u32_wrapping_sums_exact_in_any_order(c in case(), seed in any::<u32>()) {
         let spec = spec(3, Kind::U32Sum, c.participants, c.slice_length, c.vector_length, vec![1.0; c.participants as usize]);
         let words: Vec<Vec<u32>> = (0..c.participants).map(|p| (0..c.vector_length as u32).map(|j| seed.wrapping_mul(2654435761).wrapping_add(j.wrapping_mul(0x9E37_79B9) ^ p.wrapping_mul(0x85EB_CA6B))).collect()).collect();

@@ -27,6 +27,7 @@ import numpy as np
 
 from confide import _native
 from confide._checks import require
+from confide.aggregator.robust import RobustRound, strategy_of
 from confide.aggregator.store import MemoryResults, RoundWriter
 from confide.crypto import EncryptionKey
 from confide.errors import ProtocolError, RoundClosedError
@@ -69,6 +70,7 @@ NATIVE_KIND = {
     pb.AGGREGATION_KIND_TEE_BFLOAT16_SUM: "tee_bf16_sum",
     pb.AGGREGATION_KIND_TEE_INT8_SCALED_SUM: "tee_q8_sum",
     pb.AGGREGATION_KIND_RLWE_SUM: "rlwe_sum",
+    pb.AGGREGATION_KIND_FLOAT32_STACK: "f32_stack",
 }
 #: Sums whose identity is zero words and where a party lost before it sent anything can be left out.
 _EXCLUDABLE_KINDS = (pb.AGGREGATION_KIND_UINT32_SUM, pb.AGGREGATION_KIND_RLWE_SUM)
@@ -142,6 +144,10 @@ def validate_header(header: pb.RoundHeader) -> EncryptionKey | None:
             raise ProtocolError("header.weights must not all be zero")
     elif len(header.weights):
         raise ProtocolError("header.weights is only for the weighted-mean kinds")
+    if header.kind == pb.AGGREGATION_KIND_FLOAT32_STACK:
+        strategy_of(header)  # the rule, its options against the participants, no whole-update rule on a cluster
+    elif header.HasField("robust"):
+        raise ProtocolError("header.robust is only for kind FLOAT32_STACK (plain with a robust strategy)")
     if header.kind == pb.AGGREGATION_KIND_PAILLIER_PRODUCT:
         if not header.encryption_key:
             raise ProtocolError("header.encryption_key is required for paillier aggregation")
@@ -193,6 +199,8 @@ class RoundState:
         self._positions = {party: i for i, party in enumerate(header.participants)}
         #: Slices folded per participant, kept when the round's state leaves the data plane.
         self._final_contributions: list[int] | None = None
+        #: A robust rule's state (stacked rounds): what the parties receive instead of the stacked updates.
+        self.robust = RobustRound(header, len(self.owned)) if header.kind == pb.AGGREGATION_KIND_FLOAT32_STACK else None
         if self.plane is None:
             self.plane = default_plane()
         self.plane.open_round(
@@ -289,7 +297,7 @@ class RoundState:
         finally:
             with self.lock:
                 self._folding[party] -= 1
-        return accepted, duplicates + late, completed, self.record(completed)
+        return accepted, duplicates + late, *self.settle(completed)
 
     def mark_excluded(self, parties: list[str]) -> tuple[list[str], list[str]] | None:
         """Refuse ``parties``' slices from now on; (everyone excluded, those newly so), or None if one had sent any.
@@ -371,7 +379,7 @@ class RoundState:
         """
         require(self.plane, "the round's data plane is closed")
         completed = self.plane.take_completed(self.round_id)
-        return completed, self.record(completed) if completed else False
+        return self.settle(completed) if completed else ([], False)
 
     def restore(self) -> None:
         """Reload partial sums written out while a participant was away."""
@@ -414,6 +422,12 @@ class RoundState:
             except ValueError:  # closed meanwhile
                 counts = self._final_contributions or []
         return {party: n for party, n in zip(self.header.participants, counts, strict=False) if n}
+
+    def settle(self, completed: list[tuple[int, bytes]]) -> tuple[list[tuple[int, bytes]], bool]:
+        """Completed slices as delivered (a robust rule's estimates), booked; and whether the share is done."""
+        if self.robust is not None:
+            completed = self.robust.take(completed)
+        return completed, self.record(completed)
 
     def record(self, completed: list[tuple[int, bytes]]) -> bool:
         """Book completed indices; True when the share of the round just completed."""

@@ -90,7 +90,7 @@ class NativeDataPath:
     def folded(self, token: int, completed: list[tuple[int, bytes]]) -> None:
         """Book and deliver the slices a batch completed."""
         _, state = self._stream(token)
-        self._core._deliver(state, completed, state.record(completed))
+        self._core._deliver(state, *state.settle(completed))
 
     def refused(self, token: int, kind: str, message: str, slices: int) -> int:
         """The data plane refused a batch: late copies (returned) or the error to end with."""

@@ -423,6 +423,7 @@ def run_attempt(
         encryption_key=protection.header_key() if exchange.key_sent_at != client.reconnects else b"",
         mode=protection.mode,
         recover_dropouts=protection.params.recover,
+        robust=protection.robust,
     )
     reconnects = client.reconnects
 

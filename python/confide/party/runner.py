@@ -51,6 +51,7 @@ from confide.errors import (
     RunStoppedError,
 )
 from confide.ml import WeightLayout, build_model
+from confide.ml.strategies import RobustStrategy
 from confide.party.checkpointing import (
     drop_later_checkpoints,
     final_leaf,
@@ -265,7 +266,9 @@ def run_party(
     # Several slices encoded at once, one thread each; without the pipeline one slice uses every core.
     protection.encode_threads = 1 if encode_workers(spec.transport.pipeline) > 1 else 0
     protection.pipeline = spec.transport.pipeline
-    if spec.protection.verifies:
+    if isinstance(strategy, RobustStrategy):
+        protection.use_robust(strategy.rule())  # the aggregator applies it: its estimate is not a sum to verify
+    elif spec.protection.verifies:
         protection.verifier = Verifier(protection, timeout_s=spec.protection.share_timeout_s)
     restore = _stop_on_sigterm(stop_file)
     admitted_round = attempt_admitted = 0

@@ -18,7 +18,7 @@ from typing import ClassVar, Protocol
 import numpy as np
 
 from confide.crypto.identity import Identity
-from confide.errors import ProtocolError
+from confide.errors import InvalidParameterError, ProtocolError
 from confide.v1 import runtime_pb2 as pb
 
 __all__ = ["Exchange", "Protection", "ProtectionParams", "RoundContext", "SETUP_ROUND", "chunks"]
@@ -195,6 +195,8 @@ class Protection(ABC):
     #: (exactly, over the mode's integer encoding), ``float`` (to float32 rounding), or None where
     #: the mode cannot yet be checked (its report says so).
     verify_arithmetic: ClassVar[str | None] = None
+    #: The robust rule the aggregator applies instead of summing (``plain`` with a robust strategy).
+    robust: pb.RobustRule | None = None
 
     def __init__(self, exchange: Exchange, params: ProtectionParams) -> None:
         self.exchange = exchange
@@ -245,6 +247,16 @@ class Protection(ABC):
     @abstractmethod
     def encode(self, context: RoundContext, index: int, values: np.ndarray) -> bytes:
         """Protect slice ``index`` (thread-safe: runs in the pipeline thread)."""
+
+    def use_robust(self, rule: dict) -> None:
+        """Have the aggregator apply a robust rule to every update instead of summing them.
+
+        Only a mode whose aggregator reads every update can (``plain``); the others refuse, naming why.
+        """
+        raise InvalidParameterError(
+            f"strategy.name {rule.get('rule')}: protection mode {self.mode} hides the updates from the aggregator, "
+            "which cannot then order, compare or measure them"
+        )
 
     def verify_image(self, context: RoundContext, index: int, values: np.ndarray) -> np.ndarray:
         """The exact image of what ``encode`` contributes for slice ``index`` (for :attr:`verify_arithmetic`).

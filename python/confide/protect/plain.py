@@ -93,6 +93,15 @@ class Plain(Protection):
         super().__init__(exchange, params)
         self.kind = WIRE_KINDS[check_wire(params.wire)]
 
+    def use_robust(self, rule: dict) -> None:
+        """Slices stacked, not summed, at the aggregator, which applies ``rule`` (float32 wire only)."""
+        if self.params.wire != "float32":
+            raise InvalidParameterError(
+                f"strategy.name {rule['rule']} needs protection.wire float32, got {self.params.wire}"
+            )
+        self.kind = pb.AGGREGATION_KIND_FLOAT32_STACK
+        self.robust = pb.RobustRule(**rule)
+
     def share(self, round_number, tag, payload, peers) -> None:
         """Sent in the clear (this mode hides nothing from the aggregator)."""
         self.exchange.send(round_number, tag, payload, list(peers))
@@ -122,4 +131,8 @@ class Plain(Protection):
 
     def report(self) -> dict:
         """The mode, and the wire format its slices took."""
-        return {**super().report(), "wire": self.params.wire}
+        out = {**super().report(), "wire": self.params.wire}
+        if self.robust is not None:
+            out["robust_rule"] = self.robust.rule
+            out["aggregator_sees"] += f"; it returns their {self.robust.rule.replace('_', ' ')}, not their sum"
+        return out

@@ -82,7 +82,16 @@ def test_fedadam_follows_reddi_et_al_and_its_state_resumes_exactly():
 
 def test_registries_hold_every_documented_plug_in():
     assert set(MODELS) == {"homo_lr", "keras", "custom", "hf"}
-    assert set(STRATEGIES) == {"fedavg", "fedprox", "fedadam"}
+    assert set(STRATEGIES) == {
+        "fedavg",
+        "fedprox",
+        "fedadam",
+        "median",
+        "trimmed_mean",
+        "krum",
+        "multi_krum",
+        "norm_clip",
+    }
 
 
 def test_homo_lr_on_the_seam_trains_exactly_as_homo_lr():

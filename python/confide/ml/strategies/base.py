@@ -1,18 +1,4 @@
-r"""Aggregation strategies: how local changes become the next global model.
-
-A strategy sees two things only: this party's change ``delta = w_local - w_global`` (flat
-float64, :class:`confide.ml.base.WeightLayout`) with its weight ``n_k / N``, and the *sum* of
-every participant's contribution, which the protection mode delivers. It never knows which
-protection ran, and every party applies it to the same sum, so every party holds the same
-global model after each round without a trusted server.
-
-==========  ================================================  ===============================
-strategy    contribution of party k / global update           source
-==========  ================================================  ===============================
-fedavg      ``n_k/N delta_k``;  ``w += sum``                   McMahan et al. 2017
-fedprox     as fedavg; local fit adds ``mu/2 ||w - w_g||^2``   Li et al. 2020 (MLSys)
-fedadam     as fedavg; ``w += eta m / (sqrt(v) + tau)``       Reddi et al. 2021 (ICLR), Alg. 2
-==========  ================================================  ===============================
+r"""The strategy base class and the strategies whose aggregate is the parties' sum: FedAvg, FedProx, FedAdam.
 
 FedAdam's moments, with ``d = sum_k n_k/N delta_k`` the weighted mean change::
 
@@ -21,10 +7,7 @@ FedAdam's moments, with ``d = sum_k n_k/N delta_k`` the weighted mean change::
     w <- w + eta m / (sqrt(v) + tau)
 
 (no bias correction, as in the paper). ``m`` and ``v`` are state: checkpoints carry them, so a
-resumed job continues exactly.
-
-Adding a strategy: one file (or class) subclassing :class:`Strategy`, one line in
-:data:`STRATEGIES`.
+resumed job continues exactly. The table of strategies is in :mod:`confide.ml.strategies`.
 """
 
 from __future__ import annotations
@@ -35,7 +18,7 @@ import numpy as np
 
 from confide.errors import InvalidParameterError
 
-__all__ = ["STRATEGIES", "FedAdam", "FedAvg", "FedProx", "Strategy", "make_strategy"]
+__all__ = ["FedAdam", "FedAvg", "FedProx", "Strategy"]
 
 
 class Strategy:
@@ -182,17 +165,3 @@ class FedAdam(Strategy):
 def _moment_dtype(values) -> np.dtype:
     """A stored moment keeps its float dtype (float32 for a float32 model), float64 otherwise."""
     return np.dtype(np.float32) if values.dtype == np.float32 else np.dtype(np.float64)
-
-
-STRATEGIES: dict[str, type[Strategy]] = {
-    "fedavg": FedAvg,
-    "fedprox": FedProx,
-    "fedadam": FedAdam,
-}
-
-
-def make_strategy(name: str, **options: float) -> Strategy:
-    """The strategy ``name`` (one of :data:`STRATEGIES`) with its options."""
-    if name not in STRATEGIES:
-        raise InvalidParameterError(f"strategy.name must be one of {', '.join(STRATEGIES)}, got {name!r}")
-    return STRATEGIES[name](**options)
