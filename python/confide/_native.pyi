@@ -270,3 +270,16 @@ class LatticeKeySum:
 def verify_integer_tags(words: np.ndarray, bits: int, key: bytes, vectors: int) -> list[int]: ...
 def verify_float_tags(values: np.ndarray, key: bytes, vectors: int) -> list[tuple[float, float]]: ...
 def verify_challenge_words(key: bytes, vector: int, count: int) -> np.ndarray: ...
+def verify_check_fixed(
+    prefix: bytes,
+    payload: bytes,
+    words: np.ndarray,
+    values: np.ndarray,
+    scale: float,
+    bound: float,
+    bits: int,
+    vectors: int,
+) -> tuple[bytes, list[int], list[int]]: ...
+def verify_check_float(
+    prefix: bytes, payload: bytes, sums: np.ndarray, values: np.ndarray, vectors: int
+) -> tuple[bytes, list[float], list[float], list[float]]: ...

@@ -106,6 +106,150 @@ pub fn float_tags(values: &[f32], key: &[u8; 16], vectors: usize) -> Vec<(f64, f
         .collect()
 }
 
+/// The fixed-point encoding a masking mode sums (`confide.crypto.fixedpoint.FixedPoint`):
+/// `round_half_even(clamp(x, −bound, bound) · scale) mod 2^bits`.
+#[derive(Clone, Copy, Debug)]
+pub struct FixedPoint {
+    /// `2^fraction_bits`.
+    pub scale: f64,
+    /// The clipping bound.
+    pub bound: f64,
+    /// The ring's bits (2..=32).
+    pub bits: u32,
+}
+
+impl FixedPoint {
+    fn encode(&self, x: f64) -> u32 {
+        // Round half to even without a libm call: adding and removing 1.5 * 2^52 leaves the
+        // nearest integer (ties to even) for |v| < 2^51, far above any bound * scale (< 2^31).
+        const MAGIC: f64 = 6_755_399_441_055_744.0;
+        let v = x.clamp(-self.bound, self.bound) * self.scale;
+        let q = ((v + MAGIC) - MAGIC) as i64;
+        let masked = if self.bits < 32 { q & ((1i64 << self.bits) - 1) } else { q };
+        masked as u32
+    }
+}
+
+/// One slice's check, fused: the commitment hash of the delivered `payload`, then (with the
+/// challenge drawn from it) the integer tags of the sum `words` and of this party's own values
+/// encoded by `fixed`, in one pass over one keystream per vector.
+///
+/// The hash is `SHA-256(prefix | payload)`, `prefix` binding the job, round, attempt and slice.
+pub struct SliceCheck {
+    /// The commitment hash.
+    pub digest: [u8; 32],
+    /// `<r_k, S>` mod p for each vector.
+    pub sums: Vec<u64>,
+    /// `<r_k, q>` mod p of this party's own encoded values.
+    pub tags: Vec<u64>,
+}
+
+/// The commitment hash of a delivered slice.
+pub fn commitment(prefix: &[u8], payload: &[u8]) -> [u8; 32] {
+    use sha2::{Digest, Sha256};
+    let mut hasher = Sha256::new();
+    hasher.update(prefix);
+    hasher.update(payload);
+    hasher.finalize().into()
+}
+
+/// See [`SliceCheck`]; `values` are this party's (float) values of the slice, as many as `words`.
+pub fn check_fixed_point<T: Copy + Into<f64>>(
+    prefix: &[u8],
+    payload: &[u8],
+    words: &[u32],
+    values: &[T],
+    fixed: FixedPoint,
+    vectors: usize,
+) -> Result<SliceCheck> {
+    if !(2..=32).contains(&fixed.bits) {
+        return Err(invalid("bits", format!("must be in [2, 32], got {}", fixed.bits)));
+    }
+    if values.len() != words.len() {
+        return Err(invalid("values", format!("holds {} values; the sum holds {}", values.len(), words.len())));
+    }
+    if !(fixed.scale.is_finite() && fixed.scale > 0.0 && fixed.bound.is_finite() && fixed.bound >= 0.0) {
+        return Err(invalid("fixed point", "scale must be finite and > 0, bound finite and >= 0"));
+    }
+    let digest = commitment(prefix, payload);
+    let mut key = [0u8; 16];
+    key.copy_from_slice(&digest[..16]);
+    let shift = 32 - fixed.bits;
+    let offset = |w: u32| (((w << shift) as i32 >> shift) as i64 + (1 << 31)) as u64;
+    let mut challenges: Vec<Challenge> = (0..vectors).map(|k| Challenge::new(&key, k as u64)).collect();
+    let (mut sum, mut own, mut weight) = (vec![0u128; vectors], vec![0u128; vectors], vec![0u128; vectors]);
+    let mut encoded = vec![0u64; BLOCK];
+    let mut drawn = vec![0u32; BLOCK];
+    for (block, own_block) in words.chunks(BLOCK).zip(values.chunks(BLOCK)) {
+        // This party's encoding of the block, once for every vector.
+        for (e, &x) in encoded.iter_mut().zip(own_block) {
+            *e = offset(fixed.encode(x.into()));
+        }
+        for (k, challenge) in challenges.iter_mut().enumerate() {
+            for (d, r) in drawn.iter_mut().zip(challenge.next(block.len())) {
+                *d = r & 0x7FFF_FFFF;
+            }
+            let (mut s, mut o, mut w) = (0u128, 0u128, 0u128);
+            for ((&word, &e), &r) in block.iter().zip(&encoded).zip(&drawn) {
+                let r = u64::from(r);
+                s += u128::from(r * offset(word));
+                o += u128::from(r * e);
+                w += u128::from(r);
+            }
+            sum[k] += s;
+            own[k] += o;
+            weight[k] += w;
+        }
+    }
+    let prime = u128::from(TAG_PRIME);
+    let reduce = |total: u128, w: u128| {
+        let removed = ((w % prime) << 31) % prime;
+        ((total % prime + prime - removed) % prime) as u64
+    };
+    let sums = (0..vectors).map(|k| reduce(sum[k], weight[k])).collect();
+    let tags = (0..vectors).map(|k| reduce(own[k], weight[k])).collect();
+    Ok(SliceCheck { digest, sums, tags })
+}
+
+/// The float modes' fused check: the commitment hash, `<r_k, S>` of the float32 sum `sums`, and
+/// `(<r_k, x>, <|r_k|, |x|>)` of this party's float32 image `values`.
+pub fn check_float(prefix: &[u8], payload: &[u8], sums: &[f32], values: &[f32], vectors: usize) -> Result<(SliceCheckFloat, [u8; 32])> {
+    if values.len() != sums.len() {
+        return Err(invalid("values", format!("holds {} values; the sum holds {}", values.len(), sums.len())));
+    }
+    let digest = commitment(prefix, payload);
+    let mut key = [0u8; 16];
+    key.copy_from_slice(&digest[..16]);
+    let mut out = SliceCheckFloat::default();
+    for vector in 0..vectors {
+        let mut challenge = Challenge::new(&key, vector as u64);
+        let (mut sum, mut tag, mut weight) = (0f64, 0f64, 0f64);
+        for (block, own) in sums.chunks(BLOCK).zip(values.chunks(BLOCK)) {
+            for ((&s, &x), r) in block.iter().zip(own).zip(challenge.next(block.len())) {
+                let r = f64::from(r) * (1.0 / 2_147_483_648.0) - 1.0;
+                sum += r * f64::from(s);
+                tag += r * f64::from(x);
+                weight += r.abs() * f64::from(x).abs();
+            }
+        }
+        out.sums.push(sum);
+        out.tags.push(tag);
+        out.weights.push(weight);
+    }
+    Ok((out, digest))
+}
+
+/// What [`check_float`] computes for one slice (besides the hash).
+#[derive(Debug, Default)]
+pub struct SliceCheckFloat {
+    /// `<r_k, S>`.
+    pub sums: Vec<f64>,
+    /// `<r_k, x>`.
+    pub tags: Vec<f64>,
+    /// `<|r_k|, |x|>`.
+    pub weights: Vec<f64>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -150,9 +294,32 @@ mod tests {
     }
 
     #[test]
+    fn the_fused_check_equals_its_parts() {
+        let fixed = FixedPoint { scale: 2f64.powi(20), bound: 4.0, bits: 27 };
+        let values: Vec<f32> = (0..7000).map(|i| ((i as f32) * 0.013).sin() * 5.0).collect();
+        let own: Vec<u32> = values.iter().map(|&x| fixed.encode(f64::from(x))).collect();
+        let sum: Vec<u32> = own.iter().map(|w| w.wrapping_mul(3) & ((1 << 27) - 1)).collect();
+        let payload = b"delivered slice";
+        let check = check_fixed_point(b"prefix", payload, &sum, &values, fixed, 2).expect("valid");
+        assert_eq!(check.digest, commitment(b"prefix", payload));
+        let mut key = [0u8; 16];
+        key.copy_from_slice(&check.digest[..16]);
+        assert_eq!(check.sums, integer_tags(&sum, 27, &key, 2).expect("bits"));
+        assert_eq!(check.tags, integer_tags(&own, 27, &key, 2).expect("bits"));
+        // Rounding half to even, as numpy's rint, and clipping at the bound.
+        assert_eq!(fixed.encode(2.5 / fixed.scale), 2);
+        assert_eq!(fixed.encode(3.5 / fixed.scale), 4);
+        assert_eq!(fixed.encode(9.0), (4.0 * fixed.scale) as u32);
+    }
+
+    #[test]
     fn bits_out_of_range_are_refused() {
         assert!(integer_tags(&[1, 2], 1, &[0u8; 16], 1).is_err());
         assert!(integer_tags(&[1, 2], 33, &[0u8; 16], 1).is_err());
+        let fixed = FixedPoint { scale: 1.0, bound: 1.0, bits: 40 };
+        assert!(check_fixed_point(b"", b"", &[1], &[0.5f32], fixed, 2).is_err());
+        let fixed = FixedPoint { scale: 1.0, bound: 1.0, bits: 32 };
+        assert!(check_fixed_point(b"", b"", &[1, 2], &[0.5f32], fixed, 2).is_err());
     }
 
     #[test]

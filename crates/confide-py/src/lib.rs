@@ -915,6 +915,55 @@ fn verify_float_tags(py: Python<'_>, values: PyReadonlyArray1<'_, f32>, key: &[u
     Ok(py.detach(|| confide_codec::tags::float_tags(values, &key, vectors)))
 }
 
+/// One slice's fused check in a fixed-point mode: (commitment hash, the sum's tags, this party's
+/// tags) from the delivered payload, the sum's words and this party's float32 or float64 values
+/// (encoded here as the mode encodes them). GIL released.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+fn verify_check_fixed<'py>(
+    py: Python<'py>,
+    prefix: &[u8],
+    payload: &[u8],
+    words: PyReadonlyArray1<'_, u32>,
+    values: &Bound<'py, PyAny>,
+    scale: f64,
+    bound: f64,
+    bits: u32,
+    vectors: usize,
+) -> PyResult<(Bound<'py, PyBytes>, Vec<u64>, Vec<u64>)> {
+    use confide_codec::tags::{check_fixed_point, FixedPoint};
+    let fixed = FixedPoint { scale, bound, bits };
+    let words = words.as_slice().map_err(|_| invalid("words", "must be a contiguous uint32 array"))?;
+    let check = if let Ok(values) = values.extract::<PyReadonlyArray1<'_, f32>>() {
+        let values = values.as_slice().map_err(|_| invalid("values", "must be contiguous"))?;
+        py.detach(|| check_fixed_point(prefix, payload, words, values, fixed, vectors))
+    } else {
+        let values = values.extract::<PyReadonlyArray1<'_, f64>>().map_err(|_| invalid("values", "must be a float32 or float64 array"))?;
+        let values = values.as_slice().map_err(|_| invalid("values", "must be contiguous"))?;
+        py.detach(|| check_fixed_point(prefix, payload, words, values, fixed, vectors))
+    }
+    .map_err(NativeError::from)?;
+    Ok((PyBytes::new(py, &check.digest), check.sums, check.tags))
+}
+
+/// One slice's fused check in a float mode: (commitment hash, `<r_k, S>`, `<r_k, x>`, `<|r_k|, |x|>`).
+#[pyfunction]
+#[allow(clippy::type_complexity)]
+fn verify_check_float<'py>(
+    py: Python<'py>,
+    prefix: &[u8],
+    payload: &[u8],
+    sums: PyReadonlyArray1<'_, f32>,
+    values: PyReadonlyArray1<'_, f32>,
+    vectors: usize,
+) -> PyResult<(Bound<'py, PyBytes>, Vec<f64>, Vec<f64>, Vec<f64>)> {
+    let sums = sums.as_slice().map_err(|_| invalid("sums", "must be a contiguous float32 array"))?;
+    let values = values.as_slice().map_err(|_| invalid("values", "must be a contiguous float32 array"))?;
+    let (check, digest) =
+        py.detach(|| confide_codec::tags::check_float(prefix, payload, sums, values, vectors)).map_err(NativeError::from)?;
+    Ok((PyBytes::new(py, &digest), check.sums, check.tags, check.weights))
+}
+
 /// The first `count` words of challenge vector `vector` under `key` (tests check the tags against them).
 #[pyfunction]
 fn verify_challenge_words<'py>(py: Python<'py>, key: &[u8], vector: u64, count: usize) -> PyResult<Bound<'py, PyArray1<u32>>> {
@@ -934,6 +983,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(verify_integer_tags, m)?)?;
     m.add_function(wrap_pyfunction!(verify_float_tags, m)?)?;
     m.add_function(wrap_pyfunction!(verify_challenge_words, m)?)?;
+    m.add_function(wrap_pyfunction!(verify_check_fixed, m)?)?;
+    m.add_function(wrap_pyfunction!(verify_check_float, m)?)?;
     m.add("GMP_VERSION", gmp_version())?;
     m.add_function(wrap_pyfunction!(engine, m)?)?;
     psi::register(m)?;

@@ -83,6 +83,12 @@ class _Masking(Protection):
         require(self._fixed, "begin_round first")
         return self._fixed.bits
 
+    @property
+    def verify_fixed(self) -> tuple[float, float, int]:
+        """(scale, bound, bits) of the fixed point: the verifier encodes the party's values natively with it."""
+        require(self._fixed, "begin_round first")
+        return self._fixed.scale, self._fixed.bound, self._fixed.bits
+
     def verify_image(self, context: RoundContext, index: int, values: np.ndarray) -> np.ndarray:
         """The fixed-point words this party adds to slice ``index`` (before any mask)."""
         return self._encode_words(values)

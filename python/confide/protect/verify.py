@@ -134,9 +134,10 @@ class Verifier:
         self._vector = None
         self._slices: dict[int, _Slice] = {}
         self.seconds = 0.0
-        #: Of ``seconds``: tagging this party's own contribution (image, tags, pads, message) ...
+        #: Of ``seconds``: the per-slice work (commitment hash, the sum's and this party's inner
+        #: products) and the tag message (pads) ...
         self.tag_seconds = 0.0
-        #: ... and checking the sum (commitment hash, the sum's tags, the peers' tags added and compared).
+        #: ... and the check once the peers' tags are in (added, compared); waiting for them is neither.
         self.check_seconds = 0.0
 
     # -- during the round ---------------------------------------------------------------------
@@ -146,37 +147,53 @@ class Verifier:
         self.seconds = self.tag_seconds = self.check_seconds = 0.0
 
     def observe(self, index: int, payload: bytes, total: np.ndarray) -> None:
-        """Combined slice ``index`` as delivered (``payload``) and the sum image the mode decoded from it."""
+        """Combined slice ``index`` as delivered (``payload``) and the sum image the mode decoded from it.
+
+        One native call per slice hashes the payload, draws the challenge and takes the inner
+        products of the sum and of this party's own image (a fixed-point mode's encoding is
+        recomputed inside it from the party's values, never held).
+        """
         context = self._context
         if context is None:
             return
         began = time.perf_counter()
-        digest = self.commitment(context, index, payload)
-        if self.arithmetic == "integer":
-            bits = self.protection.verify_bits
-            sums, weights = integer_tags(total, bits, digest), []
-        else:
-            sums, _ = float_tags(total, digest)
-        checked = time.perf_counter()
+        prefix = self._prefix(context, index, len(payload))
         start, stop = context.bounds(index)
-        image = self.protection.verify_image(context, index, self._vector[start:stop])
+        values = np.ascontiguousarray(self._vector[start:stop])
+        weights: list = []
         if self.arithmetic == "integer":
-            tags = integer_tags(image, bits, digest)
+            words = np.ascontiguousarray(total, dtype=np.uint32)
+            fixed = getattr(self.protection, "verify_fixed", None)
+            if fixed is not None:
+                if values.dtype not in (np.float32, np.float64):
+                    values = values.astype(np.float64)
+                digest, sums, tags = _native.verify_check_fixed(prefix, payload, words, values, *fixed, VECTORS)
+            else:
+                digest = hashlib.sha256(prefix + payload).digest()
+                bits = self.protection.verify_bits
+                image = self.protection.verify_image(context, index, values)
+                sums, tags = integer_tags(words, bits, digest), integer_tags(image, bits, digest)
         else:
-            tags, weights = float_tags(image, digest)
-        self._slices[index] = _Slice(digest, sums, tags, weights)
-        ended = time.perf_counter()
-        self.check_seconds += checked - began
-        self.tag_seconds += ended - checked
-        self.seconds += ended - began
+            image = np.ascontiguousarray(self.protection.verify_image(context, index, values), dtype=np.float32)
+            sums_f32 = np.ascontiguousarray(total, dtype=np.float32)
+            digest, sums, tags, weights = _native.verify_check_float(prefix, payload, sums_f32, image, VECTORS)
+        self._slices[index] = _Slice(bytes(digest), list(sums), list(tags), list(weights))
+        elapsed = time.perf_counter() - began
+        self.tag_seconds += elapsed
+        self.seconds += elapsed
+
+    def _prefix(self, context, index: int, length: int) -> bytes:
+        job = self.exchange.job_id.encode()
+        return (
+            _DOMAIN
+            + struct.pack("<I", len(job))
+            + job
+            + struct.pack("<IIII", context.round, context.attempt, index, length)
+        )
 
     def commitment(self, context, index: int, payload: bytes) -> bytes:
         """The hash of a delivered combined slice, bound to the job, round, attempt and slice index."""
-        digest = hashlib.sha256(_DOMAIN)
-        digest.update(struct.pack("<I", len(self.exchange.job_id)) + self.exchange.job_id.encode())
-        digest.update(struct.pack("<IIII", context.round, context.attempt, index, len(payload)))
-        digest.update(payload)
-        return digest.digest()
+        return hashlib.sha256(self._prefix(context, index, len(payload)) + payload).digest()
 
     # -- after the round ----------------------------------------------------------------------
     def settle(self, included: Sequence[str], node_of: Callable[[int], str] = lambda _: "the aggregator") -> dict:

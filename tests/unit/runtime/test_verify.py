@@ -285,3 +285,26 @@ def test_report_says_what_ran_and_what_did_not(federation):
     protection = session.parties[names[0]]
     protection.verifier = None
     assert describe(protection, "off")["ran"] is False and "trusted" in describe(protection, "off")["reason"]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_native_per_slice_check_equals_the_reference_path(federation, dtype):
+    # The fixed-point modes' fast path encodes the party's values natively: it must give the same
+    # commitment and tags as hashing in Python and tagging the mode's own encoding.
+    names = list(federation)[:2]
+    session = Round("secagg", federation, names, 3000, 3000)
+    protection = session.parties[names[0]]
+    context = session.context(names[0], 1)
+    values = np.random.default_rng(5).normal(0, 2.0, 3000).astype(dtype)  # some past the bound of 4
+    protection.begin_round(context, values)
+    words = protection.verify_image(context, 0, values)
+    total = (words * np.uint32(3)).astype(np.uint32)
+    payload = b"the delivered slice"
+    verifier = protection.verifier
+    verifier.begin(context, values)
+    verifier.observe(0, payload, total)
+    entry = verifier._slices[0]
+    digest = verifier.commitment(context, 0, payload)
+    assert entry.digest == digest
+    assert entry.sums == integer_tags(total, 32, digest)
+    assert entry.tags == integer_tags(words, 32, digest)
