@@ -7,7 +7,8 @@
 //!
 //! * integer tags: `r_j = word_j & (2^31 − 1)` and `t = Σ r_j q_j mod p` with `p = 2^31 − 1`,
 //!   where `q_j` is the signed value of a residue mod `2^bits` (the masking modes' fixed point);
-//! * float tags: `r_j = word_j · 2^−31 − 1` in [−1, 1), and `(Σ r_j x_j, Σ |r_j| |x_j|)` in f64.
+//! * float tags: `r_j = word_j · 2^−31 − 1` in [−1, 1), and `(Σ r_j x_j, Σ |r_j| |x_j|)` in f64
+//!   ([`check_float`]).
 //!
 //! Each product of a 31-bit `r` and a 32-bit offset value is below 2^63, so a u128 accumulator
 //! holds any slice exactly; the offset is removed once at the end.
@@ -85,25 +86,6 @@ pub fn integer_tags(words: &[u32], bits: u32, key: &[u8; 16], vectors: usize) ->
         out.push(((total % prime + prime - removed) % prime) as u64);
     }
     Ok(out)
-}
-
-/// `(Σ r_j x_j, Σ |r_j| |x_j|)` in f64 for challenge vectors `0..vectors`, r uniform in [−1, 1).
-pub fn float_tags(values: &[f32], key: &[u8; 16], vectors: usize) -> Vec<(f64, f64)> {
-    (0..vectors)
-        .map(|vector| {
-            let mut challenge = Challenge::new(key, vector as u64);
-            let (mut tag, mut weight) = (0f64, 0f64);
-            for block in values.chunks(BLOCK) {
-                for (&x, r) in block.iter().zip(challenge.next(block.len())) {
-                    let r = f64::from(r) * (1.0 / 2_147_483_648.0) - 1.0;
-                    let x = f64::from(x);
-                    tag += r * x;
-                    weight += r.abs() * x.abs();
-                }
-            }
-            (tag, weight)
-        })
-        .collect()
 }
 
 /// The fixed-point encoding a masking mode sums (`confide.crypto.fixedpoint.FixedPoint`):
@@ -323,17 +305,22 @@ mod tests {
     }
 
     #[test]
-    fn float_tags_follow_the_challenge() {
-        let key = [9u8; 16];
+    fn float_checks_follow_the_challenge() {
         let values: Vec<f32> = (0..9000).map(|i| (i as f32 * 0.37).sin()).collect();
+        let sums: Vec<f32> = values.iter().map(|v| 3.0 * v).collect();
+        let (check, digest) = check_float(b"prefix", b"payload", &sums, &values, 2).expect("same lengths");
+        let mut key = [0u8; 16];
+        key.copy_from_slice(&digest[..16]);
         let words = challenge_words(&key, 1, values.len());
-        let (mut tag, mut weight) = (0f64, 0f64);
-        for (&x, &w) in values.iter().zip(&words) {
+        let (mut tag, mut weight, mut sum) = (0f64, 0f64, 0f64);
+        for ((&x, &s), &w) in values.iter().zip(&sums).zip(&words) {
             let r = f64::from(w) / 2_147_483_648.0 - 1.0;
             tag += r * f64::from(x);
             weight += r.abs() * f64::from(x).abs();
+            sum += r * f64::from(s);
         }
-        let got = float_tags(&values, &key, 2)[1];
-        assert!((got.0 - tag).abs() < 1e-9 && (got.1 - weight).abs() < 1e-9);
+        assert!((check.tags[1] - tag).abs() < 1e-9 && (check.weights[1] - weight).abs() < 1e-9);
+        assert!((check.sums[1] - sum).abs() < 1e-9);
+        assert!(check_float(b"", b"", &sums[..2], &values[..3], 2).is_err());
     }
 }

@@ -907,14 +907,6 @@ fn verify_integer_tags(py: Python<'_>, words: PyReadonlyArray1<'_, u32>, bits: u
     Ok(py.detach(|| confide_codec::tags::integer_tags(words, bits, &key, vectors)).map_err(NativeError::from)?)
 }
 
-/// Float tags of verifiable aggregation: `(<r_k, x>, <|r_k|, |x|>)` for k < `vectors` (GIL released).
-#[pyfunction]
-fn verify_float_tags(py: Python<'_>, values: PyReadonlyArray1<'_, f32>, key: &[u8], vectors: usize) -> PyResult<Vec<(f64, f64)>> {
-    let key = tag_key(key)?;
-    let values = values.as_slice().map_err(|_| invalid("values", "must be a contiguous float32 array"))?;
-    Ok(py.detach(|| confide_codec::tags::float_tags(values, &key, vectors)))
-}
-
 /// One slice's fused check in a fixed-point mode: (commitment hash, the sum's tags, this party's
 /// tags) from the delivered payload, the sum's words and this party's float32 or float64 values
 /// (encoded here as the mode encodes them). GIL released.
@@ -981,7 +973,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(daciq_alpha_factor, m)?)?;
     m.add_function(wrap_pyfunction!(codec_layout_of, m)?)?;
     m.add_function(wrap_pyfunction!(verify_integer_tags, m)?)?;
-    m.add_function(wrap_pyfunction!(verify_float_tags, m)?)?;
     m.add_function(wrap_pyfunction!(verify_challenge_words, m)?)?;
     m.add_function(wrap_pyfunction!(verify_check_fixed, m)?)?;
     m.add_function(wrap_pyfunction!(verify_check_float, m)?)?;

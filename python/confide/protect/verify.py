@@ -50,7 +50,7 @@ from confide import _native
 from confide.errors import MessageTimeoutError, ProtocolError, RoundAbortedError
 from confide.protect.keys import prg_words, round_key
 
-__all__ = ["PRIME", "VECTORS", "VerificationError", "Verifier", "describe", "float_tags", "integer_tags"]
+__all__ = ["PRIME", "VECTORS", "VerificationError", "Verifier", "describe", "integer_tags"]
 
 #: Tags of integer modes live in Z_p.
 PRIME = (1 << 31) - 1
@@ -98,13 +98,6 @@ def integer_tags(words: np.ndarray, bits: int, digest: bytes) -> list[int]:
     """``<r_k, q> mod PRIME`` for each challenge vector; ``words`` hold residues mod ``2^bits`` (signed values)."""
     words = np.ascontiguousarray(words, dtype=np.uint32)
     return list(_native.verify_integer_tags(words, bits, challenge_key(digest), VECTORS))
-
-
-def float_tags(values: np.ndarray, digest: bytes) -> tuple[list[float], list[float]]:
-    """``<r_k, x>`` and ``<|r_k|, |x|>`` (float64 sums) with r_k uniform in [-1, 1)."""
-    values = np.ascontiguousarray(values, dtype=np.float32)
-    pairs = _native.verify_float_tags(values, challenge_key(digest), VECTORS)
-    return [tag for tag, _ in pairs], [weight for _, weight in pairs]
 
 
 @dataclass

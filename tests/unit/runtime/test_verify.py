@@ -7,6 +7,8 @@ confide.protect.verify is meant to catch.
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -16,7 +18,7 @@ from confide import _native
 from confide.protect.base import ProtectionParams, RoundContext
 from confide.protect.masking import GroupMask, SecAgg
 from confide.protect.plain import Plain, widened
-from confide.protect.verify import PRIME, VECTORS, VerificationError, Verifier, describe, float_tags, integer_tags
+from confide.protect.verify import PRIME, VECTORS, VerificationError, Verifier, describe, integer_tags
 from confide.spec import VERIFIED_MODES
 from confide.v1 import runtime_pb2 as pb
 
@@ -130,13 +132,15 @@ def test_integer_tags_are_inner_products_mod_p_with_the_public_challenge():
             assert tag == sum(int(a) * b for a, b in zip(r, signed, strict=True)) % PRIME
 
 
-def test_float_tags_follow_the_challenge():
-    digest = bytes(32)
+def test_float_checks_follow_the_challenge():
     values = np.linspace(-3, 3, 2001, dtype=np.float32)
-    tags, weights = float_tags(values, digest)
+    sums = 3 * values
+    digest, sum_tags, tags, weights = _native.verify_check_float(b"prefix", b"payload", sums, values, VECTORS)
+    assert digest == hashlib.sha256(b"prefixpayload").digest()
     for k in range(VECTORS):
         r = _native.verify_challenge_words(digest[:16], k, values.size).astype(np.float64) * 2.0**-31 - 1.0
         assert tags[k] == pytest.approx(float(np.dot(r, values)), rel=1e-12, abs=1e-9)
+        assert sum_tags[k] == pytest.approx(float(np.dot(r, sums)), rel=1e-12, abs=1e-9)
         assert weights[k] == pytest.approx(float(np.dot(np.abs(r), np.abs(values))), rel=1e-12)
 
 
