@@ -45,6 +45,7 @@ def test_run_trains_and_prints_the_report(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "round   3/3" in done.stdout
     assert "protection that ran: secagg" in done.stdout
+    assert "sums verified by every party (integer); 0 attempt(s) refused" in done.stdout
     assert (tmp_path / "work" / "report.json").exists() and (tmp_path / "work" / "report.png").exists()
 
 

@@ -726,6 +726,14 @@ def print_summary(report: dict) -> None:
     job = JobReport.model_validate(report)
     print(f"\nprotection that ran: {job.mode}  (aggregator saw: {job.aggregator_saw})")
     protection = job.protection
+    verification = protection.get("verification")
+    if verification is not None:
+        refused = sum(len(r.refused) for r in job.rounds)
+        print(
+            f"  sums verified by every party ({verification['arithmetic']}); {refused} attempt(s) refused"
+            if verification["ran"]
+            else f"  sums not verified: {verification['reason']}"
+        )
     if job.mode == "paillier":
         print(
             f"  Paillier {protection['key_bits']}-bit, BatchCrypt {protection['quantization_bits']}-bit quantization, "

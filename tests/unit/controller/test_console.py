@@ -329,7 +329,7 @@ def test_event_stream_sends_status_and_metrics(console):
                 "status": "running",
                 "round": 2,
                 "metrics": [{"round": 1, "loss": 0.7, "auc": 0.8}, {"round": 2, "loss": 0.5, "bogus": "x"}],
-                "protection": {"mode": "secagg"},
+                "protection": {"mode": "secagg", "verification": {"ran": True, "arithmetic": "integer"}},
                 "log_tail": ["round 1 done", "<b>round 2</b> done"],
             }
         ],
@@ -351,6 +351,8 @@ def test_event_stream_sends_status_and_metrics(console):
     page = client.get(f"/jobs/{token}").text
     # The job asked for plain; the party reports secagg: shown as an anomaly.
     assert "reports running &#39;secagg&#39;, but the job asked for &#39;plain&#39;" in page
+    # Whether the parties check the aggregator's sums, in words.
+    assert "every party checks every sum (integer)" in page
     # The log lines hospital-b shares, as text.
     assert "&lt;b&gt;round 2&lt;/b&gt; done" in page and "<b>round 2</b>" not in page
 
