@@ -419,3 +419,38 @@ def test_fewer_than_t_colluders_learn_nothing_beyond_the_sum(eight, excluded):
             assert not needed <= known, (coalition, target, sorted(known))
         if excluded:
             assert "b" not in learned[victim_dropped]
+
+
+@settings(max_examples=6, deadline=None)
+@given(victim=st.integers(0, 7), step=st.sampled_from(["before-sharing", "after-sharing"]), seed=st.integers(0, 999))
+def test_verified_sums_hold_after_any_dropout_recovery_excludes(eight, victim, step, seed):
+    """The survivors' sum after an exclusion verifies against the survivors' tags (confide.protect.verify).
+
+    Random victim, step and updates; the pads of the tags are drawn over the included parties only.
+    """
+    from confide.protect.verify import Verifier
+
+    names = NAMES8
+    session = Round(eight, names, neighbours=4, timeout=2.0)
+    session.vectors = {n: np.random.default_rng(seed + i).uniform(-2, 2, session.length) for i, n in enumerate(names)}
+    for protection in session.parties.values():
+        protection.verifier = Verifier(protection, timeout_s=10)
+    dropped = names[victim]
+    others = [n for n in names if n != dropped]
+    if step == "after-sharing":
+        session.share_only([dropped])
+    uploads = session.upload(others)
+    combined = [sum(parts, np.zeros(len(parts[0]), np.uint32)) for parts in zip(*uploads.values(), strict=True)]
+
+    def work(name):
+        protection, context = session.parties[name], session.context(name)
+        context.excluded = lambda: [dropped]
+        protection.verifier.begin(context, session.vectors[name])
+        aggregate = protection.finish_round(
+            context, lambda i: pb.Slice(index=i, n_valid=combined[i].size, payload=combined[i].tobytes())
+        )
+        return aggregate, protection.verifier.settle(others)
+
+    for name, (aggregate, stats) in run_parallel({n: (lambda n=n: work(n)) for n in others}, timeout=60).items():
+        assert np.max(np.abs(aggregate - session.truth(others))) <= session.tolerance(), name
+        assert stats["verified_slices"] == session.context(name).num_slices
