@@ -37,6 +37,7 @@ from confide.party import checkpointing  # noqa: E402
 from confide.protect import threshold  # noqa: E402
 from confide.protect.base import pack_parts  # noqa: E402
 from confide.protect.keys import GroupCipher, PeerKeys, encode_fields  # noqa: E402
+from confide.protect.verify import pack_tags  # noqa: E402
 from confide.transport.certs import Identity, init_federation  # noqa: E402
 from confide.v1 import runtime_pb2 as pb  # noqa: E402
 from confide.vertical import psi, wire  # noqa: E402
@@ -262,6 +263,9 @@ def main() -> None:
     write("key_fields", [fields, encode_fields(public="text", n=3), *near(fields)])
     parts = pack_parts({0: np.arange(3, dtype="<f4"), 3: np.ones(2, dtype="<f4")})
     write("decrypted_shares", [parts, pack_parts({}), *near(parts)])
+    one_tag = pack_tags([(bytes(range(16)), [1, 2**64 - 1])], 2)
+    tags = pack_tags([(bytes([i]) * 16, [i, i * 7, 2**31 - 2, 5]) for i in range(3)], 4)
+    write("verify_tags", [one_tag, tags, pack_tags([], 2), *near(tags)])
     write("secagg_recovery", recovery_messages())
     with tempfile.TemporaryDirectory() as directory:
         init_federation(directory, parties=["a", "b"])

@@ -50,7 +50,16 @@ from confide import _native
 from confide.errors import MessageTimeoutError, ProtocolError, RoundAbortedError
 from confide.protect.keys import prg_words, round_key
 
-__all__ = ["PRIME", "VECTORS", "VerificationError", "Verifier", "describe", "integer_tags"]
+__all__ = [
+    "PRIME",
+    "VECTORS",
+    "VerificationError",
+    "Verifier",
+    "describe",
+    "integer_tags",
+    "pack_tags",
+    "unpack_tags",
+]
 
 #: Tags of integer modes live in Z_p.
 PRIME = (1 << 31) - 1
@@ -284,43 +293,29 @@ class Verifier:
         """The tag message of this party, and its padded fields (where the peers' are summed in)."""
         pads = self._pads(context, peers)
         width, modulus = self._width, self._modulus
-        out = [_MAGIC, struct.pack("<II", context.num_slices, width)]
-        padded = []
+        rows, padded = [], []
         for index in range(context.num_slices):
             entry = self._slices[index]
-            fields = self._fields(entry)
-            masked = [(value + int(pads[index * width + k])) % modulus for k, value in enumerate(fields)]
-            out.append(entry.digest[:16])
-            out.append(struct.pack(f"<{width}Q", *masked))
+            masked = [(value + int(pads[index * width + k])) % modulus for k, value in enumerate(self._fields(entry))]
+            rows.append((entry.digest[:16], masked))
             padded.append(masked)
-        return b"".join(out), padded
+        return pack_tags(rows, width), padded
 
     def _absorb(self, context, peer: str, data: bytes, totals: list[list[int]], node_of) -> None:
         width, modulus = self._width, self._modulus
-        expected = 12 + context.num_slices * (16 + 8 * width)
-        if (
-            len(data) != expected
-            or data[:4] != _MAGIC
-            or struct.unpack_from("<II", data, 4)
-            != (
-                context.num_slices,
-                width,
-            )
-        ):
+        try:
+            rows = unpack_tags(data, context.num_slices, width)
+        except VerificationError as error:
             raise VerificationError(
-                f"round {context.round}: the verification tags from {peer!r} are malformed ({len(data)} bytes, "
-                f"expected {expected} for {context.num_slices} slices)",
+                f"round {context.round}: the verification tags from {peer!r} are malformed: {error}",
                 kind="message",
                 round_number=context.round,
-            )
-        offset = 12
+            ) from None
         differ = []
-        for index in range(context.num_slices):
-            if data[offset : offset + 16] != self._slices[index].digest[:16]:
+        for index, (digest, fields) in enumerate(rows):
+            if digest != self._slices[index].digest[:16]:
                 differ.append(index)
-            fields = struct.unpack_from(f"<{width}Q", data, offset + 16)
             totals[index] = [(a + b) % modulus for a, b in zip(totals[index], fields, strict=True)]
-            offset += 16 + 8 * width
         if differ:
             nodes = sorted({node_of(i) for i in differ})
             raise VerificationError(
@@ -358,6 +353,40 @@ class Verifier:
                 slices=wrong,
                 round_number=context.round,
             )
+
+
+def pack_tags(rows: Sequence[tuple[bytes, Sequence[int]]], width: int) -> bytes:
+    """A tag message: magic, slice count, fields a slice, then each slice's 16-byte digest and fields (u64)."""
+    out = [_MAGIC, struct.pack("<II", len(rows), width)]
+    for digest, fields in rows:
+        out.append(digest[:16])
+        out.append(struct.pack(f"<{width}Q", *fields))
+    return b"".join(out)
+
+
+def unpack_tags(data: bytes, num_slices: int, width: int) -> list[tuple[bytes, tuple[int, ...]]]:
+    """Inverse of :func:`pack_tags` for a message of ``num_slices`` slices of ``width`` fields.
+
+    Anything else (another length, magic, count or width) is a :class:`VerificationError` of kind
+    ``message`` that says what was expected.
+    """
+    expected = 12 + num_slices * (16 + 8 * width)
+    if len(data) != expected:
+        raise VerificationError(
+            f"{len(data)} bytes, expected {expected} for {num_slices} slices of {width} fields", kind="message"
+        )
+    if data[:4] != _MAGIC:
+        raise VerificationError(f"starts with {bytes(data[:4])!r}, not {_MAGIC!r}", kind="message")
+    declared = struct.unpack_from("<II", data, 4)
+    if declared != (num_slices, width):
+        raise VerificationError(
+            f"declares {declared[0]} slices of {declared[1]} fields, expected {num_slices} of {width}", kind="message"
+        )
+    rows, offset = [], 12
+    for _ in range(num_slices):
+        rows.append((bytes(data[offset : offset + 16]), struct.unpack_from(f"<{width}Q", data, offset + 16)))
+        offset += 16 + 8 * width
+    return rows
 
 
 def describe(protection, requested: str) -> dict:

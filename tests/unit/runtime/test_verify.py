@@ -8,6 +8,7 @@ confide.protect.verify is meant to catch.
 from __future__ import annotations
 
 import hashlib
+import struct
 
 import numpy as np
 import pytest
@@ -312,3 +313,18 @@ def test_the_native_per_slice_check_equals_the_reference_path(federation, dtype)
     assert entry.digest == digest
     assert entry.sums == integer_tags(total, 32, digest)
     assert entry.tags == integer_tags(words, 32, digest)
+
+
+def test_a_malformed_tag_message_is_refused_saying_what_was_expected():
+    from confide.protect.verify import pack_tags, unpack_tags
+
+    good = pack_tags([(bytes(16), [1, 2])], 2)
+    assert unpack_tags(good, 1, 2) == [(bytes(16), (1, 2))]
+    for data, words in [
+        (good[:-1], "43 bytes, expected 44 for 1 slices of 2 fields"),
+        (b"XXXX" + good[4:], "not b'CVT1'"),
+        (good[:4] + struct.pack("<II", 1, 3) + good[12:], "declares 1 slices of 3 fields, expected 1 of 2"),
+    ]:
+        with pytest.raises(VerificationError, match=words.replace("(", r"\(").replace(")", r"\)")) as error:
+            unpack_tags(data, 1, 2)
+        assert error.value.kind == "message"
