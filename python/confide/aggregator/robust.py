@@ -58,7 +58,7 @@ class RobustRound:
         self._held: dict[int, np.ndarray] = {}
         self._gram = np.zeros((self.participants, self.participants))
         self._lock = threading.Lock()
-        #: The weights of the updates once decided (whole-update rules), for the round's report.
+        #: The weights of the updates once decided (whole-update rules); None until the last slice is in.
         self.weights: np.ndarray | None = None
 
     def take(self, completed: list[tuple[int, bytes]]) -> list[tuple[int, bytes]]:
