@@ -36,6 +36,7 @@ from confide.errors import InvalidParameterError
 from confide.ml import MODELS
 from confide.ml.strategies import STRATEGIES
 from confide.protect import MODES
+from confide.protect.tee import ENCLAVE_RULES
 
 __all__ = [
     "DataSpec",
@@ -564,15 +565,16 @@ class JobSpec(_Strict):
         if not strategy.robust:
             return
         mode = self.protection.mode
-        if mode != "plain":
-            why = (
-                "its enclave interface does not run robust rules yet"
-                if mode == "tee"
-                else "the aggregator cannot order, compare or measure updates it cannot read"
+        if mode == "tee" and strategy.name not in ENCLAVE_RULES:
+            raise ValueError(
+                f"strategy.name {strategy.name} weighs whole updates: tee's enclave applies coordinate-wise rules "
+                f"only ({', '.join(ENCLAVE_RULES)}); use one of them, or protection.mode plain"
             )
+        if mode not in ("plain", "tee"):
             raise ValueError(
                 f"strategy.name {strategy.name} is applied by the aggregator to every update: it needs "
-                f"protection.mode plain, got {mode} ({why})"
+                f"protection.mode plain (or tee, inside the enclave), got {mode} (the aggregator cannot order, "
+                "compare or measure updates it cannot read)"
             )
         if self.protection.wire != "float32":
             raise ValueError(f"strategy.name {strategy.name} needs protection.wire float32, got {self.protection.wire}")

@@ -11,6 +11,7 @@
 
 use crate::error::{invalid, malformed, slice_error, Error, Result};
 use crate::kernels;
+use crate::robust::CoordinateRule;
 use confide_codec::params::{from_params, to_params, Codec};
 use confide_paillier::{CiphertextBlock, Encoding, EncryptionKey};
 use sha2::{Digest, Sha256};
@@ -59,11 +60,15 @@ pub enum Kind {
     /// float32 slices kept side by side, not summed: participant p's values fill row p of an
     /// m × n block, which completes as it is (a robust rule at the aggregator reads every update).
     F32Stack,
+    /// `F32Stack` on AES-GCM sealed slices: the enclave stacks the opened updates and, as a slice
+    /// completes, seals the coordinate-wise robust estimate of [`TeeRound::rule`] instead of the block.
+    TeeF32Stack,
 }
 
 impl Kind {
     /// Parses "f32_sum", "f32_mean", "u32_sum", "paillier", "tee_f32_sum", "tee_f32_mean", "f16_sum",
-    /// "bf16_sum", "q8_sum", "tee_f16_sum", "tee_bf16_sum", "tee_q8_sum", "rlwe_sum", "f32_stack".
+    /// "bf16_sum", "q8_sum", "tee_f16_sum", "tee_bf16_sum", "tee_q8_sum", "rlwe_sum", "f32_stack",
+    /// "tee_f32_stack".
     ///
     /// # Errors
     /// `InvalidParameter` naming the known kinds.
@@ -83,12 +88,13 @@ impl Kind {
             "tee_q8_sum" => Kind::TeeQ8Sum,
             "rlwe_sum" => Kind::RlweSum,
             "f32_stack" => Kind::F32Stack,
+            "tee_f32_stack" => Kind::TeeF32Stack,
             other => {
                 return Err(invalid(
                     "kind",
                     format!(
                         "must be one of f32_sum, f32_mean, u32_sum, paillier, tee_f32_sum, tee_f32_mean, f16_sum, bf16_sum, \
-                         q8_sum, tee_f16_sum, tee_bf16_sum, tee_q8_sum, rlwe_sum; got {other:?}"
+                         q8_sum, tee_f16_sum, tee_bf16_sum, tee_q8_sum, rlwe_sum, f32_stack, tee_f32_stack; got {other:?}"
                     ),
                 ))
             }
@@ -111,11 +117,12 @@ impl Kind {
             Kind::TeeQ8Sum => "tee_q8_sum",
             Kind::RlweSum => "rlwe_sum",
             Kind::F32Stack => "f32_stack",
+            Kind::TeeF32Stack => "tee_f32_stack",
         }
     }
     /// Whether slices are sealed for the enclave.
     pub fn is_tee(self) -> bool {
-        matches!(self, Kind::TeeF32Sum | Kind::TeeF32Mean | Kind::TeeF16Sum | Kind::TeeBf16Sum | Kind::TeeQ8Sum)
+        matches!(self, Kind::TeeF32Sum | Kind::TeeF32Mean | Kind::TeeF16Sum | Kind::TeeBf16Sum | Kind::TeeQ8Sum | Kind::TeeF32Stack)
     }
     /// The kind of a tee slice once the enclave has opened it (any other kind: itself).
     pub fn opened(self) -> Kind {
@@ -125,6 +132,7 @@ impl Kind {
             Kind::TeeF16Sum => Kind::F16Sum,
             Kind::TeeBf16Sum => Kind::Bf16Sum,
             Kind::TeeQ8Sum => Kind::Q8Sum,
+            Kind::TeeF32Stack => Kind::F32Stack,
             k => k,
         }
     }
@@ -183,6 +191,7 @@ impl Kind {
             Kind::TeeQ8Sum => 12,
             Kind::RlweSum => 13,
             Kind::F32Stack => 14,
+            Kind::TeeF32Stack => 15,
         }
     }
 }
@@ -196,6 +205,8 @@ pub struct TeeRound {
     pub round: u32,
     /// Attempt number in the AAD.
     pub attempt: u32,
+    /// The coordinate-wise robust rule of a [`Kind::TeeF32Stack`] round (None for every other kind).
+    pub rule: Option<CoordinateRule>,
 }
 
 /// Everything the data plane knows about a round (the "message wall" row).
@@ -260,6 +271,9 @@ impl RoundSpec {
         }
         if self.kind.is_tee() != self.tee.is_some() {
             return Err(invalid("tee", "a tee context is required for tee kinds and only for them"));
+        }
+        if (self.kind == Kind::TeeF32Stack) != self.tee.as_ref().is_some_and(|t| t.rule.is_some()) {
+            return Err(invalid("robust", "a coordinate-wise rule is required for kind tee_f32_stack and only for it"));
         }
         Ok(())
     }
@@ -787,7 +801,7 @@ impl Tracker {
         match self.entries.get_mut(&key) {
             Some(entry) => {
                 match (&mut entry.acc, arrival) {
-                    (Acc::F32(acc), Arrival::Words(x)) if spec.kind == Kind::F32Stack => stack_row(acc, x, participant),
+                    (Acc::F32(acc), Arrival::Words(x)) if spec.kind.opened() == Kind::F32Stack => stack_row(acc, x, participant),
                     (Acc::F32(acc), Arrival::Words(x)) => kernels::accumulate_f32_bytes(acc, x, w)?,
                     (Acc::U32(acc), Arrival::Words(x)) => kernels::accumulate_u32_bytes_at(kernels::level(), acc, x)?,
                     (Acc::Rlwe(acc), Arrival::Words(x)) => fold_rlwe(acc, x, index, participant)?,
@@ -813,7 +827,7 @@ impl Tracker {
                         let b = v.len() * 8;
                         (Acc::Rlwe(v), b)
                     }
-                    Arrival::Words(x) if spec.kind == Kind::F32Stack => {
+                    Arrival::Words(x) if spec.kind.opened() == Kind::F32Stack => {
                         let mut v = vec![0f32; x.len() / 4 * spec.participants as usize];
                         stack_row(&mut v, x, participant);
                         let b = v.len() * 4;
@@ -1183,6 +1197,8 @@ fn decode_entry(spec: &RoundSpec, bytes: &[u8]) -> Result<(u32, Entry)> {
     r.finish()?;
     let (acc, bytes_held) = match (tag, spec.kind) {
         (1, k) if k.is_f32() => {
+            // a stacked slice holds every participant's row
+            let n = if k.opened() == Kind::F32Stack { n * spec.participants as usize } else { n };
             if len != 4 * n || !kernels::all_finite_f32_bytes_at(kernels::level(), body) {
                 return Err(malformed(
                     WHAT,

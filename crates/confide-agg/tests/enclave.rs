@@ -5,7 +5,7 @@ mod common;
 
 use common::*;
 use confide_agg::enclave::{open_with, seal_with, slice_aad, wrap_session_key, RESULT_PARTICIPANT};
-use confide_agg::{DataPlane, Enclave, Kind, SimulatedEnclave};
+use confide_agg::{CoordinateRule, DataPlane, Enclave, Kind, SimulatedEnclave};
 use std::sync::Arc;
 
 fn hex(b: &[u8]) -> String {
@@ -225,5 +225,59 @@ fn tee_narrow_sums_equal_the_plain_narrow_sums_and_a_wrong_size_names_the_rule()
         assert!(sum.iter().zip(&want).all(|(a, b)| (a - b).abs() <= tolerance), "{tee_kind:?}: {sum:?} vs {want:?}");
         tee.close_round(round).unwrap();
         plain.close_round(round).unwrap();
+    }
+}
+
+#[test]
+fn tee_stack_seals_the_coordinate_wise_estimate_of_the_plain_stack_and_nothing_else() {
+    let (participants, slice_length, len) = (5u32, 16u32, 40usize);
+    let ones = vec![1.0; participants as usize];
+    // participant 4 scales its update by 100: the median and the trimmed mean ignore it
+    let data: Vec<Vec<f32>> = (0..participants as usize)
+        .map(|p| (0..len).map(|j| (((j * 7 + p * 3) % 11) as f32 - 5.0) * if p == 4 { 100.0 } else { 1.0 }).collect())
+        .collect();
+    for (round, rule) in [(1u64, CoordinateRule::Median), (2, CoordinateRule::TrimmedMean { cut: 1 })] {
+        let enclave = Arc::new(SimulatedEnclave::new(2).unwrap());
+        let key = [0x17u8; 32];
+        enclave.provision("job-1", &wrap_session_key(&enclave.public_key(), [5; 32], [6; 12], "job-1", &key).unwrap()).unwrap();
+        let tee = DataPlane::new(0, 1 << 20, None, Some(enclave.clone() as Arc<dyn Enclave>)).unwrap();
+        let plain = DataPlane::new(2, 1 << 20, None, None).unwrap();
+        let mut ts = spec(round, Kind::TeeF32Stack, participants, slice_length, len as u64, ones.clone());
+        assert!(tee.open_round(ts.clone()).is_err(), "a tee stack round without a rule is refused");
+        ts.tee.as_mut().unwrap().rule = Some(rule);
+        let ps = spec(round, Kind::F32Stack, participants, slice_length, len as u64, ones.clone());
+        tee.open_round(ts.clone()).unwrap();
+        plain.open_round(ps.clone()).unwrap();
+        let info = ts.tee.clone().unwrap();
+        let (mut tee_out, mut blocks) = (vec![None; ts.num_slices as usize], vec![None; ts.num_slices as usize]);
+        for p in 0..participants {
+            let (mut batch, mut slices, mut pbatch, mut pslices) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+            for i in 0..ts.num_slices {
+                let x = slice_bytes(&ts, &data[p as usize], i);
+                let aad = slice_aad(&info.session, info.round, info.attempt, p, i);
+                let sealed = seal_with(&key, [p as u8, i as u8, 0, 0, 0, 0, 0, 0, 0, 0, 0, round as u8], &aad, &x).unwrap();
+                slices.push((i, batch.len(), sealed.len()));
+                batch.extend_from_slice(&sealed);
+                pslices.push((i, pbatch.len(), x.len()));
+                pbatch.extend_from_slice(&x);
+            }
+            for (i, b) in tee.push(round, p, Arc::from(batch), &slices).unwrap().completed {
+                let aad = slice_aad(&info.session, info.round, info.attempt, RESULT_PARTICIPANT, i);
+                tee_out[i as usize] = Some(f32s(&open_with(&key, &aad, &b).unwrap()));
+            }
+            for (i, b) in plain.push(round, p, Arc::from(pbatch), &pslices).unwrap().completed {
+                blocks[i as usize] = Some(f32s(&b));
+            }
+            if p == 2 {
+                let blob = tee.checkpoint_round(round).unwrap();
+                tee.restore_round(round, &blob).unwrap();
+            }
+        }
+        for (i, (sealed, block)) in tee_out.iter().zip(&blocks).enumerate() {
+            let (sealed, block) = (sealed.as_ref().unwrap(), block.as_ref().unwrap());
+            assert_eq!(block.len(), sealed.len() * participants as usize, "slice {i}: the enclave seals n values, not the block");
+            assert_eq!(sealed, &rule.combine(block, participants as usize), "slice {i}");
+            assert!(sealed.iter().all(|v| v.abs() <= 5.0), "slice {i}: the scaled update does not reach the estimate");
+        }
     }
 }

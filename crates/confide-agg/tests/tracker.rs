@@ -137,8 +137,13 @@ proptest! {
     }
 
     #[test]
-    fn checkpoint_restore_equals_uninterrupted(c in case(), cut in 0.0f64..1.0, drop_last in any::<bool>()) {
-        let spec = spec(4, Kind::F32Mean, c.participants, c.slice_length, c.vector_length, c.weights.clone());
+    fn checkpoint_restore_equals_uninterrupted(c in case(), cut in 0.0f64..1.0, drop_last in any::<bool>(), stacked in any::<bool>()) {
+        // a stacked slice's entry holds m rows, not one sum
+        let spec = if stacked {
+            spec(4, Kind::F32Stack, c.participants, c.slice_length, c.vector_length, vec![1.0; c.participants as usize])
+        } else {
+            spec(4, Kind::F32Mean, c.participants, c.slice_length, c.vector_length, c.weights.clone())
+        };
         let mut whole = Tracker::new(usize::MAX, None, "a");
         let want = run(&mut whole, &spec, &c.data, &c.order);
         // First part, then checkpoint (as if the remaining participants were missing).

@@ -4,7 +4,7 @@
 
 use crate::errors::{invalid, to_py};
 use crate::PyEncryptionKey;
-use confide_agg::{DataPlane, Enclave, Kind, RoundSpec, SimulatedEnclave, TeeRound};
+use confide_agg::{CoordinateRule, DataPlane, Enclave, Kind, RoundSpec, SimulatedEnclave, TeeRound};
 use numpy::{PyReadonlyArray1, PyReadwriteArray1};
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedBytes;
@@ -83,7 +83,7 @@ impl PyDataPlane {
     }
 
     #[pyo3(signature = (round_id, session, kind, participants, num_slices, slice_length, vector_length,
-                        weights = None, paillier_key = None, tee_round = 0, tee_attempt = 0, share = None))]
+                        weights = None, paillier_key = None, tee_round = 0, tee_attempt = 0, share = None, robust = None))]
     #[allow(clippy::too_many_arguments)]
     fn open_round(
         &self,
@@ -99,8 +99,16 @@ impl PyDataPlane {
         tee_round: u32,
         tee_attempt: u32,
         share: Option<(u32, u32, Vec<u32>)>,
+        robust: Option<(String, u32)>,
     ) -> PyResult<()> {
         let kind = Kind::parse(kind).map_err(to_py)?;
+        let rule = match (&robust, kind == Kind::TeeF32Stack) {
+            (Some((rule, cut)), true) => Some(CoordinateRule::parse(rule, *cut, participants).map_err(to_py)?),
+            (None, false) => None,
+            // the plain stacked kind's rule runs in Python (aggregator/robust.py), not here
+            (Some(_), false) if kind == Kind::F32Stack => None,
+            _ => return Err(invalid("robust", "a (rule, cut) is required for kind tee_f32_stack and only for the stacked kinds")),
+        };
         let spec = RoundSpec {
             round_id,
             session_hash: confide_agg::session_hash(session),
@@ -111,7 +119,7 @@ impl PyDataPlane {
             vector_length,
             weights: weights.unwrap_or_else(|| vec![1.0; participants as usize]),
             paillier: paillier_key.map(|k| Arc::new(k.key.clone())),
-            tee: kind.is_tee().then(|| TeeRound { session: session.to_string(), round: tee_round, attempt: tee_attempt }),
+            tee: kind.is_tee().then(|| TeeRound { session: session.to_string(), round: tee_round, attempt: tee_attempt, rule }),
         };
         let share = share.as_ref().map(|(s, n, owned)| (*s, *n, owned.as_slice()));
         self.inner.open_round_share(spec, share).map_err(to_py)

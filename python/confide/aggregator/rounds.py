@@ -31,6 +31,7 @@ from confide.aggregator.robust import RobustRound, strategy_of
 from confide.aggregator.store import MemoryResults, RoundWriter
 from confide.crypto import EncryptionKey
 from confide.errors import ProtocolError, RoundClosedError
+from confide.ml.strategies.trimmed_mean import TrimmedMean
 from confide.transport.routing import share_indices
 from confide.v1 import runtime_pb2 as pb
 
@@ -71,7 +72,10 @@ NATIVE_KIND = {
     pb.AGGREGATION_KIND_TEE_INT8_SCALED_SUM: "tee_q8_sum",
     pb.AGGREGATION_KIND_RLWE_SUM: "rlwe_sum",
     pb.AGGREGATION_KIND_FLOAT32_STACK: "f32_stack",
+    pb.AGGREGATION_KIND_TEE_FLOAT32_STACK: "tee_f32_stack",
 }
+#: Kinds whose slices stack the participants' updates for a robust rule (header.robust).
+_STACK_KINDS = (pb.AGGREGATION_KIND_FLOAT32_STACK, pb.AGGREGATION_KIND_TEE_FLOAT32_STACK)
 #: Sums whose identity is zero words and where a party lost before it sent anything can be left out.
 _EXCLUDABLE_KINDS = (pb.AGGREGATION_KIND_UINT32_SUM, pb.AGGREGATION_KIND_RLWE_SUM)
 _MEAN_KINDS = (pb.AGGREGATION_KIND_FLOAT32_MEAN, pb.AGGREGATION_KIND_TEE_FLOAT32_MEAN)
@@ -100,6 +104,15 @@ def word_bytes(kind: int, values: np.ndarray) -> np.ndarray:
     if kind == pb.AGGREGATION_KIND_RLWE_SUM:
         return ((values + 1) // 2 * 8).astype(np.uint32)  # two values a lattice word
     return (values * 4).astype(np.uint32)
+
+
+def enclave_rule(header: pb.RoundHeader) -> tuple[str, int] | None:
+    """(rule, values cut at each end) of a tee stacked round, for its enclave; None for every other kind."""
+    if header.kind != pb.AGGREGATION_KIND_TEE_FLOAT32_STACK:
+        return None
+    strategy = strategy_of(header)
+    cut = strategy.cut(len(header.participants)) if isinstance(strategy, TrimmedMean) else 0
+    return strategy.name, cut
 
 
 def is_tee(kind: int) -> bool:
@@ -144,10 +157,16 @@ def validate_header(header: pb.RoundHeader) -> EncryptionKey | None:
             raise ProtocolError("header.weights must not all be zero")
     elif len(header.weights):
         raise ProtocolError("header.weights is only for the weighted-mean kinds")
-    if header.kind == pb.AGGREGATION_KIND_FLOAT32_STACK:
-        strategy_of(header)  # the rule, its options against the participants, no whole-update rule on a cluster
+    if header.kind in _STACK_KINDS:
+        # the rule, its options against the participants, no whole-update rule on a cluster
+        strategy = strategy_of(header)
+        if header.kind == pb.AGGREGATION_KIND_TEE_FLOAT32_STACK and strategy.whole_vector:
+            raise ProtocolError(
+                f"header.robust.rule {strategy.name} weighs whole updates; the enclave applies coordinate-wise rules "
+                "only (median, trimmed_mean)"
+            )
     elif header.HasField("robust"):
-        raise ProtocolError("header.robust is only for kind FLOAT32_STACK (plain with a robust strategy)")
+        raise ProtocolError("header.robust is only for the stacked kinds (plain or tee with a robust strategy)")
     if header.kind == pb.AGGREGATION_KIND_PAILLIER_PRODUCT:
         if not header.encryption_key:
             raise ProtocolError("header.encryption_key is required for paillier aggregation")
@@ -217,6 +236,7 @@ class RoundState:
             header.attempt,
             # On a cluster the data plane refuses slices of other shares.
             (header.share, header.cluster_nodes, sorted(self.owned)) if header.cluster_nodes > 1 else None,
+            enclave_rule(header),
         )
 
     @property

@@ -14,6 +14,10 @@ folds and re-seals; the combined slice comes back sealed float32 with position 0
 every party opens it. A narrow wire shrinks the upload (2 or 1 bytes a value, plus 28 bytes of
 nonce and tag a slice), not the download.
 
+With a coordinate-wise robust strategy (median, trimmed mean) the enclave stacks the opened
+updates of a slice instead of folding them (``AGGREGATION_KIND_TEE_FLOAT32_STACK``) and seals only
+the rule's estimate (``confide-agg``'s ``robust`` module); whole-update rules are refused.
+
 There is no SGX on the machines this runs on today: the aggregator's enclave side runs as
 ordinary code in the aggregator process (``SimulatedEnclave``). The report of every job says
 so (``enclave.mode == "simulation"``, ``hardware_isolation: false``): against an honest-but-
@@ -35,7 +39,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from confide._checks import require
-from confide.errors import ProtocolError
+from confide.errors import InvalidParameterError, ProtocolError
 from confide.protect.base import Protection, RoundContext
 from confide.protect.keys import GroupCipher, PeerKeys
 from confide.protect.masking import GroupShared, distribute_group_secrets
@@ -43,7 +47,15 @@ from confide.protect.plain import check_wire, narrow, widened
 from confide.protect.verify import VerificationError
 from confide.v1 import runtime_pb2 as pb
 
-__all__ = ["TEE_WIRE_KINDS", "TeeProtection", "open_slice", "seal_slice", "slice_aad", "wrap_session_key"]
+__all__ = [
+    "ENCLAVE_RULES",
+    "TEE_WIRE_KINDS",
+    "TeeProtection",
+    "open_slice",
+    "seal_slice",
+    "slice_aad",
+    "wrap_session_key",
+]
 
 _WRAP_LABEL = b"confide/tee/wrap/v1"
 _SLICE_LABEL = b"confide/tee/slice/v1\x00"
@@ -57,6 +69,8 @@ TEE_WIRE_KINDS = {
     "bfloat16": pb.AGGREGATION_KIND_TEE_BFLOAT16_SUM,
     "int8": pb.AGGREGATION_KIND_TEE_INT8_SCALED_SUM,
 }
+#: Robust strategies the enclave applies (coordinate-wise: slice by slice, as slices complete).
+ENCLAVE_RULES = ("median", "trimmed_mean")
 
 
 def wrap_session_key(session_key: bytes, enclave_public: bytes, session: str) -> bytes:
@@ -148,6 +162,23 @@ class TeeProtection(GroupShared, Protection):
         self._group = GroupCipher(secrets["group_key"], self.exchange.job_id)
         super().adopt_secrets(secrets)
 
+    def use_robust(self, rule: dict) -> None:
+        """Slices stacked inside the enclave, which seals ``rule``'s estimate instead of their sum.
+
+        Coordinate-wise rules only (median, trimmed mean): the enclave completes slice by slice,
+        and a whole-update rule (Krum, norm clipping) would hold every slice of the round in it.
+        """
+        name = rule.get("rule")
+        if name not in ENCLAVE_RULES:
+            raise InvalidParameterError(
+                f"strategy.name {name}: weighs whole updates, and tee's enclave applies coordinate-wise rules only "
+                f"({', '.join(ENCLAVE_RULES)})"
+            )
+        if self.params.wire != "float32":
+            raise InvalidParameterError(f"strategy.name {name} needs protection.wire float32, got {self.params.wire}")
+        self.kind = pb.AGGREGATION_KIND_TEE_FLOAT32_STACK
+        self.robust = pb.RobustRule(**rule)
+
     def header_key(self) -> bytes:
         """The session key wrapped to the enclave."""
         return self._wrapped
@@ -188,12 +219,15 @@ class TeeProtection(GroupShared, Protection):
     def report(self) -> dict:
         """What ran, including the enclave's own report (simulation said plainly)."""
         simulated = self.enclave.get("mode") != "sgx"
+        rule = self.robust.rule.replace("_", " ") if self.robust else ""
+        returns = f"the enclave returns their {rule}, not their sum"
         return {
             "mode": self.mode,
-            "aggregator_sees": self.aggregator_sees,
+            "aggregator_sees": self.aggregator_sees + (f"; {returns}" if self.robust else ""),
             "wire": self.params.wire,
             "enclave": self.enclave,
             "enclave_simulated": simulated,
+            **({"robust_rule": self.robust.rule} if self.robust is not None else {}),
             "note": (
                 "tee ran as a SIMULATION: no enclave hardware; the aggregator host could read every update"
                 if simulated

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from confide.aggregator.robust import RobustRound, strategy_of
+from confide.aggregator.rounds import validate_header
 from confide.errors import InvalidParameterError, ProtocolError
 from confide.ml.strategies import STRATEGIES, RobustStrategy, make_strategy
 from confide.spec import parse_job
@@ -131,7 +132,9 @@ BASE = {"job_id": "robust", "parties": [f"h{i}" for i in range(5)], "protection"
     "strategy,protection,words",
     [
         ({"name": "median"}, {"mode": "secagg"}, ["strategy.name median", "protection.mode plain", "cannot read"]),
-        ({"name": "krum"}, {"mode": "tee"}, ["protection.mode plain", "enclave interface"]),
+        ({"name": "krum"}, {"mode": "tee"}, ["strategy.name krum", "coordinate-wise", "protection.mode plain"]),
+        ({"name": "median"}, {"mode": "lattice"}, ["protection.mode plain (or tee", "cannot read"]),
+        ({"name": "median"}, {"mode": "tee", "wire": "bfloat16"}, ["protection.wire float32"]),
         ({"name": "krum", "byzantine": 2}, {"mode": "plain"}, ["strategy.byzantine 2", "too large"]),
         ({"name": "norm_clip", "norm_bound": 0}, {"mode": "plain"}, ["strategy.norm_bound"]),
         ({"name": "norm_clip", "norm_bound": float("nan")}, {"mode": "plain"}, ["strategy.norm_bound"]),
@@ -144,6 +147,20 @@ def test_bad_robust_jobs_are_refused_naming_the_field(strategy, protection, word
     with pytest.raises(InvalidParameterError) as error:
         parse_job({**BASE, "strategy": strategy, "protection": protection})
     assert all(w in str(error.value) for w in words), str(error.value)
+
+
+def test_tee_takes_the_coordinate_wise_rules_and_its_aggregator_refuses_a_whole_update_rule():
+    for name in ("median", "trimmed_mean"):
+        job = parse_job({**BASE, "strategy": {"name": name}, "protection": {"mode": "tee"}})
+        assert job.strategy.name == name and job.protection.mode == "tee"
+    stacked = header("krum", 5, 1, byzantine=1)
+    stacked.kind = pb.AGGREGATION_KIND_TEE_FLOAT32_STACK
+    stacked.encryption_key, stacked.party_id, stacked.routing = b"k" * 92, "p0", pb.RESULT_ROUTING_ALL
+    with pytest.raises(ProtocolError) as error:
+        validate_header(stacked)
+    assert "krum weighs whole updates" in str(error.value) and "coordinate-wise" in str(error.value)
+    stacked.robust.rule = "median"
+    assert validate_header(stacked) is None
 
 
 def test_a_robust_strategy_sends_its_change_unweighted():

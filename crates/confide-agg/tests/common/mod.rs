@@ -14,7 +14,7 @@ pub fn spec(round_id: u64, kind: Kind, participants: u32, slice_length: u32, vec
         vector_length,
         weights,
         paillier: None,
-        tee: if kind.is_tee() { Some(TeeRound { session: "job-1".into(), round: 3, attempt: 0 }) } else { None },
+        tee: if kind.is_tee() { Some(TeeRound { session: "job-1".into(), round: 3, attempt: 0, rule: None }) } else { None },
     }
 }
 

@@ -8,9 +8,11 @@ look at one coordinate at a time (median, trimmed mean) work slice by slice on a
 node; rules that look at whole updates (Krum, norm clipping) hold every slice of the round at one
 node (m times the model's bytes there) and are refused on a cluster.
 
-In every mode that hides updates from the aggregator (all but ``plain``) these strategies are
-refused with the reason: the aggregator cannot order, compare or measure what it cannot read.
-``tee`` could run them inside the enclave; its enclave interface does not yet, and says so.
+``tee`` runs the coordinate-wise rules inside the enclave (``AGGREGATION_KIND_TEE_FLOAT32_STACK``:
+the enclave stacks the opened updates and seals the estimate) and refuses the whole-update ones.
+In every mode that hides updates from the aggregator entirely (secagg, groupmask, lattice,
+paillier, threshold) these strategies are refused with the reason: the aggregator cannot order,
+compare or measure what it cannot read.
 """
 
 from __future__ import annotations
