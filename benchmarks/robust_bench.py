@@ -20,13 +20,19 @@ Three parts, each against an anchor measured in the same run:
    the scaling attack, on digits, in points). And an aggregator that lies
    (``tests/fixtures/lying.py``): the round each lie is caught in and what the job cost.
 
-4. **What a range proof would cost** (``benchmarks/range_proof``, the dalek ``bulletproofs``
-   crate, built here on first use): aggregated proofs that each value of an update lies in
+4. **What a range proof costs** (``benchmarks/range_proof``, the dalek ``bulletproofs`` crate
+   alone, built here on first use): aggregated proofs that each value of an update lies in
    [0, 2^16), 64 and 256 values a proof (and 32-bit values), proving and verifying, per 100k values
    (``bound.bulletproofs.seconds_per_100k``: proving 16-bit values, 64 a proof). No anchor runs
-   here: ACORN reports 250k 16-bit values in under 80 s per client (32 s per 100k). The product
-   does not enforce bounds yet; this measures what one candidate would cost.
+   here: ACORN reports 250k 16-bit values in under 80 s per client (32 s per 100k).
+5. **What the product's bound proofs cost** (part ``proofs``; ``protection.prove_bound``,
+   docs/crypto.md "Bounded updates"): the native calls a party makes, on 1,024 values of a
+   3-party secagg fixed point: commit and prove (``bound.confide.prove_seconds_per_100k``), check
+   one peer's proofs (``bound.confide.verify_seconds_per_100k``) and the sum check over three
+   parties (``bound.confide.sum_check_seconds_per_100k``); and a real 3-party secagg job on breast
+   cancer (31 values) with and without the proofs (``bound.confide.round_ratio.breast_cancer``).
 
+A run that skips parts keeps the earlier records of what it skipped (benchutil.merged).
 Writes ``benchmarks/results/robust.json`` and its block in docs/benchmarks.md.
 """
 
@@ -45,7 +51,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchutil import machine, record, results_table, write, write_markdown_block  # noqa: E402
+from benchutil import machine, merged, merged_lines, record, results_table, write, write_markdown_block  # noqa: E402
 
 from confide.errors import JobFailedError  # noqa: E402
 from confide.local import run_local  # noqa: E402
@@ -309,13 +315,90 @@ def bound_proofs(repeats: int) -> list[dict]:
     return out
 
 
+def product_proofs(repeats: int, workdir: Path) -> list[dict]:
+    """The native bound-proof calls at 1,024 values, and a breast cancer job with and without them."""
+    from confide import _native
+    from confide.crypto.fixedpoint import FixedPoint
+    from confide.protect.bound import proven_bits
+
+    fixed = FixedPoint(8.0, 3)
+    bits = proven_bits(fixed.scale, fixed.bound)
+    rng = np.random.default_rng(5)
+    count = 1024
+    words = [fixed.encode(rng.uniform(-7.9, 7.9, count)) for _ in range(3)]
+    key = bytes(range(16))
+    adds = [[True, True], [False, True], [False, False]]
+    prove, verify, check = [], [], []
+    for _ in range(repeats):
+        began = time.perf_counter()
+        messages = [_native.bound_prove(b"bench", w, 32, bits, [key, key], a) for w, a in zip(words, adds, strict=True)]
+        prove.append((time.perf_counter() - began) / 3)
+        began = time.perf_counter()
+        points = [_native.bound_verify(b"bench", m, count, bits, True) for m in messages]
+        verify.append((time.perf_counter() - began) / 3)
+        assert all(not why for _, why in points)
+        total = (words[0].astype(np.uint64) + words[1] + words[2]).astype(np.uint32)
+        began = time.perf_counter()
+        wrong = _native.bound_check_sum([p for p, _ in points], total, 32, bits)
+        check.append(time.perf_counter() - began)
+        assert not wrong
+    per = 1e5 / count
+    params = {
+        "values": count,
+        "parties": 3,
+        "bits": bits,
+        "proof_bits": 32,
+        "values_per_proof": 64,
+        "bytes_per_value": round(len(messages[0]) / count, 1),
+        "repeats": repeats,
+        "library": "bulletproofs 5 (dalek)",
+        "acorn_published_s_per_100k": 32,
+    }
+    out = [
+        record("bound.confide.prove_seconds_per_100k", statistics.median(prove) * per, "s", None, None, params),
+        record("bound.confide.verify_seconds_per_100k", statistics.median(verify) * per, "s", None, None, params),
+        record("bound.confide.sum_check_seconds_per_100k", statistics.median(check) * per, "s", None, None, params),
+    ]
+
+    def job(prove_bound: bool) -> dict:
+        spec = parse_job(
+            {
+                "job_id": f"bound-{prove_bound}",
+                "rounds": 6,
+                "parties": FIVE[:3],
+                "model": {"algorithm": "homo_lr", "learning_rate": 0.5, "local_epochs": 2, "batch_size": 32},
+                "data": {"dataset": "breast_cancer", "split": "iid", "seed": 7},
+                "protection": {"mode": "secagg", "prove_bound": prove_bound},
+                "seed": 7,
+            }
+        )
+        return run_local(spec, workdir / f"bound-{prove_bound}", progress=False, echo=lambda *_: None, baseline=False)
+
+    seconds = {}
+    for on in (False, True):
+        report = job(on)
+        seconds[on] = statistics.median(r["seconds"] for r in report["rounds"][1:])
+    out.append(
+        record(
+            "bound.confide.round_ratio.breast_cancer",
+            seconds[True] / seconds[False],
+            "ratio",
+            "round without bound proofs",
+            seconds[False],
+            {"values": 31, "parties": 3, "mode": "secagg", "rounds": 6, "round_s_with_proofs": seconds[True]},
+        )
+    )
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15, help="rounds of each attack job")
     parser.add_argument("--features", type=int, default=1_249_999, help="Homo LR features of the overhead job")
     parser.add_argument("--overhead-rounds", type=int, default=6)
     parser.add_argument("--repeats", type=int, default=20, help="in-process rounds of the 20k measurement")
-    parser.add_argument("--skip", default="", help="comma-separated parts to skip: cost,overhead,attacks,lies,bounds")
+    parts = "cost,overhead,attacks,lies,bounds,proofs"
+    parser.add_argument("--skip", default="", help=f"comma-separated parts to skip: {parts}")
     args = parser.parse_args()
     skip = set(filter(None, args.skip.split(",")))
     workdir = Path(tempfile.mkdtemp(prefix="robust-bench-"))
@@ -332,10 +415,16 @@ def main() -> None:
         results += found
     if "bounds" not in skip:
         results += bound_proofs(3)
+    if "proofs" not in skip:
+        results += product_proofs(3, workdir)
     info = machine()
+    if skip:
+        ran = sorted({"cost", "overhead", "attacks", "lies", "bounds", "proofs"} - skip)
+        results, info = merged("robust", results, info, f"parts {', '.join(ran)}")
     write("robust", info, results)
     lines = [
         f"{info['date']} on {info['cpu']} ({info['cores']} cores), commit {info['commit']}.",
+        *merged_lines(info),
         "",
         *results_table(results, value=",.4f", anchor=",.4f"),
     ]

@@ -249,6 +249,15 @@ def recovery_messages() -> list[bytes]:
     return [reveal, shares, encode_fields(b=first[3]), *near(reveal)]
 
 
+def bound_messages() -> list[bytes]:
+    """A bound proof message of 3 values (one chunk) and of 65 (two), and near-valid variants."""
+    context = b"confide-bound-v1 fuzz"
+    small = _native.bound_prove(context, np.array([5, 2**32 - 3, 7], dtype=np.uint32), 32, 16, [bytes(16)], [True])
+    words = np.arange(65, dtype=np.uint32)
+    large = _native.bound_prove(context, words, 32, 8, [bytes(range(16))], [False])
+    return [small, large, *near(small)]
+
+
 def main() -> None:
     """Write every target's seeds."""
     key = fixture_key()
@@ -266,6 +275,7 @@ def main() -> None:
     one_tag = pack_tags([(bytes(range(16)), [1, 2**64 - 1])], 2)
     tags = pack_tags([(bytes([i]) * 16, [i, i * 7, 2**31 - 2, 5]) for i in range(3)], 4)
     write("verify_tags", [one_tag, tags, pack_tags([], 2), *near(tags)])
+    write("bound_proofs", bound_messages())
     write("secagg_recovery", recovery_messages())
     with tempfile.TemporaryDirectory() as directory:
         init_federation(directory, parties=["a", "b"])

@@ -1,10 +1,14 @@
-"""Observers of a party's run: called at fixed points, never able to change what is computed.
+"""Observers of a party's run, called at fixed points; two seams can change what a party sends.
 
 A deployment can point ``CONFIDE_PARTY_HOOKS`` at an object with any of the methods of
 :class:`PartyHooks` (``package.module:attribute`` or ``path/file.py:attribute``, as
 ``model.entry``) to watch a party from inside its process: monitoring, tracing, or, in the test
 suite, fault injection (``tests/fixtures/faults.py`` makes a party die mid-round or pause after
-each round). Production modules hold no fault-injection code of their own. The module sits at the
+each round). Production modules hold no fault-injection code of their own. Only
+:meth:`PartyHooks.slice_encoded` and :meth:`PartyHooks.message_sent` change anything: what a
+party's protected slices and relayed messages carry, for the suite's lying party
+(``tests/fixtures/lying_party.py``: a lane overflow, a forged range proof); the parties' checks
+must not depend on a party being honest, as they must not depend on the aggregator. The module sits at the
 package root: the horizontal round loop (confide.party) and the vertical protocols (confide.vertical)
 both call it, and neither may import the other.
 """
@@ -44,6 +48,14 @@ class PartyHooks:
     def rejoin_requested(self) -> None:
         """The restarted party asked its peers to take it back (again after each unanswered minute)."""
 
+    def slice_encoded(self, round_number: int, index: int, payload: bytes) -> bytes:
+        """Protected slice ``index`` as it leaves for the aggregator (unchanged but for a lying party)."""
+        return payload
+
+    def message_sent(self, round_number: int, tag: str, payload: bytes) -> bytes:
+        """A message relayed to the peers, as it leaves (unchanged but for a lying party)."""
+        return payload
+
 
 class _Bound(PartyHooks):
     def __init__(self, target: Any) -> None:
@@ -69,6 +81,14 @@ class _Bound(PartyHooks):
 
     def rejoin_requested(self) -> None:
         getattr(self.target, "rejoin_requested", lambda: None)()
+
+    def slice_encoded(self, round_number: int, index: int, payload: bytes) -> bytes:
+        method = getattr(self.target, "slice_encoded", None)
+        return payload if method is None else method(round_number, index, payload)
+
+    def message_sent(self, round_number: int, tag: str, payload: bytes) -> bytes:
+        method = getattr(self.target, "message_sent", None)
+        return payload if method is None else method(round_number, tag, payload)
 
 
 def load_hooks() -> PartyHooks:

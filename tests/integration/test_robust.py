@@ -2,7 +2,8 @@
 
 The attacker is benchmarks/attack_model.py (a softmax regression whose party multiplies its change
 before it leaves). FedAvg follows it; the median, the trimmed mean and Krum at the aggregator
-do not; nor does the trimmed mean inside tee's enclave. benchmarks/robust_bench.py measures the same at more rounds, with more attacks.
+do not, nor does the trimmed mean inside tee's enclave. benchmarks/robust_bench.py measures the
+same at more rounds, with more attacks.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@
 
 pub mod batchcrypt;
 mod bits;
+pub mod bound;
 pub mod daciq;
 mod error;
 pub mod flbooster;

@@ -963,6 +963,81 @@ fn verify_challenge_words<'py>(py: Python<'py>, key: &[u8], vector: u64, count: 
     Ok(PyArray1::from_vec(py, confide_codec::tags::challenge_words(&key, vector, count)))
 }
 
+/// `words` (residues mod `2^ring_bits`) read as signed values and offset by `2^(bits - 1)`.
+fn offset_values(words: &[u32], ring_bits: u32, bits: u32) -> PyResult<Vec<u64>> {
+    if !(2..=32).contains(&ring_bits) || !(1..=ring_bits).contains(&bits) {
+        return Err(invalid("bits", format!("must be in 1..={ring_bits} (ring_bits in 2..=32), got {bits}")));
+    }
+    let (shift, offset) = (32 - ring_bits, 1i64 << (bits - 1));
+    Ok(words.iter().map(|&w| (((w << shift) as i32 >> shift) as i64 + offset) as u64).collect())
+}
+
+fn pair_keys(keys: Vec<Vec<u8>>) -> PyResult<Vec<[u8; 16]>> {
+    keys.iter().map(|k| k.as_slice().try_into().map_err(|_| invalid("keys", "each pair key must be 16 bytes"))).collect()
+}
+
+/// A party's bound proof message for its fixed-point `words` (docs/crypto.md, "Bounded updates").
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+fn bound_prove<'py>(
+    py: Python<'py>,
+    context: &[u8],
+    words: PyReadonlyArray1<'_, u32>,
+    ring_bits: u32,
+    bits: u32,
+    keys: Vec<Vec<u8>>,
+    adds: Vec<bool>,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let values = offset_values(words.as_slice().map_err(|_| invalid("words", "must be a contiguous uint32 array"))?, ring_bits, bits)?;
+    let keys = pair_keys(keys)?;
+    let message = py
+        .detach(|| {
+            let gammas = confide_codec::bound::blindings(&keys, &adds, values.len())?;
+            confide_codec::bound::prove(context, &values, bits, &gammas)
+        })
+        .map_err(NativeError::from)?;
+    Ok(PyBytes::new(py, &message))
+}
+
+/// (commitments, "") of a peer's bound proof message, or (b"", why) when it is refused: "chunk <c>"
+/// for a proof that does not verify, else what is malformed.
+#[pyfunction]
+fn bound_verify<'py>(
+    py: Python<'py>,
+    context: &[u8],
+    message: &[u8],
+    count: usize,
+    bits: u32,
+    check: bool,
+) -> (Bound<'py, PyBytes>, String) {
+    match py.detach(|| confide_codec::bound::verify(context, message, count, bits, check)) {
+        Ok(points) => (PyBytes::new(py, &points), String::new()),
+        Err(confide_codec::bound::Refusal::Proof { chunk }) => (PyBytes::new(py, b""), format!("chunk {chunk}")),
+        Err(confide_codec::bound::Refusal::Malformed(why)) => (PyBytes::new(py, b""), why),
+    }
+}
+
+/// Positions where the parties' commitments are not those of the decoded sum `sums` (residues mod
+/// `2^ring_bits`) of `parties` values offset by `2^(bits - 1)` each.
+#[pyfunction]
+fn bound_check_sum(
+    py: Python<'_>,
+    commitments: Vec<Vec<u8>>,
+    sums: PyReadonlyArray1<'_, u32>,
+    ring_bits: u32,
+    bits: u32,
+) -> PyResult<Vec<usize>> {
+    let parties = commitments.len() as i64;
+    let offset = 1i64 << (bits.clamp(1, 32) - 1);
+    let totals: Vec<i64> =
+        offset_values(sums.as_slice().map_err(|_| invalid("sums", "must be a contiguous uint32 array"))?, ring_bits, bits)?
+            .into_iter()
+            .map(|v| v as i64 + (parties - 1) * offset)
+            .collect();
+    let views: Vec<&[u8]> = commitments.iter().map(Vec::as_slice).collect();
+    Ok(py.detach(|| confide_codec::bound::check_sum(&views, &totals, bits)).map_err(NativeError::from)?)
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyEncryptionKey>()?;
@@ -976,6 +1051,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(verify_challenge_words, m)?)?;
     m.add_function(wrap_pyfunction!(verify_check_fixed, m)?)?;
     m.add_function(wrap_pyfunction!(verify_check_float, m)?)?;
+    m.add_function(wrap_pyfunction!(bound_prove, m)?)?;
+    m.add_function(wrap_pyfunction!(bound_verify, m)?)?;
+    m.add_function(wrap_pyfunction!(bound_check_sum, m)?)?;
     m.add("GMP_VERSION", gmp_version())?;
     m.add_function(wrap_pyfunction!(engine, m)?)?;
     psi::register(m)?;

@@ -31,6 +31,7 @@ from confide.party.rejoin import Membership, request_rejoin
 from confide.party.upload import PartyExchange, RoundUpload
 from confide.protect import RoundContext
 from confide.protect.base import chunks
+from confide.protect.bound import BoundViolationError
 from confide.protect.verify import VerificationError
 from confide.reports import RoundReport
 from confide.spec import TransportSpec
@@ -116,6 +117,7 @@ def train_and_aggregate(
         participants = training.membership.settle(round_number, participants, client.message_timeout_s)
     attempt = first_attempt
     refused: list[dict] = []  # attempts whose sums failed verification (retried on another node)
+    bound_excluded: list[dict] = []  # attempts run again without parties whose bound proofs failed
     scaled = 1.0  # what ``delta`` has been multiplied by so far (without privacy it becomes the contribution in place)
     while True:
         total = sum(float(counts[p][0]) for p in participants)
@@ -167,6 +169,8 @@ def train_and_aggregate(
             attempt += 1
             continue
         except RoundAbortedError as aborted:
+            if isinstance(aborted, BoundViolationError):
+                bound_excluded.append({"attempt": attempt, "parties": aborted.dropped, "reason": str(aborted)})
             if party_id in aborted.dropped:
                 raise JobFailedError(f"this party was dropped from round {round_number}: {aborted}") from None
             if job.on_dropout == "fail":
@@ -186,6 +190,8 @@ def train_and_aggregate(
             attempt += 1
     if refused:
         context.stats["verification_refused"] = refused
+    if bound_excluded:
+        context.stats["bound_excluded"] = bound_excluded
     del vector, delta, private  # the contribution is summed: only the global vector and the aggregate remain
     if training.privacy is not None:
         aggregate = training.privacy.finish(aggregate, participants)
@@ -446,7 +452,7 @@ def run_attempt(
     def produce(index: int) -> pb.Slice:
         start, stop = context.bounds(index)
         began = time.perf_counter()
-        payload = protection.encode(context, index, vector[start:stop])
+        payload = HOOKS.slice_encoded(context.round, index, protection.encode(context, index, vector[start:stop]))
         ended = time.perf_counter()
         with encode_lock:
             timings["encode_cpu_s"] += ended - began
@@ -464,6 +470,8 @@ def run_attempt(
     try:
         began = time.perf_counter()
         protection.begin_round(context, vector)
+        if protection.bounds is not None:
+            protection.bounds.begin(context, vector)  # clips the contribution before any slice is encoded
         timings["agree_s"] = time.perf_counter() - began
         upload.release()
         exchange.wait_seconds = 0.0
@@ -502,6 +510,8 @@ def run_attempt(
             included = [p for p in context.participants if p not in excluded_now]
             context.stats["verification"] = verifier.settle(included, node_of)
             timings["verify_s"] = context.stats["verification"]["verify_s"]
+        if protection.bounds is not None:
+            context.stats["bound"] = protection.bounds.settle(context.participants)
         return aggregate, timings
     except BaseException:
         upload.cancel()

@@ -77,6 +77,8 @@ from confide.party.rounds import (
 )
 from confide.party.upload import PartyExchange, encode_workers
 from confide.protect import RoundContext, make_protection
+from confide.protect.bound import BoundProver
+from confide.protect.bound import describe as describe_bound
 from confide.protect.verify import Verifier, describe
 from confide.reports import Failure, ModelSummary, PartyReport
 from confide.spec import JobSpec
@@ -254,6 +256,7 @@ def run_party(
         message_timeout_s=spec.transport.message_timeout_s,
     )
     exchange = PartyExchange(client)
+    exchange.hooks = HOOKS
     params = spec.protection.params()
     current: dict = {}
 
@@ -270,6 +273,8 @@ def run_party(
         protection.use_robust(strategy.rule())  # the aggregator applies it: its estimate is not a sum to verify
     elif spec.protection.verifies:
         protection.verifier = Verifier(protection, timeout_s=spec.protection.share_timeout_s)
+    if spec.protection.prove_bound:
+        protection.bounds = BoundProver(protection, timeout_s=spec.protection.share_timeout_s)
     restore = _stop_on_sigterm(stop_file)
     admitted_round = attempt_admitted = 0
     try:
@@ -308,7 +313,7 @@ def run_party(
         if rejoin:
             membership.incarnations.update(admission.incarnations)
         report.setup_seconds = time.perf_counter() - started
-        report.protection = {**protection.report(), "verification": describe(protection, spec.protection.verify)}
+        report.protection = _protection_report(protection, spec)
         slice_length = slice_length_for(spec.transport.slice_bytes)
         if resume_round and joining:
             holders = [p for p in spec.parties if p not in joining]
@@ -374,7 +379,7 @@ def run_party(
                 on_round(entry.model_dump(mode="json", exclude_none=True))
             HOOKS.round_done(round_number)
         report.status = "completed"
-        report.protection = {**protection.report(), "verification": describe(protection, spec.protection.verify)}
+        report.protection = _protection_report(protection, spec)
         if privacy is not None:
             report.protection["privacy"] = privacy.report()
         report.weights = layout.flatten(model.get_weights()).tolist() if layout.size <= MAX_WEIGHTS_IN_REPORT else None
@@ -578,3 +583,12 @@ def _observe(entry, mode: str) -> None:
     metrics.BYTES.labels("party", "sent").inc(entry.bytes_sent)
     metrics.BYTES.labels("party", "received").inc(entry.bytes_received)
     metrics.CRYPTO_SECONDS.labels(mode).inc(entry.crypto_s)
+
+
+def _protection_report(protection, spec) -> dict:
+    """What ran: the mode's own report, whether the sums were verified, whether updates were proven bounded."""
+    return {
+        **protection.report(),
+        "verification": describe(protection, spec.protection.verify),
+        "bound": describe_bound(spec.protection.prove_bound, protection.mode),
+    }

@@ -191,13 +191,15 @@ class PartyExchange:
         self.party_id = client.party_id
         self.identity = client.identity
         self.upload: RoundUpload | None = None
+        #: The process's hooks (confide.hooks): a lying party's messages change here, nobody else's.
+        self.hooks: PartyHooks = PartyHooks()
         self._reconnects = 0
         self._lost: frozenset[int] = frozenset()
         self.wait_seconds = 0.0
 
     def send(self, round_number: int, tag: str, payload: bytes, recipients) -> None:
         """Relay a payload."""
-        self.client.send(round_number, tag, payload, recipients)
+        self.client.send(round_number, tag, self.hooks.message_sent(round_number, tag, payload), recipients)
 
     def recv(self, round_number: int, tag: str, sender: str, *, timeout: float | None = None) -> bytes:
         """Wait for a relayed payload."""

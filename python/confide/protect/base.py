@@ -205,6 +205,8 @@ class Protection(ABC):
         self.group_secrets: dict[str, bytes] = {}
         #: Checks every combined slice ``finish_round`` decodes (a :class:`confide.protect.verify.Verifier`).
         self.verifier = None
+        #: Proves this party's update within the bound (a :class:`confide.protect.bound.BoundProver`).
+        self.bounds = None
 
     def setup(self, participants: list[str]) -> None:  # noqa: B027 - optional hook
         """Job-level key set-up with the other participants (none by default)."""
@@ -271,6 +273,8 @@ class Protection(ABC):
         """``finish_round`` decoded combined slice ``index`` (delivered as ``payload``) to the sum image ``total``."""
         if self.verifier is not None:
             self.verifier.observe(index, payload, total)
+        if self.bounds is not None:
+            self.bounds.observe(index, total)
 
     def header_key(self) -> bytes:
         """Public key material the aggregator needs (paillier only)."""

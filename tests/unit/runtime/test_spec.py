@@ -360,3 +360,24 @@ def test_verification_defaults_to_the_modes_that_support_it(protection, verifies
 def test_verification_errors_name_the_field(protection, words):
     message = error_of(spec(protection=protection))
     assert all(w in message for w in words), message
+
+
+@pytest.mark.parametrize(
+    "protection,words",
+    [
+        ({"mode": "plain", "prove_bound": True}, ["protection.prove_bound", "mode plain", "norm_clip"]),
+        ({"mode": "tee", "prove_bound": True}, ["protection.prove_bound", "mode tee", "enclave"]),
+        ({"mode": "paillier", "prove_bound": True}, ["protection.prove_bound", "stochastic rounding"]),
+        ({"mode": "secagg", "prove_bound": True, "mask_bound": None}, ["protection.mask_bound"]),
+        ({"mode": "secagg", "prove_bound": True, "mask_bound": 0}, ["protection.mask_bound"]),
+        ({"mode": "lattice", "prove_bound": True, "on_dropout": "recover"}, ["prove_bound", "on_dropout recover"]),
+    ],
+)
+def test_bound_proofs_are_refused_where_they_cannot_run_naming_the_field(protection, words):
+    message = error_of(spec(protection=protection))
+    assert all(w in message for w in words), message
+
+
+def test_bound_proofs_run_in_the_integer_modes():
+    for mode in ("secagg", "groupmask", "lattice"):
+        assert parse_job(spec(protection={"mode": mode, "prove_bound": True})).protection.prove_bound

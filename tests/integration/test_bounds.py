@@ -1,0 +1,95 @@
+"""Bounded updates under protection: a party past the bound is caught before its update corrupts the sum.
+
+Real processes over gRPC with mTLS; the lying party is tests/fixtures/lying_party.py (its hooks).
+Breast cancer with Homo LR (31 values a party), ``protection.prove_bound: true``: every party
+proves each value within ``mask_bound`` with Bulletproofs bound to its protected words, and checks
+every peer's proofs and the decoded sum (python/confide/protect/bound.py).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from confide.errors import JobFailedError
+from tests.fixtures.federation import run_local
+from tests.fixtures.lying_party import environment
+from tests.integration.conftest import make_spec
+
+PARTIES = ["hospital-a", "hospital-b", "hospital-c"]
+LIAR = PARTIES[-1]
+
+
+def party_report(workdir: Path, party: str) -> dict:
+    return json.loads((workdir / "parties" / f"{party}.report.json").read_text())
+
+
+def bounded(mode: str, job_id: str, **protection):
+    return make_spec(job_id=job_id, rounds=3, protection={"mode": mode, "prove_bound": True, **protection})
+
+
+@pytest.mark.parametrize("mode", ["secagg", "groupmask", "lattice"])
+def test_honest_parties_prove_every_update_within_the_bound_and_train_as_without(tmp_path, mode):
+    report = run_local(bounded(mode, f"bound-{mode}"), tmp_path / "on", progress=False, echo=lambda *_: None)
+    plain = run_local(
+        make_spec(job_id=f"unbound-{mode}", rounds=3, protection={"mode": mode}),
+        tmp_path / "off",
+        progress=False,
+        echo=lambda *_: None,
+    )
+    assert report["protection"]["bound"]["ran"] is True
+    assert abs(report["final_auc"] - plain["final_auc"]) < 0.02
+    for party in PARTIES:
+        for entry in party_report(tmp_path / "on", party)["rounds"]:
+            bound = entry["stats"]["bound"]
+            assert bound["bound_bits"] >= 20 and bound["bound_linf"] <= 8.0
+            assert bound["bound_prove_s"] > 0 and bound["bound_bytes"] > 31 * 32
+
+
+@pytest.mark.parametrize(
+    "mode,lie,verify",
+    [("lattice", "lane_overflow", "off"), ("lattice", "lane_overflow", "auto"), ("secagg", "past_bound", "off")],
+)
+def test_a_party_that_sends_other_words_than_it_proved_has_the_sum_refused(tmp_path, mode, lie, verify):
+    spec = bounded(mode, f"liar-{mode}-{lie}-{verify}", verify=verify)
+    with pytest.raises(JobFailedError) as failure:
+        run_local(spec, tmp_path, progress=False, echo=lambda *_: None, party_env={LIAR: environment(lie)})
+    text = str(failure.value)
+    for party in PARTIES[:-1]:
+        assert party in text
+    if verify == "off":
+        assert text.count("is not the sum of the values the parties proved") >= 2, text
+    else:
+        # the tags see that the sum is not of the updates the parties hold (they cannot tell a lying
+        # party from a lying aggregator: a lying party whose tags match its words is the bound's case)
+        assert "not the sum of the parties' updates" in text or "not the sum of the values" in text, text
+    assert "round 2" in text
+
+
+def test_a_party_whose_proof_fails_is_named_and_the_round_runs_again_without_it(tmp_path):
+    spec = bounded("secagg", "forged-proof")
+    report = run_local(
+        spec, tmp_path, progress=False, echo=lambda *_: None, party_env={LIAR: environment("forged_proof")}
+    )
+    honest = party_report(tmp_path, PARTIES[0])["rounds"]
+    second = next(r for r in honest if r["round"] == 2)
+    excluded = second["stats"]["bound_excluded"]
+    assert excluded[0]["parties"] == [LIAR] and "does not verify" in excluded[0]["reason"]
+    assert LIAR not in second["participants"] and second["attempts"] == 2
+    assert LIAR in report["dropped"]
+
+
+def test_without_the_proofs_a_lane_overflow_goes_into_the_model(tmp_path):
+    """The attack is real: lattice mode without bound proofs (and unverified) takes the carried value."""
+
+    def weights(name: str, env: dict) -> list[float]:
+        spec = make_spec(job_id=f"overflow-{name}", rounds=3, protection={"mode": "lattice", "verify": "off"})
+        run_local(spec, tmp_path / name, progress=False, echo=lambda *_: None, party_env=env)
+        return party_report(tmp_path / name, PARTIES[0])["weights"]
+
+    honest, attacked = weights("honest", {}), weights("attacked", {LIAR: environment("lane_overflow")})
+    # 2^20 carried into the second value's lane: 4.0 at the lattice fixed point's 2^-18 for 3 parties
+    assert abs(attacked[1] - honest[1]) > 2.0, (honest[:3], attacked[:3])
+    assert max(abs(a - h) for a, h in zip(attacked[2:], honest[2:], strict=True)) < 1.0
