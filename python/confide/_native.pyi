@@ -166,8 +166,9 @@ class DataPlane:
         tee_round: int = 0,
         tee_attempt: int = 0,
         share: tuple[int, int, list[int]] | None = None,
-        robust: tuple[str, int] | None = None,
+        robust: tuple[str, int, int, int, float] | None = None,
     ) -> None: ...
+    def finish_robust(self, round_id: int, held: list[tuple[int, bytes]]) -> list[tuple[int, bytes]]: ...
     def contributions(self, round_id: int) -> list[int]: ...
     def push(
         self, round_id: int, participant: int, indices: bytes, n_valid: bytes, lengths: bytes, payload: bytes

@@ -37,7 +37,6 @@ from confide.ml import MODELS
 from confide.ml.strategies import STRATEGIES
 from confide.protect import MODES
 from confide.protect.bound import BOUNDED_MODES
-from confide.protect.tee import ENCLAVE_RULES
 
 __all__ = [
     "DataSpec",
@@ -595,11 +594,6 @@ class JobSpec(_Strict):
         if not strategy.robust:
             return
         mode = self.protection.mode
-        if mode == "tee" and strategy.name not in ENCLAVE_RULES:
-            raise ValueError(
-                f"strategy.name {strategy.name} weighs whole updates: tee's enclave applies coordinate-wise rules "
-                f"only ({', '.join(ENCLAVE_RULES)}); use one of them, or protection.mode plain"
-            )
         if mode not in ("plain", "tee"):
             raise ValueError(
                 f"strategy.name {strategy.name} is applied by the aggregator to every update: it needs "

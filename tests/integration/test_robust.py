@@ -2,7 +2,7 @@
 
 The attacker is benchmarks/attack_model.py (a softmax regression whose party multiplies its change
 before it leaves). FedAvg follows it; the median, the trimmed mean and Krum at the aggregator
-do not, nor does the trimmed mean inside tee's enclave. benchmarks/robust_bench.py measures the
+do not, nor do the trimmed mean and Krum inside tee's enclave. benchmarks/robust_bench.py measures the
 same at more rounds, with more attacks.
 """
 
@@ -44,6 +44,7 @@ def runs(tmp_path_factory):
         ("trimmed_mean", "trimmed_mean", attacked, "plain"),
         ("krum", "krum", attacked, "plain"),
         ("tee-trimmed_mean", "trimmed_mean", attacked, "tee"),
+        ("tee-krum", "krum", attacked, "tee"),
     ]:
         spec = parse_job(job(strategy, mode))
         out[name] = run_local(spec, tmp_path_factory.mktemp(name), progress=False, echo=lambda *_: None, party_env=env)
@@ -67,10 +68,11 @@ def test_a_robust_rule_keeps_the_model_near_the_clean_run(runs, rule):
     assert rule in report["protection"]["verification"]["reason"]
 
 
-def test_the_enclave_applies_the_trimmed_mean_to_the_sealed_updates_as_plain_does_in_the_clear(runs):
-    report, plain = runs["tee-trimmed_mean"], runs["trimmed_mean"]
-    assert report["protection"]["mode"] == "tee" and report["protection"]["robust_rule"] == "trimmed_mean"
-    assert "the enclave returns their trimmed mean, not their sum" in report["aggregator_saw"]
+@pytest.mark.parametrize("rule", ["trimmed_mean", "krum"])
+def test_the_enclave_applies_the_rule_to_the_sealed_updates_as_plain_does_in_the_clear(runs, rule):
+    report, plain = runs[f"tee-{rule}"], runs[rule]
+    assert report["protection"]["mode"] == "tee" and report["protection"]["robust_rule"] == rule
+    assert f"the enclave returns their {rule.replace('_', ' ')}, not their sum" in report["aggregator_saw"]
     # the same rule on the same updates: Rust in the enclave, numpy at the plain aggregator
     assert report["final_accuracy"] > runs["clean"]["final_accuracy"] - 0.05, report["final_accuracy"]
     assert abs(report["final_accuracy"] - plain["final_accuracy"]) < 0.01

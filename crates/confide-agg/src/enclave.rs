@@ -35,6 +35,7 @@ pub const WRAP_LABEL: &[u8] = b"confide/tee/wrap/v1";
 /// AAD prefix of a sealed slice.
 pub const SLICE_LABEL: &[u8] = b"confide/tee/slice/v1\x00";
 const CHECKPOINT_LABEL: &[u8] = b"confide/tee/checkpoint/v1\x00";
+const HELD_LABEL: &[u8] = b"confide/tee/held/v1\x00";
 /// Bytes of a wrapped session key.
 pub const WRAPPED_KEY_BYTES: usize = 32 + 12 + 32 + 16;
 /// Participant position in the AAD of a sealed result.
@@ -96,6 +97,15 @@ pub trait Enclave: Send + Sync {
     /// # Errors
     /// `UnknownRound`, `Io`.
     fn missing(&self, round_id: u64) -> Result<Vec<(u32, Vec<u32>)>>;
+    /// A whole-update robust round's estimates: `held` are the blocks [`Enclave::ingest`] sealed
+    /// for the enclave alone as their slices completed, every slice of the round once; the
+    /// enclave opens them, weighs the updates over all of them and seals each slice's estimate
+    /// under the session key, as a completed slice.
+    ///
+    /// # Errors
+    /// `UnknownRound`, `InvalidParameter` (not a whole-update round, a slice missing or twice),
+    /// `Malformed` (a block not sealed by this enclave for this round and slice).
+    fn finish_robust(&self, round_id: u64, held: &[(u32, Vec<u8>)]) -> Result<Vec<(u32, Vec<u8>)>>;
     /// Counters of the enclave's trackers, summed.
     fn stats(&self) -> TrackerStats;
     /// Resets the trackers' peaks.
@@ -231,6 +241,10 @@ pub fn open_with(key: &[u8; 32], aad: &[u8], sealed: &[u8]) -> Result<Vec<u8>> {
     open(&aes_key(key)?, aad, sealed).ok_or_else(|| Error::Crypto("AES-GCM authentication failed".into()))
 }
 
+fn f32_values(bytes: &[u8]) -> Vec<f32> {
+    bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
@@ -270,6 +284,10 @@ impl SimulatedEnclave {
 
     fn checkpoint_aad(round_id: u64) -> Vec<u8> {
         [CHECKPOINT_LABEL, &round_id.to_le_bytes()].concat()
+    }
+
+    fn held_aad(round_id: u64, index: u32) -> Vec<u8> {
+        [HELD_LABEL, &round_id.to_le_bytes(), &index.to_le_bytes()].concat()
     }
 }
 
@@ -359,13 +377,21 @@ impl Enclave for SimulatedEnclave {
         plain.zeroize();
         Ok(match outcome {
             Outcome::Completed(mut result) => {
-                if let Some(rule) = tee.rule {
-                    // the stacked updates become the rule's estimate before anything is sealed
-                    let mut block: Zeroizing<Vec<f32>> =
-                        Zeroizing::new(result.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect());
-                    result.zeroize();
-                    result = rule.combine(&block, spec.participants as usize).iter().flat_map(|v| v.to_le_bytes()).collect();
-                    block.zeroize();
+                match tee.rule {
+                    Some(rule) if rule.whole_update() => {
+                        // held by the host, sealed for the enclave alone, until every slice is in
+                        let held = seal(&self.checkpoint_key, random::<12>()?, &Self::held_aad(round_id, index), &result)?;
+                        result.zeroize();
+                        return Ok(Outcome::Completed(held));
+                    }
+                    Some(rule) => {
+                        // the stacked updates become the rule's estimate before anything is sealed
+                        let mut block = Zeroizing::new(f32_values(&result));
+                        result.zeroize();
+                        result = rule.combine(&block, spec.participants as usize).iter().flat_map(|v| v.to_le_bytes()).collect();
+                        block.zeroize();
+                    }
+                    None => {}
                 }
                 let aad = slice_aad(&tee.session, tee.round, tee.attempt, RESULT_PARTICIPANT, index);
                 let sealed = seal(&key.key, random::<12>()?, &aad, &result)?;
@@ -410,6 +436,42 @@ impl Enclave for SimulatedEnclave {
             out.extend(lock(t).missing(&spec)?);
         }
         out.sort_by_key(|(i, _)| *i);
+        Ok(out)
+    }
+
+    fn finish_robust(&self, round_id: u64, held: &[(u32, Vec<u8>)]) -> Result<Vec<(u32, Vec<u8>)>> {
+        let spec = self.spec(round_id)?;
+        let tee = spec.tee.as_ref().ok_or_else(|| invalid("tee", "round has no tee context"))?;
+        let rule = tee.rule.filter(|r| r.whole_update()).ok_or_else(|| invalid("robust", "the round's rule is not a whole-update rule"))?;
+        let mut indices: Vec<u32> = held.iter().map(|(i, _)| *i).collect();
+        indices.sort_unstable();
+        if indices != (0..spec.num_slices).collect::<Vec<_>>() {
+            return Err(invalid("held", format!("must hold each of the round's {} slices once", spec.num_slices)));
+        }
+        let m = spec.participants as usize;
+        let mut blocks = Vec::with_capacity(held.len());
+        let mut gram = vec![0f64; m * m];
+        for (index, sealed) in held {
+            let mut plain = Zeroizing::new(
+                open(&self.checkpoint_key, &Self::held_aad(round_id, *index), sealed)
+                    .ok_or_else(|| malformed("held", format!("slice {index}: not sealed by this enclave for this round")))?,
+            );
+            let block = Zeroizing::new(f32_values(&plain));
+            plain.zeroize();
+            crate::robust::add_gram(&mut gram, &block, m);
+            blocks.push((*index, block));
+        }
+        let weights = rule.weights(&gram, m);
+        gram.zeroize();
+        let sessions = self.sessions.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let key = sessions.get(&tee.session).ok_or_else(|| invalid("session", format!("{:?} has no provisioned key", tee.session)))?;
+        let mut out = Vec::with_capacity(blocks.len());
+        for (index, block) in &blocks {
+            let mut estimate: Vec<u8> = crate::robust::weighted(block, &weights).iter().flat_map(|v| v.to_le_bytes()).collect();
+            let aad = slice_aad(&tee.session, tee.round, tee.attempt, RESULT_PARTICIPANT, *index);
+            out.push((*index, seal(&key.key, random::<12>()?, &aad, &estimate)?));
+            estimate.zeroize();
+        }
         Ok(out)
     }
 

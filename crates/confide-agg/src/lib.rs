@@ -27,7 +27,7 @@
 //!   "ecalls"). Slices arrive AES-256-GCM sealed under a per-session key that a
 //!   party wraps to the enclave's X25519 key; the enclave decrypts, folds into
 //!   trackers it owns and seals the result; for a robust round ([`robust`]) it seals
-//!   the coordinate-wise estimate of the stacked updates instead.
+//!   the robust estimate of the stacked updates instead.
 //!
 //! # The tee mode is a simulation
 //! There is no SGX on this machine. [`SimulatedEnclave`] runs as ordinary code in
@@ -57,7 +57,7 @@ pub use enclave::{Enclave, EnclaveReport, SimulatedEnclave};
 pub use error::{Error, Result};
 pub use kernels::{accumulate_f32, accumulate_u32, all_finite_f32, bench_primitive, scale_into_f32, simd_level, Level};
 pub use node::{DataPlane, PushResult, Stats};
-pub use robust::CoordinateRule;
+pub use robust::Rule as RobustRule;
 pub use routing::{mix64, node_for, session_hash, worker_for};
 pub use tracker::{Kind, Outcome, RoundCheckpoint, RoundSpec, TeeRound, Tracker, TrackerStats, MAX_PARTICIPANTS};
 pub use wire::{parse_batch, parse_push, BatchView, PushBody};

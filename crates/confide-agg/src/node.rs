@@ -271,6 +271,15 @@ impl DataPlane {
         self.enclave.as_ref()
     }
 
+    /// A whole-update robust tee round's sealed estimates, from the blocks its slices completed as
+    /// ([`Enclave::finish_robust`]).
+    ///
+    /// # Errors
+    /// `InvalidParameter` without an enclave; the enclave's errors.
+    pub fn finish_robust(&self, round_id: u64, held: &[(u32, Vec<u8>)]) -> Result<Vec<(u32, Vec<u8>)>> {
+        self.enclave.as_ref().ok_or_else(|| invalid("enclave", "a tee round needs an enclave"))?.finish_robust(round_id, held)
+    }
+
     fn entry(&self, round_id: u64) -> Result<Arc<Entry>> {
         self.wall.read().unwrap_or_else(std::sync::PoisonError::into_inner).get(&round_id).cloned().ok_or(Error::UnknownRound { round_id })
     }

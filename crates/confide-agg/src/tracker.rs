@@ -11,7 +11,7 @@
 
 use crate::error::{invalid, malformed, slice_error, Error, Result};
 use crate::kernels;
-use crate::robust::CoordinateRule;
+use crate::robust::Rule;
 use confide_codec::params::{from_params, to_params, Codec};
 use confide_paillier::{CiphertextBlock, Encoding, EncryptionKey};
 use sha2::{Digest, Sha256};
@@ -61,7 +61,8 @@ pub enum Kind {
     /// m × n block, which completes as it is (a robust rule at the aggregator reads every update).
     F32Stack,
     /// `F32Stack` on AES-GCM sealed slices: the enclave stacks the opened updates and, as a slice
-    /// completes, seals the coordinate-wise robust estimate of [`TeeRound::rule`] instead of the block.
+    /// completes, seals the robust estimate of [`TeeRound::rule`] instead of the block (a
+    /// whole-update rule: the block sealed for the enclave alone, until every slice is in).
     TeeF32Stack,
 }
 
@@ -197,7 +198,7 @@ impl Kind {
 }
 
 /// The sealed-slice context of a tee round (bound into every slice's AAD).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct TeeRound {
     /// Session (job id) string.
     pub session: String,
@@ -205,8 +206,8 @@ pub struct TeeRound {
     pub round: u32,
     /// Attempt number in the AAD.
     pub attempt: u32,
-    /// The coordinate-wise robust rule of a [`Kind::TeeF32Stack`] round (None for every other kind).
-    pub rule: Option<CoordinateRule>,
+    /// The robust rule of a [`Kind::TeeF32Stack`] round (None for every other kind).
+    pub rule: Option<Rule>,
 }
 
 /// Everything the data plane knows about a round (the "message wall" row).
@@ -273,7 +274,7 @@ impl RoundSpec {
             return Err(invalid("tee", "a tee context is required for tee kinds and only for them"));
         }
         if (self.kind == Kind::TeeF32Stack) != self.tee.as_ref().is_some_and(|t| t.rule.is_some()) {
-            return Err(invalid("robust", "a coordinate-wise rule is required for kind tee_f32_stack and only for it"));
+            return Err(invalid("robust", "a robust rule is required for kind tee_f32_stack and only for it"));
         }
         Ok(())
     }

@@ -5,7 +5,7 @@ mod common;
 
 use common::*;
 use confide_agg::enclave::{open_with, seal_with, slice_aad, wrap_session_key, RESULT_PARTICIPANT};
-use confide_agg::{CoordinateRule, DataPlane, Enclave, Kind, SimulatedEnclave};
+use confide_agg::{DataPlane, Enclave, Kind, RobustRule, SimulatedEnclave};
 use std::sync::Arc;
 
 fn hex(b: &[u8]) -> String {
@@ -236,7 +236,7 @@ fn tee_stack_seals_the_coordinate_wise_estimate_of_the_plain_stack_and_nothing_e
     let data: Vec<Vec<f32>> = (0..participants as usize)
         .map(|p| (0..len).map(|j| (((j * 7 + p * 3) % 11) as f32 - 5.0) * if p == 4 { 100.0 } else { 1.0 }).collect())
         .collect();
-    for (round, rule) in [(1u64, CoordinateRule::Median), (2, CoordinateRule::TrimmedMean { cut: 1 })] {
+    for (round, rule) in [(1u64, RobustRule::Median), (2, RobustRule::TrimmedMean { cut: 1 })] {
         let enclave = Arc::new(SimulatedEnclave::new(2).unwrap());
         let key = [0x17u8; 32];
         enclave.provision("job-1", &wrap_session_key(&enclave.public_key(), [5; 32], [6; 12], "job-1", &key).unwrap()).unwrap();
@@ -278,6 +278,49 @@ fn tee_stack_seals_the_coordinate_wise_estimate_of_the_plain_stack_and_nothing_e
             assert_eq!(block.len(), sealed.len() * participants as usize, "slice {i}: the enclave seals n values, not the block");
             assert_eq!(sealed, &rule.combine(block, participants as usize), "slice {i}");
             assert!(sealed.iter().all(|v| v.abs() <= 5.0), "slice {i}: the scaled update does not reach the estimate");
+        }
+    }
+}
+
+#[test]
+fn a_whole_update_rule_holds_sealed_blocks_and_weighs_the_updates_over_every_slice() {
+    let (participants, slice_length, len) = (5u32, 8u32, 20usize);
+    let ones = vec![1.0; participants as usize];
+    // participant 4 is far from the others in every slice: Multi-Krum (f = 1, k = 4) leaves it out
+    let data: Vec<Vec<f32>> =
+        (0..participants as usize).map(|p| (0..len).map(|j| if p == 4 { 50.0 } else { ((j + p) % 3) as f32 * 0.1 }).collect()).collect();
+    let enclave = Arc::new(SimulatedEnclave::new(2).unwrap());
+    let key = [0x29u8; 32];
+    enclave.provision("job-1", &wrap_session_key(&enclave.public_key(), [7; 32], [8; 12], "job-1", &key).unwrap()).unwrap();
+    let tee = DataPlane::new(0, 1 << 20, None, Some(enclave.clone() as Arc<dyn Enclave>)).unwrap();
+    let mut ts = spec(9, Kind::TeeF32Stack, participants, slice_length, len as u64, ones);
+    ts.tee.as_mut().unwrap().rule = Some(RobustRule::Krum { byzantine: 1, selected: 4 });
+    tee.open_round(ts.clone()).unwrap();
+    let info = ts.tee.clone().unwrap();
+    let mut held = Vec::new();
+    for p in 0..participants {
+        for i in 0..ts.num_slices {
+            let x = slice_bytes(&ts, &data[p as usize], i);
+            let aad = slice_aad(&info.session, info.round, info.attempt, p, i);
+            let sealed = seal_with(&key, [p as u8, i as u8, 9, 0, 0, 0, 0, 0, 0, 0, 0, 0], &aad, &x).unwrap();
+            held.extend(tee.push(9, p, Arc::from(sealed.clone()), &[(i, 0, sealed.len())]).unwrap().completed);
+        }
+    }
+    assert_eq!(held.len(), ts.num_slices as usize);
+    // the host cannot read what it holds: not the session's result, not the updates
+    let aad = slice_aad(&info.session, info.round, info.attempt, RESULT_PARTICIPANT, held[0].0);
+    assert!(open_with(&key, &aad, &held[0].1).is_err());
+    assert!(tee.finish_robust(9, &held[1..]).is_err(), "every slice, once");
+    let mut forged = held.clone();
+    forged[0].1[20] ^= 1;
+    assert!(tee.finish_robust(9, &forged).is_err(), "a block not sealed by the enclave");
+    for (i, sealed) in tee.finish_robust(9, &held).unwrap() {
+        let aad = slice_aad(&info.session, info.round, info.attempt, RESULT_PARTICIPANT, i);
+        let estimate = f32s(&open_with(&key, &aad, &sealed).unwrap());
+        let start = i as usize * slice_length as usize;
+        for (k, v) in estimate.iter().enumerate() {
+            let honest: f32 = (0..4).map(|p| data[p][start + k]).sum::<f32>() / 4.0;
+            assert!((v - honest).abs() < 1e-6, "slice {i} value {k}: {v} vs {honest}");
         }
     }
 }

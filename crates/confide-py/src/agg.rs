@@ -4,7 +4,7 @@
 
 use crate::errors::{invalid, to_py};
 use crate::PyEncryptionKey;
-use confide_agg::{CoordinateRule, DataPlane, Enclave, Kind, RoundSpec, SimulatedEnclave, TeeRound};
+use confide_agg::{DataPlane, Enclave, Kind, RobustRule, RoundSpec, SimulatedEnclave, TeeRound};
 use numpy::{PyReadonlyArray1, PyReadwriteArray1};
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedBytes;
@@ -99,15 +99,17 @@ impl PyDataPlane {
         tee_round: u32,
         tee_attempt: u32,
         share: Option<(u32, u32, Vec<u32>)>,
-        robust: Option<(String, u32)>,
+        robust: Option<(String, u32, u32, u32, f64)>,
     ) -> PyResult<()> {
         let kind = Kind::parse(kind).map_err(to_py)?;
         let rule = match (&robust, kind == Kind::TeeF32Stack) {
-            (Some((rule, cut)), true) => Some(CoordinateRule::parse(rule, *cut, participants).map_err(to_py)?),
+            (Some((rule, cut, byzantine, selected, bound)), true) => {
+                Some(RobustRule::parse(rule, *cut, *byzantine, *selected, *bound, participants).map_err(to_py)?)
+            }
             (None, false) => None,
             // the plain stacked kind's rule runs in Python (aggregator/robust.py), not here
             (Some(_), false) if kind == Kind::F32Stack => None,
-            _ => return Err(invalid("robust", "a (rule, cut) is required for kind tee_f32_stack and only for the stacked kinds")),
+            _ => return Err(invalid("robust", "a rule is required for kind tee_f32_stack and only for the stacked kinds")),
         };
         let spec = RoundSpec {
             round_id,
@@ -123,6 +125,14 @@ impl PyDataPlane {
         };
         let share = share.as_ref().map(|(s, n, owned)| (*s, *n, owned.as_slice()));
         self.inner.open_round_share(spec, share).map_err(to_py)
+    }
+
+    /// A whole-update robust tee round's sealed estimates from the blocks its slices completed as:
+    /// [(index, sealed estimate)].
+    fn finish_robust<'py>(&self, py: Python<'py>, round_id: u64, held: Vec<(u32, Vec<u8>)>) -> PyResult<Vec<(u32, Bound<'py, PyBytes>)>> {
+        let inner = self.inner.clone();
+        let out = py.detach(move || inner.finish_robust(round_id, &held)).map_err(to_py)?;
+        Ok(out.into_iter().map(|(i, b)| (i, PyBytes::new(py, &b))).collect())
     }
 
     /// Slices folded in per participant position.

@@ -7,11 +7,14 @@ coordinate-wise rule (median, trimmed mean) each block at once; for a whole-upda
 Multi-Krum, norm clipping) it accumulates the Gram matrix of the updates as blocks complete and
 holds them (m times the share's bytes) until the last one, then weighs the updates and emits every
 slice. Only the estimate is stored and delivered: no party ever receives another's update.
+Under ``tee`` the enclave applies the rule (``AGGREGATION_KIND_TEE_FLOAT32_STACK``): coordinate-wise
+rules as each slice completes, whole-update rules through :class:`EnclaveRobustRound`.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import numpy as np
 
@@ -19,7 +22,7 @@ from confide.errors import InvalidParameterError, ProtocolError
 from confide.ml.strategies import STRATEGIES, RobustStrategy, make_strategy
 from confide.v1 import runtime_pb2 as pb
 
-__all__ = ["RobustRound", "strategy_of"]
+__all__ = ["EnclaveRobustRound", "RobustRound", "strategy_of"]
 
 
 def strategy_of(header: pb.RoundHeader) -> RobustStrategy:
@@ -46,6 +49,34 @@ def strategy_of(header: pb.RoundHeader) -> RobustStrategy:
             f"cluster of {header.cluster_nodes} splits them (use median or trimmed_mean, or one node)"
         )
     return strategy
+
+
+class EnclaveRobustRound:
+    """A whole-update rule under ``tee``: hold each slice's block, sealed for the enclave, until the last.
+
+    The enclave seals a completed slice's m x n block under a key only it holds
+    (``confide-agg`` ``robust.rs``); once the share's every slice is in, ``finish`` (the data
+    plane's ``finish_robust``) has the enclave weigh the updates over all of them and seal each
+    slice's estimate. The host holds m times the share's bytes, all of them sealed.
+    """
+
+    def __init__(self, owned: int, finish: Callable[[list[tuple[int, bytes]]], list[tuple[int, bytes]]]) -> None:
+        self.owned = owned
+        self._finish = finish
+        self._held: dict[int, bytes] = {}
+        self._done = False
+        self._lock = threading.Lock()
+
+    def take(self, completed: list[tuple[int, bytes]]) -> list[tuple[int, bytes]]:
+        """Nothing until the last slice is in; then every slice's sealed estimate."""
+        with self._lock:
+            for index, sealed in completed:
+                self._held.setdefault(index, sealed)
+            if self._done or len(self._held) < self.owned:
+                return []
+            self._done = True
+            held, self._held = sorted(self._held.items()), {}
+        return [(index, bytes(sealed)) for index, sealed in self._finish(held)]
 
 
 class RobustRound:

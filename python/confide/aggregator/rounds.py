@@ -27,7 +27,7 @@ import numpy as np
 
 from confide import _native
 from confide._checks import require
-from confide.aggregator.robust import RobustRound, strategy_of
+from confide.aggregator.robust import EnclaveRobustRound, RobustRound, strategy_of
 from confide.aggregator.store import MemoryResults, RoundWriter
 from confide.crypto import EncryptionKey
 from confide.errors import ProtocolError, RoundClosedError
@@ -106,13 +106,17 @@ def word_bytes(kind: int, values: np.ndarray) -> np.ndarray:
     return (values * 4).astype(np.uint32)
 
 
-def enclave_rule(header: pb.RoundHeader) -> tuple[str, int] | None:
-    """(rule, values cut at each end) of a tee stacked round, for its enclave; None for every other kind."""
+def enclave_rule(header: pb.RoundHeader) -> tuple[str, int, int, int, float] | None:
+    """(rule, cut, byzantine, selected, norm_bound) of a tee stacked round, for its enclave; None for other kinds.
+
+    ``cut``: the trimmed mean's values dropped at each end; ``norm_bound`` 0: the round's median norm.
+    """
     if header.kind != pb.AGGREGATION_KIND_TEE_FLOAT32_STACK:
         return None
     strategy = strategy_of(header)
     cut = strategy.cut(len(header.participants)) if isinstance(strategy, TrimmedMean) else 0
-    return strategy.name, cut
+    rule = header.robust
+    return strategy.name, cut, rule.byzantine, rule.selected, float(rule.norm_bound or 0.0)
 
 
 def is_tee(kind: int) -> bool:
@@ -158,13 +162,7 @@ def validate_header(header: pb.RoundHeader) -> EncryptionKey | None:
     elif len(header.weights):
         raise ProtocolError("header.weights is only for the weighted-mean kinds")
     if header.kind in _STACK_KINDS:
-        # the rule, its options against the participants, no whole-update rule on a cluster
-        strategy = strategy_of(header)
-        if header.kind == pb.AGGREGATION_KIND_TEE_FLOAT32_STACK and strategy.whole_vector:
-            raise ProtocolError(
-                f"header.robust.rule {strategy.name} weighs whole updates; the enclave applies coordinate-wise rules "
-                "only (median, trimmed_mean)"
-            )
+        strategy_of(header)  # the rule, its options against the participants, no whole-update rule on a cluster
     elif header.HasField("robust"):
         raise ProtocolError("header.robust is only for the stacked kinds (plain or tee with a robust strategy)")
     if header.kind == pb.AGGREGATION_KIND_PAILLIER_PRODUCT:
@@ -219,7 +217,13 @@ class RoundState:
         #: Slices folded per participant, kept when the round's state leaves the data plane.
         self._final_contributions: list[int] | None = None
         #: A robust rule's state (stacked rounds): what the parties receive instead of the stacked updates.
-        self.robust = RobustRound(header, len(self.owned)) if header.kind == pb.AGGREGATION_KIND_FLOAT32_STACK else None
+        self.robust: RobustRound | EnclaveRobustRound | None = None
+        if header.kind == pb.AGGREGATION_KIND_FLOAT32_STACK:
+            self.robust = RobustRound(header, len(self.owned))
+        elif header.kind == pb.AGGREGATION_KIND_TEE_FLOAT32_STACK and strategy_of(header).whole_vector:
+            self.robust = EnclaveRobustRound(
+                len(self.owned), lambda held: self.plane.finish_robust(self.round_id, held)
+            )
         if self.plane is None:
             self.plane = default_plane()
         self.plane.open_round(

@@ -14,9 +14,10 @@ folds and re-seals; the combined slice comes back sealed float32 with position 0
 every party opens it. A narrow wire shrinks the upload (2 or 1 bytes a value, plus 28 bytes of
 nonce and tag a slice), not the download.
 
-With a coordinate-wise robust strategy (median, trimmed mean) the enclave stacks the opened
-updates of a slice instead of folding them (``AGGREGATION_KIND_TEE_FLOAT32_STACK``) and seals only
-the rule's estimate (``confide-agg``'s ``robust`` module); whole-update rules are refused.
+With a robust strategy the enclave stacks the opened updates of a slice instead of folding them
+(``AGGREGATION_KIND_TEE_FLOAT32_STACK``) and seals only the rule's estimate (``confide-agg``'s
+``robust`` module): the median and the trimmed mean as each slice completes, Krum, Multi-Krum
+and norm clipping once every slice is in (the host holds the blocks sealed for the enclave).
 
 There is no SGX on the machines this runs on today: the aggregator's enclave side runs as
 ordinary code in the aggregator process (``SimulatedEnclave``). The report of every job says
@@ -48,7 +49,6 @@ from confide.protect.verify import VerificationError
 from confide.v1 import runtime_pb2 as pb
 
 __all__ = [
-    "ENCLAVE_RULES",
     "TEE_WIRE_KINDS",
     "TeeProtection",
     "open_slice",
@@ -69,8 +69,6 @@ TEE_WIRE_KINDS = {
     "bfloat16": pb.AGGREGATION_KIND_TEE_BFLOAT16_SUM,
     "int8": pb.AGGREGATION_KIND_TEE_INT8_SCALED_SUM,
 }
-#: Robust strategies the enclave applies (coordinate-wise: slice by slice, as slices complete).
-ENCLAVE_RULES = ("median", "trimmed_mean")
 
 
 def wrap_session_key(session_key: bytes, enclave_public: bytes, session: str) -> bytes:
@@ -165,15 +163,11 @@ class TeeProtection(GroupShared, Protection):
     def use_robust(self, rule: dict) -> None:
         """Slices stacked inside the enclave, which seals ``rule``'s estimate instead of their sum.
 
-        Coordinate-wise rules only (median, trimmed mean): the enclave completes slice by slice,
-        and a whole-update rule (Krum, norm clipping) would hold every slice of the round in it.
+        Coordinate-wise rules (median, trimmed mean) as each slice completes; whole-update rules
+        (Krum, Multi-Krum, norm clipping) once every slice is in, the host holding the blocks
+        sealed for the enclave meanwhile (:mod:`confide.aggregator.robust`).
         """
         name = rule.get("rule")
-        if name not in ENCLAVE_RULES:
-            raise InvalidParameterError(
-                f"strategy.name {name}: weighs whole updates, and tee's enclave applies coordinate-wise rules only "
-                f"({', '.join(ENCLAVE_RULES)})"
-            )
         if self.params.wire != "float32":
             raise InvalidParameterError(f"strategy.name {name} needs protection.wire float32, got {self.params.wire}")
         self.kind = pb.AGGREGATION_KIND_TEE_FLOAT32_STACK

@@ -132,7 +132,6 @@ BASE = {"job_id": "robust", "parties": [f"h{i}" for i in range(5)], "protection"
     "strategy,protection,words",
     [
         ({"name": "median"}, {"mode": "secagg"}, ["strategy.name median", "protection.mode plain", "cannot read"]),
-        ({"name": "krum"}, {"mode": "tee"}, ["strategy.name krum", "coordinate-wise", "protection.mode plain"]),
         ({"name": "median"}, {"mode": "lattice"}, ["protection.mode plain (or tee", "cannot read"]),
         ({"name": "median"}, {"mode": "tee", "wire": "bfloat16"}, ["protection.wire float32"]),
         ({"name": "krum", "byzantine": 2}, {"mode": "plain"}, ["strategy.byzantine 2", "too large"]),
@@ -149,18 +148,18 @@ def test_bad_robust_jobs_are_refused_naming_the_field(strategy, protection, word
     assert all(w in str(error.value) for w in words), str(error.value)
 
 
-def test_tee_takes_the_coordinate_wise_rules_and_its_aggregator_refuses_a_whole_update_rule():
-    for name in ("median", "trimmed_mean"):
+def test_tee_takes_every_rule_and_its_aggregator_refuses_a_whole_update_rule_on_a_cluster():
+    for name in ("median", "trimmed_mean", "krum", "multi_krum", "norm_clip"):
         job = parse_job({**BASE, "strategy": {"name": name}, "protection": {"mode": "tee"}})
         assert job.strategy.name == name and job.protection.mode == "tee"
     stacked = header("krum", 5, 1, byzantine=1)
     stacked.kind = pb.AGGREGATION_KIND_TEE_FLOAT32_STACK
     stacked.encryption_key, stacked.party_id, stacked.routing = b"k" * 92, "p0", pb.RESULT_ROUTING_ALL
+    assert validate_header(stacked) is None
+    stacked.cluster_nodes = 2
     with pytest.raises(ProtocolError) as error:
         validate_header(stacked)
-    assert "krum weighs whole updates" in str(error.value) and "coordinate-wise" in str(error.value)
-    stacked.robust.rule = "median"
-    assert validate_header(stacked) is None
+    assert "krum weighs whole updates" in str(error.value) and "cluster of 2" in str(error.value)
 
 
 def test_a_robust_strategy_sends_its_change_unweighted():

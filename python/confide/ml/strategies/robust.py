@@ -8,8 +8,8 @@ look at one coordinate at a time (median, trimmed mean) work slice by slice on a
 node; rules that look at whole updates (Krum, norm clipping) hold every slice of the round at one
 node (m times the model's bytes there) and are refused on a cluster.
 
-``tee`` runs the coordinate-wise rules inside the enclave (``AGGREGATION_KIND_TEE_FLOAT32_STACK``:
-the enclave stacks the opened updates and seals the estimate) and refuses the whole-update ones.
+``tee`` runs every rule inside the enclave (``AGGREGATION_KIND_TEE_FLOAT32_STACK``: the enclave
+stacks the opened updates and seals only the estimate; whole-update rules once every slice is in).
 In every mode that hides updates from the aggregator entirely (secagg, groupmask, lattice,
 paillier, threshold) these strategies are refused with the reason: the aggregator cannot order,
 compare or measure what it cannot read.
