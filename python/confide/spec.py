@@ -180,7 +180,7 @@ def default_threshold(parties: int) -> int:
 
 
 #: Modes whose combined slices the parties can check (confide.protect: verify_arithmetic set).
-VERIFIED_MODES = ("plain", "secagg", "groupmask", "tee", "lattice")
+VERIFIED_MODES = ("plain", "secagg", "groupmask", "tee", "lattice", "paillier")
 
 
 class ProtectionSpec(_Strict):
@@ -241,6 +241,11 @@ class ProtectionSpec(_Strict):
             raise ValueError(
                 f"protection.verify on: the parties cannot yet check the sums of mode {self.mode} (verified modes: "
                 f"{', '.join(VERIFIED_MODES)}); use verify: auto or off"
+            )
+        if self.verify == "on" and self.mode == "paillier" and self.bits > 23:
+            raise ValueError(
+                f"protection.verify on: mode paillier checks code sums up to protection.bits 23, got {self.bits} (the "
+                "decrypted shares are float32); use bits <= 23, or verify: auto or off"
             )
         return self
 

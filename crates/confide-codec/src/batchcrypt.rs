@@ -163,6 +163,30 @@ impl BatchCryptCodec {
         Ok(Packed { length: values.len(), limbs })
     }
 
+    /// The integer codes [`BatchCryptCodec::encode`] packs for `values` under the same `seed`:
+    /// clipped, scaled and stochastically rounded with the same per-plaintext generators, so a
+    /// party that keeps its seed can re-derive exactly what it contributed (verification).
+    ///
+    /// # Errors
+    /// `NotFinite` for NaN/∞ inputs; `Randomness`.
+    pub fn codes<T: Copy + Into<f64> + Sync>(&self, values: &[T], seed: Option<u64>) -> Result<Vec<i64>> {
+        let root = root_seed(seed)?;
+        let (slots, scale, alpha) = (self.layout.slots, self.scale(), self.alpha);
+        let mut out = vec![0i64; values.len()];
+        out.par_chunks_mut(slots).zip(values.par_chunks(slots)).enumerate().try_for_each(|(chunk, (codes, chunk_values))| {
+            let mut rng = chunk_rng(&root, chunk);
+            for (slot, (code, value)) in codes.iter_mut().zip(chunk_values).enumerate() {
+                let value: f64 = (*value).into();
+                if !value.is_finite() {
+                    return Err(Error::NotFinite { index: chunk * slots + slot });
+                }
+                *code = stochastic_round(value.clamp(-alpha, alpha) * scale, &mut rng);
+            }
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
     /// Decodes the plaintext sum of `summands` packed vectors of `length` values.
     ///
     /// # Errors

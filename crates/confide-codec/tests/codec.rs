@@ -61,6 +61,14 @@ proptest! {
             prop_assert!((got - want.clamp(-1.0, 1.0)).abs() <= step + 1e-12);
         }
     }
+
+    #[test]
+    fn codes_are_what_encode_packs_under_the_same_seed(values in proptest::collection::vec(-3.0f64..3.0, 1..300), seed in any::<u64>()) {
+        let codec = BatchCryptCodec::new(16, 5, 2.0, 2048, Quantizer::ExactBound).unwrap();
+        let packed = codec.encode(&values, Some(seed)).unwrap();
+        let decoded = codec.decode(&packed.limbs, values.len(), 1).unwrap();
+        prop_assert_eq!(codec.codes(&values, Some(seed)).unwrap(), decoded.codes);
+    }
 }
 
 #[test]

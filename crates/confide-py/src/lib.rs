@@ -893,6 +893,29 @@ fn codec_layout_of(kind: &str, bits: u32, max_summands: u32, alpha: f64, plainte
     Ok((layout.slot_bits, layout.slots))
 }
 
+/// The BatchCrypt codes `encrypt_packed` packs for `values` (float64) under `seed`, as uint32 words
+/// (two's complement): what a paillier party contributed, for verification.
+#[pyfunction]
+#[pyo3(signature = (values, bits, max_summands, alpha, plaintext_bits, seed, quantizer = "exact_bound"))]
+#[allow(clippy::too_many_arguments)]
+fn batchcrypt_codes<'py>(
+    py: Python<'py>,
+    values: PyReadonlyArray1<'_, f64>,
+    bits: u32,
+    max_summands: u32,
+    alpha: f64,
+    plaintext_bits: u32,
+    seed: u64,
+    quantizer: &str,
+) -> PyResult<Bound<'py, PyArray1<u32>>> {
+    let Codec::BatchCrypt(codec) = build_codec("batchcrypt", bits, max_summands, alpha, quantizer, plaintext_bits)? else {
+        return Err(invalid("kind", "codes are BatchCrypt's"));
+    };
+    let values = values.as_slice().map_err(|_| invalid("values", "must be a contiguous float64 array"))?;
+    let codes = py.detach(|| codec.codes(values, Some(seed))).map_err(NativeError::from)?;
+    Ok(PyArray1::from_vec(py, codes.iter().map(|&c| c as u32).collect()))
+}
+
 /// The 16-byte key of a challenge, or an error naming the field.
 fn tag_key(key: &[u8]) -> PyResult<[u8; 16]> {
     key.try_into().map_err(|_| invalid("key", format!("must be 16 bytes, got {}", key.len())))
@@ -1052,6 +1075,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(verify_check_fixed, m)?)?;
     m.add_function(wrap_pyfunction!(verify_check_float, m)?)?;
     m.add_function(wrap_pyfunction!(bound_prove, m)?)?;
+    m.add_function(wrap_pyfunction!(batchcrypt_codes, m)?)?;
     m.add_function(wrap_pyfunction!(bound_verify, m)?)?;
     m.add_function(wrap_pyfunction!(bound_check_sum, m)?)?;
     m.add("GMP_VERSION", gmp_version())?;

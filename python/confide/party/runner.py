@@ -271,7 +271,7 @@ def run_party(
     protection.pipeline = spec.transport.pipeline
     if isinstance(strategy, RobustStrategy):
         protection.use_robust(strategy.rule())  # the aggregator applies it: its estimate is not a sum to verify
-    elif spec.protection.verifies:
+    elif spec.protection.verifies and protection.verify_arithmetic is not None:
         protection.verifier = Verifier(protection, timeout_s=spec.protection.share_timeout_s)
     if spec.protection.prove_bound:
         protection.bounds = BoundProver(protection, timeout_s=spec.protection.share_timeout_s)

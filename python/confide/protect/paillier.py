@@ -27,27 +27,40 @@ Without the pipeline the part is one message, sent once everything is decrypted.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import os
+import struct
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from confide import _native
 from confide._checks import require
 from confide.crypto import BatchCryptCodec, DecryptionKey, EncryptedVector, daciq_threshold, decrypt_packed
 from confide.crypto import encrypt_packed as _encrypt_packed
 from confide.crypto.gpu import engine_report as gpu_engine_report
-from confide.errors import MessageTimeoutError, ProtocolError
+from confide.errors import (
+    EncodingError,
+    InvalidParameterError,
+    MessageTimeoutError,
+    ProtocolError,
+    RoundAbortedError,
+    WireFormatError,
+)
 from confide.protect.base import Protection, RoundContext, pack_parts, unpack_parts
 from confide.protect.keys import GroupCipher, PeerKeys
 from confide.protect.masking import GroupShared, distribute_group_secrets
 from confide.v1 import runtime_pb2 as pb
 
-__all__ = ["SHARE_PIECES", "PaillierProtection", "share_pieces"]
+__all__ = ["MAX_VERIFIED_BITS", "SHARE_PIECES", "PaillierProtection", "share_pieces"]
 
 #: Pieces a party's decrypted part is sent in when the pipeline is on (each one relay message).
 SHARE_PIECES = 8
+#: Widest quantization whose code sums the float32 shares carry exactly (the parties verify up to it).
+MAX_VERIFIED_BITS = 23
 
 
 def share_pieces(indices: list[int], pieces: int) -> list[list[int]]:
@@ -66,9 +79,23 @@ class PaillierProtection(GroupShared, Protection):
     kind = pb.AGGREGATION_KIND_PAILLIER_PRODUCT
     routing = pb.RESULT_ROUTING_ROUND_ROBIN
     aggregator_sees = "nothing: Paillier ciphertexts and the public key (no party's key material)"
+    verify_arithmetic = "integer"
 
     def __init__(self, exchange, params, fetch: Callable[[RoundContext, list[int]], list[pb.Slice]] | None = None):
         super().__init__(exchange, params)
+        #: The parties check every slice's code sums (exact integers) against their tags; past 23 bits the
+        #: float32 shares a decryptor sends cannot carry a code sum exactly.
+        self.verify_arithmetic = "integer" if params.bits <= MAX_VERIFIED_BITS else None
+        self.verify_unavailable = (
+            ""
+            if self.verify_arithmetic
+            else f"protection.bits {params.bits} > {MAX_VERIFIED_BITS}: the decrypted shares (float32) cannot carry "
+            "the code sums exactly"
+        )
+        #: Seed of this attempt's stochastic rounding (secret): the party re-derives its codes from it.
+        self._seed = 0
+        #: Commitment hashes of the combined slices, by index, as their decryptors received them.
+        self._digests: dict[int, bytes] = {}
         self.keys = PeerKeys(exchange.identity, exchange.job_id)
         self._fetch = fetch
         self._key: DecryptionKey | None = None
@@ -111,6 +138,7 @@ class PaillierProtection(GroupShared, Protection):
 
     def begin_round(self, context: RoundContext, vector: np.ndarray) -> None:
         """Pick each layer's dACIQ threshold from every participant's max and min of it."""
+        self._seed = int.from_bytes(os.urandom(8), "little")
         if context.clipping is not None:  # differential privacy's public threshold (RoundContext.clipping)
             self._scale = None
             self.last_alpha = float(context.clipping)
@@ -162,29 +190,114 @@ class PaillierProtection(GroupShared, Protection):
         if self._scale is not None:
             first, stop = context.bounds(index)
             values = np.asarray(values, dtype=np.float64) / self._scale[first:stop]
-        data = _encrypt_packed(values, self._codec, key, threads=self.encode_threads).to_bytes()
+        codec = dataclasses.replace(self._codec, seed=self._slice_seed(index))
+        data = _encrypt_packed(values, codec, key, threads=self.encode_threads).to_bytes()
         self.crypto_seconds += time.perf_counter() - start
         return data
 
-    def _decrypt(self, payload: bytes) -> np.ndarray:
+    def _slice_seed(self, index: int) -> int:
+        """The stochastic rounding seed of slice ``index`` in this attempt (each slice its own stream)."""
+        return (self._seed + index * 0x9E3779B97F4A7C15) % 2**64
+
+    def verify_image(self, context: RoundContext, index: int, values: np.ndarray) -> np.ndarray:
+        """The BatchCrypt codes this party packed into slice ``index`` (two's complement uint32 words)."""
+        require(self._codec, "begin_round first")
+        codec = self._codec
+        array = np.asarray(values, dtype=np.float64)
+        if self._scale is not None:
+            start, stop = context.bounds(index)
+            array = array / self._scale[start:stop]
+        return _native.batchcrypt_codes(
+            np.ascontiguousarray(array),
+            codec.bits,
+            codec.max_parties,
+            float(codec.alpha),
+            self.encryption_key.bits,
+            self._slice_seed(index),
+            codec.quantizer,
+        )
+
+    @property
+    def verify_bits(self) -> int:
+        """Code sums are checked as residues mod 2^32 (they stay far below it)."""
+        return 32
+
+    def _code_sums(self, values: np.ndarray) -> np.ndarray:
+        """The exact code sums behind decoded values (before any layer rescaling), as uint32 words."""
+        codec = self._codec
+        top = 2 ** (codec.bits - 1) - 1
+        m = codec.max_parties
+        scale = (top // m) / codec.alpha if codec.quantizer == "exact_bound" else top / (m * codec.alpha)
+        return np.rint(np.asarray(values, dtype=np.float64) * scale).astype(np.int64).astype(np.uint32)
+
+    def _decrypt(self, payload: bytes, context: RoundContext | None = None, index: int = -1) -> np.ndarray:
+        """The decoded sums of one combined slice (float32).
+
+        Verified, a slice that does not decrypt to a sum of codes (a block altered, a sum past the
+        code range) is shared as zeros: every party's tag check then refuses it, naming the node
+        that served it, instead of this party alone failing while the others wait for its share.
+        """
         require(self._key, "setup first")
         start = time.perf_counter()
-        vector = EncryptedVector.from_bytes(payload, self._key.encryption_key)
-        values = decrypt_packed(vector, self._key).astype(np.float32)
+        try:
+            vector = EncryptedVector.from_bytes(payload, self._key.encryption_key)
+            values = decrypt_packed(vector, self._key).astype(np.float32)
+        except (EncodingError, ProtocolError, InvalidParameterError, WireFormatError) as error:
+            if self.verifier is None or context is None:
+                raise
+            log.warning("combined slice %d does not decrypt to a sum of codes (%s): it fails the check", index, error)
+            start_value, stop = context.bounds(index)
+            values = np.zeros(stop - start_value, dtype=np.float32)
         self.crypto_seconds += time.perf_counter() - start
         return values
 
     def finish_round(self, context: RoundContext, result: Callable[[int], pb.Slice]) -> np.ndarray:
-        """Decrypt our 1/m of the slices, share them (piece by piece with the pipeline), receive the rest."""
+        """Decrypt our 1/m of the slices, share them (piece by piece with the pipeline), receive the rest.
+
+        Verified, this party first sends the peers the commitment hash of each slice it received:
+        every party draws that slice's challenge from it (:meth:`_observe_parts`).
+        """
         m, me = len(context.participants), context.position
         pieces = SHARE_PIECES if self.pipeline else 1
+        own = list(range(me, context.num_slices, m))
+        self._digests = {}
+        payloads: dict[int, bytes] = {}
+        if self.verifier is not None:
+            payloads = {i: result(i).payload for i in own}
+            self._digests = {i: self.verifier.commitment(context, i, payloads[i]) for i in own}
+            self.share(context.round, context.tag("digests"), _pack_digests(self._digests), context.peers)
         decoded = (
-            {i: self._decrypt(result(i).payload) for i in piece}
-            for piece in share_pieces(list(range(me, context.num_slices, m)), pieces)
+            {i: self._decrypt(payloads.pop(i) if i in payloads else result(i).payload, context, i) for i in piece}
+            for piece in share_pieces(own, pieces)
         )
         return self._assemble(
             context, decoded, lambda peer, expected: self._decrypt_locally(context, peer, expected), pieces
         )
+
+    def _observe_parts(self, context: RoundContext, parts: dict[int, np.ndarray]) -> None:
+        """Hand the verifier every slice's code sums and commitment hash (its decryptor's, or ours)."""
+        m = len(context.participants)
+        for position, peer in enumerate(context.participants):
+            theirs = [i for i in range(position, context.num_slices, m) if i not in self._digests]
+            if not theirs:
+                continue
+            try:
+                data = self.collect(context.round, context.tag("digests"), peer, timeout=self.params.share_timeout_s)
+            except MessageTimeoutError:
+                raise RoundAbortedError(
+                    f"round {context.round} attempt {context.attempt}: {peer!r} sent no commitment hashes of the "
+                    "slices it decrypted; they cannot be checked without them",
+                    [peer],
+                    [p for p in context.participants if p != peer],
+                ) from None
+            got = _unpack_digests(data)
+            if not set(theirs) <= set(got):
+                raise ProtocolError(
+                    f"the commitment hashes from {peer!r} lack slices {sorted(set(theirs) - set(got))[:5]}"
+                )
+            self._digests.update({i: got[i] for i in theirs})
+        for index in range(context.num_slices):
+            self.verifier.observe_digest(index, self._digests[index], self._code_sums(parts[index]))
 
     def _assemble(
         self,
@@ -236,6 +349,8 @@ class PaillierProtection(GroupShared, Protection):
         finally:
             # A failed round (aborted, peer cheating) does not wait for the pieces still being sent.
             sender.shutdown(wait=False, cancel_futures=True)
+        if self.verifier is not None:
+            self._observe_parts(context, parts)
         out = context.output()
         for index in range(context.num_slices):
             start, stop = context.bounds(index)
@@ -255,7 +370,10 @@ class PaillierProtection(GroupShared, Protection):
             "no decrypted share from %s within %ss: decrypting its slices here", peer, self.params.share_timeout_s
         )
         self.local_fallbacks += 1
-        return {s.index: self._decrypt(s.payload) for s in self._fetch(context, indices)}
+        fetched = self._fetch(context, indices)
+        if self.verifier is not None:  # as the aggregator serves them to us: the hashes are ours
+            self._digests.update({s.index: self.verifier.commitment(context, s.index, s.payload) for s in fetched})
+        return {s.index: self._decrypt(s.payload, context, s.index) for s in fetched}
 
     def report(self) -> dict:
         """Mode, key size, quantization and the last clipping threshold."""
@@ -270,3 +388,14 @@ class PaillierProtection(GroupShared, Protection):
             # Which engine ran the Paillier arithmetic here (GPU or CPU, with any fallback).
             **gpu_engine_report(),
         }
+
+
+def _pack_digests(digests: dict[int, bytes]) -> bytes:
+    """(u32 index, 32-byte hash) per slice."""
+    return b"".join(struct.pack("<I", index) + digest for index, digest in sorted(digests.items()))
+
+
+def _unpack_digests(data: bytes) -> dict[int, bytes]:
+    if len(data) % 36:
+        raise ProtocolError(f"a commitment hash message holds {len(data)} bytes, not a multiple of 36")
+    return {struct.unpack_from("<I", data, k)[0]: data[k + 4 : k + 36] for k in range(0, len(data), 36)}

@@ -100,9 +100,16 @@ class ThresholdProtection(PaillierProtection):
     #: A key share lives only in its party's process: no peer can hand it back.
     rejoinable = False
     reencodable = False  # finish_round decrypts against the very ciphertexts this party sent
+    verify_arithmetic = None  # each slice is combined by one party from partial decryptions: not wired yet
 
     def __init__(self, exchange, params, fetch=None):
         super().__init__(exchange, params, fetch=None)
+        # Each combiner sees only its slices' partial decryptions; the tags are not wired through them yet.
+        self.verify_arithmetic = None
+        self.verify_unavailable = (
+            "mode threshold cannot be verified yet: each slice's sum is combined by one party from partial "
+            "decryptions, and the tags are not carried through them"
+        )
         self._threshold_key: ThresholdKey | None = None
         self._public: EncryptionKey | None = None
         self._names: list[str] = []

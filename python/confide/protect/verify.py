@@ -184,6 +184,26 @@ class Verifier:
         self.tag_seconds += elapsed
         self.seconds += elapsed
 
+    def observe_digest(self, index: int, digest: bytes, total: np.ndarray) -> None:
+        """Combined slice ``index`` as another party received it (its commitment hash) and its decoded sum.
+
+        For a mode whose slices go to one party each (``paillier``: slice i to participant i mod
+        m, who decrypts it and shares the sum): the challenge comes from the hash that party sends.
+        """
+        context = self._context
+        if context is None:
+            return
+        began = time.perf_counter()
+        start, stop = context.bounds(index)
+        image = self.protection.verify_image(context, index, np.ascontiguousarray(self._vector[start:stop]))
+        bits = self.protection.verify_bits
+        sums = integer_tags(np.ascontiguousarray(total, dtype=np.uint32), bits, digest)
+        tags = integer_tags(np.ascontiguousarray(image, dtype=np.uint32), bits, digest)
+        self._slices[index] = _Slice(bytes(digest), sums, tags, [])
+        elapsed = time.perf_counter() - began
+        self.tag_seconds += elapsed
+        self.seconds += elapsed
+
     def _prefix(self, context, index: int, length: int) -> bytes:
         job = self.exchange.job_id.encode()
         return (
@@ -407,10 +427,8 @@ def describe(protection, requested: str) -> dict:
             "reason": f"the aggregate is the aggregator's {protection.robust.rule} of the updates, not their sum: "
             "there are no tags to check it against (it is trusted)",
         }
-    return {
-        "ran": False,
-        "reason": f"mode {protection.mode} cannot be verified yet: the aggregator's sums are trusted",
-    }
+    reason = getattr(protection, "verify_unavailable", "") or f"mode {protection.mode} cannot be verified yet"
+    return {"ran": False, "reason": f"{reason}: the aggregator's sums are trusted"}
 
 
 def _fixed(value: float) -> int:

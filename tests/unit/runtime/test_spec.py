@@ -341,8 +341,8 @@ def test_a_scoring_job_names_one_trained_model_of_a_vertical_algorithm():
         ({"mode": "secagg"}, True),
         ({"mode": "plain", "verify": "on"}, True),
         ({"mode": "lattice", "verify": "off"}, False),
-        ({"mode": "paillier"}, False),  # auto: not verifiable yet, and the report says so
-        ({"mode": "threshold", "verify": "auto"}, False),
+        ({"mode": "paillier"}, True),
+        ({"mode": "threshold", "verify": "auto"}, False),  # not verifiable yet, and the report says so
     ],
 )
 def test_verification_defaults_to_the_modes_that_support_it(protection, verifies):
@@ -352,7 +352,8 @@ def test_verification_defaults_to_the_modes_that_support_it(protection, verifies
 @pytest.mark.parametrize(
     "protection,words",
     [
-        ({"mode": "paillier", "verify": "on"}, ["protection.verify on", "mode paillier", "verify: auto or off"]),
+        ({"mode": "threshold", "verify": "on"}, ["protection.verify on", "mode threshold", "verify: auto or off"]),
+        ({"mode": "paillier", "verify": "on", "bits": 24}, ["protection.verify on", "protection.bits 23", "got 24"]),
         ({"mode": "secagg", "verify": "yes"}, ["protection.verify"]),
         ({"mode": "secagg", "on_wrong_sum": "ignore"}, ["protection.on_wrong_sum"]),
     ],
