@@ -95,3 +95,29 @@ def test_on_wrong_sum_retry_runs_the_round_again_without_the_lying_node(tmp_path
     assert len(second["refused"]) == 1 and sorted(second["refused"][0]["parties"]) == PARTIES
     assert f"aggregator node {liar} (" in second["refused"][0]["reason"]
     assert not report["rounds"][2]["refused"]
+
+
+@pytest.mark.parametrize("lie", ["altered", "swapped"])
+def test_thresholds_decryptors_refuse_a_slice_that_is_not_the_product_of_the_parties_and_name_the_node(
+    tmp_path, monkeypatch, lie
+):
+    """threshold has no tags: each slice's t decryptors compare it with the product of the parties' own slices."""
+    for name, value in environment(lie).items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(JobFailedError):
+        run_local(
+            spec_for("threshold", f"lie-threshold-{lie}"),
+            tmp_path,
+            progress=False,
+            echo=lambda *_: None,
+            aggregator_args=["--data-port", "-1"],
+        )
+    reports = party_reports(tmp_path)
+    # slice 1 is decrypted by participants 1 and 2 (t = 2 of 3): both refuse it and name the node
+    for party in PARTIES[1:]:
+        error = reports[party]["error"]
+        assert "combined slice 1 is not" in error and "the aggregator (127.0.0.1:" in error, error
+    for party, report in reports.items():
+        assert [r["round"] for r in report["rounds"]] == [1], (party, "no party applied round 2")
+        assert report["protection"]["verification"]["ran"] is False
+        assert "t decryptors" in report["protection"]["verification"]["reason"]

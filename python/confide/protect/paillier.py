@@ -90,7 +90,7 @@ class PaillierProtection(GroupShared, Protection):
             ""
             if self.verify_arithmetic
             else f"protection.bits {params.bits} > {MAX_VERIFIED_BITS}: the decrypted shares (float32) cannot carry "
-            "the code sums exactly"
+            "the code sums exactly; the aggregator's sums are trusted"
         )
         #: Seed of this attempt's stochastic rounding (secret): the party re-derives its codes from it.
         self._seed = 0

@@ -50,11 +50,12 @@ from confide.crypto.threshold import (
     partial_decrypt,
     verify_partial,
 )
-from confide.errors import MessageTimeoutError, ProtocolError
+from confide.errors import InvalidParameterError, MessageTimeoutError, ProtocolError, WireFormatError
 from confide.protect.base import SETUP_ROUND, RoundContext
 from confide.protect.keys import GroupCipher, PeerKeys, decode_fields, encode_fields
 from confide.protect.masking import distribute_group_secrets
 from confide.protect.paillier import PaillierProtection
+from confide.protect.verify import VerificationError
 from confide.v1 import runtime_pb2 as pb
 
 __all__ = ["ThresholdProtection"]
@@ -107,8 +108,9 @@ class ThresholdProtection(PaillierProtection):
         # Each combiner sees only its slices' partial decryptions; the tags are not wired through them yet.
         self.verify_arithmetic = None
         self.verify_unavailable = (
-            "mode threshold cannot be verified yet: each slice's sum is combined by one party from partial "
-            "decryptions, and the tags are not carried through them"
+            "the parties' tags do not run in mode threshold: each combined slice is compared with the product of "
+            "the participants' own ciphertexts by its t decryptors before they decrypt it (a wrong one fails the "
+            "round, naming the node that served it); the other parties take the combiner's shared sums"
         )
         self._threshold_key: ThresholdKey | None = None
         self._public: EncryptionKey | None = None
@@ -231,13 +233,24 @@ class ThresholdProtection(PaillierProtection):
                         ) from None
                     parts.append(EncryptedVector.from_bytes(data, self.encryption_key))
                 product = sum_encrypted(parts)
-                combined = EncryptedVector.from_bytes(result(i).payload, self.encryption_key)
+                try:
+                    combined = EncryptedVector.from_bytes(result(i).payload, self.encryption_key)
+                except (WireFormatError, InvalidParameterError) as error:
+                    raise VerificationError(
+                        f"round {context.round}: combined slice {i} is not a ciphertext block ({error}); the round "
+                        "is refused",
+                        slices=[i],
+                        round_number=context.round,
+                    ) from None
                 if combined.num_ciphertexts != product.num_ciphertexts or any(
                     combined.ciphertext(k) != product.ciphertext(k) for k in range(product.num_ciphertexts)
                 ):
-                    raise ProtocolError(
-                        f"round {context.round}: the aggregator's combined slice {i} is not the product of the "
-                        f"participants' slices; nothing was decrypted"
+                    raise VerificationError(
+                        f"round {context.round}: combined slice {i} is not the product of the participants' "
+                        "slices (an update dropped, replayed or altered); nothing was decrypted and the round is "
+                        "refused",
+                        slices=[i],
+                        round_number=context.round,
                     )
                 vectors[i] = product
             return vectors[i]

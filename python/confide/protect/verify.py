@@ -427,8 +427,11 @@ def describe(protection, requested: str) -> dict:
             "reason": f"the aggregate is the aggregator's {protection.robust.rule} of the updates, not their sum: "
             "there are no tags to check it against (it is trusted)",
         }
-    reason = getattr(protection, "verify_unavailable", "") or f"mode {protection.mode} cannot be verified yet"
-    return {"ran": False, "reason": f"{reason}: the aggregator's sums are trusted"}
+    reason = getattr(protection, "verify_unavailable", "")
+    return {
+        "ran": False,
+        "reason": reason or f"mode {protection.mode} cannot be verified yet: the aggregator's sums are trusted",
+    }
 
 
 def _fixed(value: float) -> int:
