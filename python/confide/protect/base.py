@@ -18,10 +18,10 @@ from typing import ClassVar, Protocol
 import numpy as np
 
 from confide.crypto.identity import Identity
-from confide.errors import InvalidParameterError, ProtocolError
+from confide.errors import InvalidParameterError, MessageTimeoutError, ProtocolError, RoundAbortedError
 from confide.v1 import runtime_pb2 as pb
 
-__all__ = ["Exchange", "Protection", "ProtectionParams", "RoundContext", "SETUP_ROUND", "chunks"]
+__all__ = ["Exchange", "Protection", "ProtectionParams", "RoundContext", "SETUP_ROUND", "awaited", "chunks"]
 
 #: Round number of job-level setup messages (training rounds count from 1).
 SETUP_ROUND = 0
@@ -321,3 +321,16 @@ def unpack_parts(data: bytes) -> dict[int, np.ndarray]:
     if offset != len(data):
         raise ProtocolError(f"decrypted-share message has {len(data) - offset} trailing bytes")
     return parts
+
+
+def awaited(receive: Callable[[], bytes], peer: str, included: Sequence[str], why: str) -> bytes:
+    """``receive()``: a peer's message after the sum; if it times out, the round runs again without ``peer``.
+
+    A peer that sends nothing once the sum is in (verification tags, bound proofs, commitment
+    hashes) has left: the survivors cannot check a sum it is part of, so the attempt is aborted
+    with ``why`` and retried among the others (:class:`RoundAbortedError`).
+    """
+    try:
+        return receive()
+    except MessageTimeoutError:
+        raise RoundAbortedError(why, [peer], [p for p in included if p != peer]) from None

@@ -41,7 +41,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from confide import _native
-from confide.errors import MessageTimeoutError, ProtocolError, RoundAbortedError
+from confide.errors import ProtocolError, RoundAbortedError
+from confide.protect.base import awaited
 from confide.protect.keys import round_key
 
 __all__ = ["BOUNDED_MODES", "BoundProver", "BoundSumError", "BoundViolationError", "proven_bits"]
@@ -150,15 +151,13 @@ class BoundProver:
         waited = 0.0
         for peer in peers:
             asked = time.perf_counter()
-            try:
-                data = self.exchange.recv(context.round, tag, peer, timeout=self.timeout_s)
-            except MessageTimeoutError:
-                raise RoundAbortedError(
-                    f"round {context.round} attempt {context.attempt}: {peer!r} sent no bound proofs within "
-                    f"{self.timeout_s:g} s",
-                    [peer],
-                    [p for p in included if p != peer],
-                ) from None
+            data = awaited(
+                lambda peer=peer: self.exchange.recv(context.round, tag, peer, timeout=self.timeout_s),
+                peer,
+                included,
+                f"round {context.round} attempt {context.attempt}: {peer!r} sent no bound proofs within "
+                f"{self.timeout_s:g} s after the sum; the sum cannot be checked without them",
+            )
             waited += time.perf_counter() - asked
             points, why = _native.bound_verify(self._statement(context, peer), data, count, self.bits, True)
             if why:

@@ -32,7 +32,7 @@ import logging
 import os
 import struct
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -47,10 +47,9 @@ from confide.errors import (
     InvalidParameterError,
     MessageTimeoutError,
     ProtocolError,
-    RoundAbortedError,
     WireFormatError,
 )
-from confide.protect.base import Protection, RoundContext, pack_parts, unpack_parts
+from confide.protect.base import Protection, RoundContext, awaited, pack_parts, unpack_parts
 from confide.protect.keys import GroupCipher, PeerKeys
 from confide.protect.masking import GroupShared, distribute_group_secrets
 from confide.v1 import runtime_pb2 as pb
@@ -254,24 +253,30 @@ class PaillierProtection(GroupShared, Protection):
     def finish_round(self, context: RoundContext, result: Callable[[int], pb.Slice]) -> np.ndarray:
         """Decrypt our 1/m of the slices, share them (piece by piece with the pipeline), receive the rest.
 
-        Verified, this party first sends the peers the commitment hash of each slice it received:
-        every party draws that slice's challenge from it (:meth:`_observe_parts`).
+        Verified, this party hashes each slice it receives as it decrypts it and, once its part is
+        decoded, sends the peers those commitment hashes: every party draws each slice's challenge
+        from its decryptor's hash (:meth:`_observe_parts`, after every part is in).
         """
         m, me = len(context.participants), context.position
         pieces = SHARE_PIECES if self.pipeline else 1
         own = list(range(me, context.num_slices, m))
         self._digests = {}
-        payloads: dict[int, bytes] = {}
-        if self.verifier is not None:
-            payloads = {i: result(i).payload for i in own}
-            self._digests = {i: self.verifier.commitment(context, i, payloads[i]) for i in own}
-            self.share(context.round, context.tag("digests"), _pack_digests(self._digests), context.peers)
-        decoded = (
-            {i: self._decrypt(payloads.pop(i) if i in payloads else result(i).payload, context, i) for i in piece}
-            for piece in share_pieces(own, pieces)
-        )
+
+        def decode(index: int) -> np.ndarray:
+            payload = result(index).payload
+            if self.verifier is not None:
+                self._digests[index] = self.verifier.commitment(context, index, payload)
+            return self._decrypt(payload, context, index)
+
+        def decoded() -> Iterator[dict[int, np.ndarray]]:
+            for piece in share_pieces(own, pieces):
+                yield {i: decode(i) for i in piece}
+            if self.verifier is not None:
+                hashes = _pack_digests({i: self._digests[i] for i in own})
+                self.share(context.round, context.tag("digests"), hashes, context.peers)
+
         return self._assemble(
-            context, decoded, lambda peer, expected: self._decrypt_locally(context, peer, expected), pieces
+            context, decoded(), lambda peer, expected: self._decrypt_locally(context, peer, expected), pieces
         )
 
     def _observe_parts(self, context: RoundContext, parts: dict[int, np.ndarray]) -> None:
@@ -281,15 +286,15 @@ class PaillierProtection(GroupShared, Protection):
             theirs = [i for i in range(position, context.num_slices, m) if i not in self._digests]
             if not theirs:
                 continue
-            try:
-                data = self.collect(context.round, context.tag("digests"), peer, timeout=self.params.share_timeout_s)
-            except MessageTimeoutError:
-                raise RoundAbortedError(
-                    f"round {context.round} attempt {context.attempt}: {peer!r} sent no commitment hashes of the "
-                    "slices it decrypted; they cannot be checked without them",
-                    [peer],
-                    [p for p in context.participants if p != peer],
-                ) from None
+            data = awaited(
+                lambda peer=peer: self.collect(
+                    context.round, context.tag("digests"), peer, timeout=self.params.share_timeout_s
+                ),
+                peer,
+                context.participants,
+                f"round {context.round} attempt {context.attempt}: {peer!r} sent no commitment hashes of the "
+                "slices it decrypted; they cannot be checked without them",
+            )
             got = _unpack_digests(data)
             if not set(theirs) <= set(got):
                 raise ProtocolError(

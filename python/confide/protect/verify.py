@@ -47,7 +47,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from confide import _native
-from confide.errors import MessageTimeoutError, ProtocolError, RoundAbortedError
+from confide.errors import ProtocolError
+from confide.protect.base import awaited
 from confide.protect.keys import prg_words, round_key
 
 __all__ = [
@@ -243,17 +244,15 @@ class Verifier:
         self.exchange.send(context.round, tag, message, peers)
         waited = 0.0
         for peer in peers:
-            try:
-                asked = time.perf_counter()
-                data = self.exchange.recv(context.round, tag, peer, timeout=self.timeout_s)
-                waited += time.perf_counter() - asked
-            except MessageTimeoutError:
-                raise RoundAbortedError(
-                    f"round {context.round} attempt {context.attempt}: {peer!r} sent no verification tags within "
-                    f"{self.timeout_s:g} s after the sum; the sum cannot be checked without them",
-                    [peer],
-                    [p for p in included if p != peer],
-                ) from None
+            asked = time.perf_counter()
+            data = awaited(
+                lambda peer=peer: self.exchange.recv(context.round, tag, peer, timeout=self.timeout_s),
+                peer,
+                included,
+                f"round {context.round} attempt {context.attempt}: {peer!r} sent no verification tags within "
+                f"{self.timeout_s:g} s after the sum; the sum cannot be checked without them",
+            )
+            waited += time.perf_counter() - asked
             self._absorb(context, peer, data, totals, node_of)
         self._check(context, totals, node_of)
         self.seconds += time.perf_counter() - began
