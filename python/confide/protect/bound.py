@@ -10,14 +10,15 @@ own the sum. Here it cannot:
    proven bound is ``P = 2^(bits - 1)``, the largest power of two not above ``mask_bound * 2^f``
    (so at least half of ``mask_bound``, and ``mask_bound`` itself when it is a power of two); an
    honest party clips its contribution to ``(P - 1) / 2^f`` (the report counts what was clipped).
-2. Commit and prove (while the slices upload, on a thread): Pedersen commitments
+2. Commit and prove (while the slices upload, on a thread that sends the proofs to the peers as
+   soon as they are made): Pedersen commitments
    ``V_k = (q_k + P) * 2^(32 - bits) * B + gamma_k * B~`` and aggregated Bulletproofs that every
    ``(q_k + P) * 2^(32 - bits)`` lies in ``[0, 2^32)``: ``crates/confide-codec/src/bound.rs``.
    The blindings cancel over the parties (``gamma_k`` is a sum of pair-keyed PRF values, added
    towards later names and subtracted towards earlier ones), so the commitments hide each value
    and their sum is a commitment to the sum with no blinding at all.
-3. After the sum (every party, with the tags of :mod:`confide.protect.verify`): each party sends its
-   commitments and proofs to every peer and checks theirs. A proof that fails names its party:
+3. After the sum (every party, with the tags of :mod:`confide.protect.verify`): each party checks
+   every peer's commitments and proofs (sent while the sum was made). A proof that fails names its party:
    the round is run again without it (:class:`BoundViolationError`, reported as ``bound_excluded``).
    Then ``sum_i V_ik`` must equal ``2^(32 - bits) * (S_k + m * P) * B`` for the decoded sum
    ``S_k``: a party whose protected words are not the values it proved (an overflowing lane, a
@@ -105,15 +106,17 @@ class BoundProver:
             keys.append(round_key(pair, b"bound-blinding", context.round, context.attempt)[:16])
             adds.append(me < peer)
         self._context, self._sums, self._message = context, {}, b""
-        statement = self._statement(context, me)
+        statement, peers, tag = self._statement(context, me), list(context.peers), f"bound/{context.attempt}"
 
         def prove() -> None:
             began = time.perf_counter()
             try:
                 self._message = _native.bound_prove(statement, words, self.ring_bits, self.bits, keys, adds)
+                self.prove_seconds = time.perf_counter() - began
+                # out as soon as it is ready: the peers check it while the sum is still being made
+                self.exchange.send(context.round, tag, self._message, peers)
             except Exception as error:  # noqa: BLE001 - re-raised in settle, on the round's thread
                 self._message = error
-            self.prove_seconds = time.perf_counter() - began
 
         self._thread = threading.Thread(target=prove, name="confide-bound-prove", daemon=True)
         self._thread.start()
@@ -132,11 +135,10 @@ class BoundProver:
 
     def settle(self, included: Sequence[str]) -> dict:
         """Exchange and check the proofs, then the sum; returns the round's figures."""
-        context = self._context
-        require_thread = self._thread
-        if context is None or require_thread is None:
+        context, thread = self._context, self._thread
+        if context is None or thread is None:
             raise ProtocolError("bound proofs: begin was not called for this attempt")
-        require_thread.join()
+        thread.join()
         if isinstance(self._message, Exception):
             raise self._message
         mine = self._message
@@ -144,7 +146,6 @@ class BoundProver:
         peers = [p for p in included if p != me]
         tag = f"bound/{context.attempt}"
         began = time.perf_counter()
-        self.exchange.send(context.round, tag, mine, peers)
         count = context.vector_length
         commitments = [_native.bound_verify(self._statement(context, me), mine, count, self.bits, False)[0]]
         failed: dict[str, str] = {}
