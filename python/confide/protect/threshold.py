@@ -110,7 +110,8 @@ class ThresholdProtection(PaillierProtection):
         self.verify_unavailable = (
             "the parties' tags do not run in mode threshold: each combined slice is compared with the product of "
             "the participants' own ciphertexts by its t decryptors before they decrypt it (a wrong one fails the "
-            "round, naming the node that served it); the other parties take the combiner's shared sums"
+            "round, naming the node that served it); beyond that the sums are trusted: the other parties take "
+            "the combiner's shared sums"
         )
         self._threshold_key: ThresholdKey | None = None
         self._public: EncryptionKey | None = None
