@@ -62,7 +62,20 @@ def test_spent_modulus_batches_are_released_as_the_generation_goes(three):
 
 
 def test_at_most_two_batches_are_held_while_many_run():
-    # Without the sieve, at 128 bits and two candidates a batch, a modulus takes ~250 batches.
+    # Without the sieve, at 128 bits and two candidates a batch, a modulus takes ~250 batches on
+    # average; a lucky draw can find one within a few (about 2% of runs), which exercises nothing,
+    # so such a run is drawn again (three lucky runs in a row: about 1 in 100,000).
+    for _ in range(3):
+        out, batches, held = _find_modulus_counting_held_batches()
+        assert len(out) == 3
+        if batches >= 5:
+            break
+    assert batches >= 5, "two candidates a batch: several batches are needed"
+    assert max(held) <= 3  # this batch, the last, and a fast peer's next
+
+
+def _find_modulus_counting_held_batches() -> tuple[dict, int, list[int]]:
+    """Three parties find a 128-bit modulus unsieved; (results, batches run, batches held at each send)."""
     hub = th.LocalChannels(3, timeout=120)
     held: list[int] = []
 
@@ -98,8 +111,7 @@ def test_at_most_two_batches_are_held_while_many_run():
     for thread in threads:
         thread.join(120)
     batches = max(int(k[2].split("/")[2]) for k in hub._boxes if k[2].startswith("dkg/modulus/"))
-    assert len(out) == 3 and batches >= 5, "two candidates a batch: several batches are needed"
-    assert max(held) <= 3  # this batch, the last, and a fast peer's next
+    return out, batches, held
 
 
 @pytest.mark.parametrize("parties", [3, 4, 5])
