@@ -31,6 +31,9 @@ Three parts, each against an anchor measured in the same run:
    one peer's proofs (``bound.confide.verify_seconds_per_100k``) and the sum check over three
    parties (``bound.confide.sum_check_seconds_per_100k``); and a real 3-party secagg job on breast
    cancer (31 values) with and without the proofs (``bound.confide.round_seconds.breast_cancer``).
+   With ``protection.l2_bound``, the norm proof on the same commitments, apart from the range
+   proofs: proving (``bound.l2.prove_seconds_per_100k``) and checking one peer's
+   (``bound.l2.verify_seconds_per_100k``).
 
 A run that skips parts keeps the earlier records of what it skipped (benchutil.merged).
 Writes ``benchmarks/results/robust.json`` and its block in docs/benchmarks.md.
@@ -39,6 +42,7 @@ Writes ``benchmarks/results/robust.json`` and its block in docs/benchmarks.md.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 import statistics
@@ -328,7 +332,9 @@ def product_proofs(repeats: int, workdir: Path) -> list[dict]:
     words = [fixed.encode(rng.uniform(-7.9, 7.9, count)) for _ in range(3)]
     key = bytes(range(16))
     adds = [[True, True], [False, True], [False, False]]
-    prove, verify, check = [], [], []
+    # the L2 bound of protection.l2_bound: each update's own norm (rounded up), the tightest an update meets
+    l2 = [math.isqrt(_native.bound_squared_norm(w, 32, bits)) + 1 for w in words]
+    prove, verify, check, norm_prove, norm_verify = [], [], [], [], []
     for _ in range(repeats):
         began = time.perf_counter()
         messages = [_native.bound_prove(b"bench", w, 32, bits, [key, key], a) for w, a in zip(words, adds, strict=True)]
@@ -342,6 +348,19 @@ def product_proofs(repeats: int, workdir: Path) -> list[dict]:
         wrong = _native.bound_check_sum([p for p, _ in points], total, 32, bits)
         check.append(time.perf_counter() - began)
         assert not wrong
+        began = time.perf_counter()
+        norms = [
+            _native.bound_norm_prove(b"bench", w, 32, bits, [key, key], a, p, b)
+            for w, a, (p, _), b in zip(words, adds, points, l2, strict=True)
+        ]
+        norm_prove.append((time.perf_counter() - began) / 3)
+        began = time.perf_counter()
+        refused = [
+            _native.bound_norm_verify(b"bench", n, p, count, bits, b)
+            for n, (p, _), b in zip(norms, points, l2, strict=True)
+        ]
+        norm_verify.append((time.perf_counter() - began) / 3)
+        assert refused == ["", "", ""], refused
     per = 1e5 / count
     params = {
         "values": count,
@@ -358,6 +377,19 @@ def product_proofs(repeats: int, workdir: Path) -> list[dict]:
         record("bound.confide.prove_seconds_per_100k", statistics.median(prove) * per, "s", None, None, params),
         record("bound.confide.verify_seconds_per_100k", statistics.median(verify) * per, "s", None, None, params),
         record("bound.confide.sum_check_seconds_per_100k", statistics.median(check) * per, "s", None, None, params),
+    ]
+    norm_params = {
+        "values": count,
+        "parties": 3,
+        "bits": bits,
+        "proof": "a committed square per value (Sigma protocol) and a 2x64-bit range proof of the bound's slack",
+        "bytes_per_value": round(len(norms[0]) / count, 1),
+        "repeats": repeats,
+        "library": "curve25519-dalek 4, bulletproofs 5 (dalek)",
+    }
+    out += [
+        record("bound.l2.prove_seconds_per_100k", statistics.median(norm_prove) * per, "s", None, None, norm_params),
+        record("bound.l2.verify_seconds_per_100k", statistics.median(norm_verify) * per, "s", None, None, norm_params),
     ]
 
     def job(prove_bound: bool) -> dict:

@@ -250,12 +250,14 @@ def recovery_messages() -> list[bytes]:
 
 
 def bound_messages() -> list[bytes]:
-    """A bound proof message of 3 values (one chunk) and of 65 (two), and near-valid variants."""
+    """A bound proof message of 3 values (one chunk) and of 65 (two), one with a norm proof, and near-valid variants."""
     context = b"confide-bound-v1 fuzz"
-    small = _native.bound_prove(context, np.array([5, 2**32 - 3, 7], dtype=np.uint32), 32, 16, [bytes(16)], [True])
+    values = np.array([5, 2**32 - 3, 7], dtype=np.uint32)
+    small = _native.bound_prove(context, values, 32, 16, [bytes(16)], [True])
+    normed = _native.bound_prove(context, values, 32, 16, [bytes(16)], [True], 10)
     words = np.arange(65, dtype=np.uint32)
     large = _native.bound_prove(context, words, 32, 8, [bytes(range(16))], [False])
-    return [small, large, *near(small)]
+    return [small, large, normed, *near(small), *near(normed)[:2]]
 
 
 def main() -> None:

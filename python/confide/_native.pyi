@@ -285,9 +285,29 @@ def verify_check_float(
     prefix: bytes, payload: bytes, sums: np.ndarray, values: np.ndarray, vectors: int
 ) -> tuple[bytes, list[float], list[float], list[float]]: ...
 def bound_prove(
-    context: bytes, words: np.ndarray, ring_bits: int, bits: int, keys: list[bytes], adds: list[bool]
+    context: bytes,
+    words: np.ndarray,
+    ring_bits: int,
+    bits: int,
+    keys: list[bytes],
+    adds: list[bool],
+    l2: int | None = None,
 ) -> bytes: ...
-def bound_verify(context: bytes, message: bytes, count: int, bits: int, check: bool) -> tuple[bytes, str]: ...
+def bound_norm_prove(
+    context: bytes,
+    words: np.ndarray,
+    ring_bits: int,
+    bits: int,
+    keys: list[bytes],
+    adds: list[bool],
+    commitments: bytes,
+    l2: int,
+) -> bytes: ...
+def bound_norm_verify(context: bytes, message: bytes, commitments: bytes, count: int, bits: int, l2: int) -> str: ...
+def bound_squared_norm(words: np.ndarray, ring_bits: int, bits: int) -> int: ...
+def bound_verify(
+    context: bytes, message: bytes, count: int, bits: int, check: bool, l2: int | None = None
+) -> tuple[bytes, str]: ...
 def bound_check_sum(commitments: list[bytes], sums: np.ndarray, ring_bits: int, bits: int) -> list[int]: ...
 def batchcrypt_codes(
     values: np.ndarray,

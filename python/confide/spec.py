@@ -197,7 +197,7 @@ class ProtectionSpec(_Strict):
     min_parties: int = Field(2, ge=2, le=MAX_PARTIES)
     share_timeout_s: float = Field(30.0, gt=0, le=3600)
     setup_timeout_s: float = Field(120.0, gt=0, le=3600)
-    mask_bound: float | None = Field(8.0, gt=0, le=2**20)
+    mask_bound: float | None = Field(8.0, gt=0, le=2**20, allow_inf_nan=False)
     #: threshold, lattice: key shares needed to decrypt; None takes max(2, (parties + 1) // 2).
     threshold: int | None = Field(None, ge=2, le=MAX_PARTIES)
     #: threshold: "distributed" (no one ever holds the key) or "dealer" (the leader deals, and saw the key).
@@ -222,6 +222,9 @@ class ProtectionSpec(_Strict):
     #: whose proof fails is named and the round runs again without it; a sum that is not of the proven
     #: values is refused. secagg, groupmask and lattice; a few thousand values a round (4 ms a value).
     prove_bound: bool = False
+    #: With prove_bound: every party also proves the L2 norm of its update at most this (in the
+    #: units of mask_bound; an honest party scales its update down to it first). None: no norm proof.
+    l2_bound: float | None = Field(None, gt=0, le=2**40, allow_inf_nan=False)
 
     @property
     def verifies(self) -> bool:
@@ -251,6 +254,11 @@ class ProtectionSpec(_Strict):
 
     @model_validator(mode="after")
     def _bound_proofs_where_they_run(self) -> ProtectionSpec:
+        if self.l2_bound is not None and not self.prove_bound:
+            raise ValueError(
+                "protection.l2_bound is proven with the bound proofs (the norm proof speaks of their commitments); "
+                "set protection.prove_bound: true, or leave l2_bound out"
+            )
         if not self.prove_bound:
             return self
         if self.mode not in BOUNDED_MODES:

@@ -92,3 +92,21 @@ def test_without_the_proofs_a_lane_overflow_goes_into_the_model(tmp_path):
     # 2^20 carried into the second value's lane: 4.0 at the lattice fixed point's 2^-18 for 3 parties
     assert abs(attacked[1] - honest[1]) > 2.0, (honest[:3], attacked[:3])
     assert max(abs(a - h) for a, h in zip(attacked[2:], honest[2:], strict=True)) < 1.0
+
+
+def test_an_update_past_the_l2_bound_is_named_and_the_round_runs_again_without_it(tmp_path):
+    """groupmask, ``l2_bound`` 0.1: honest updates are scaled into the ball and proven; the liar keeps its
+    update whole, proves it against a looser bound and relabels the proof; its peers refuse that proof."""
+    spec = bounded("groupmask", "past-l2", l2_bound=0.1)
+    report = run_local(spec, tmp_path, progress=False, echo=lambda *_: None, party_env={LIAR: environment("past_l2")})
+    assert report["protection"]["bound"]["l2"]["ran"] is True and report["protection"]["bound"]["l2"]["bound"] == 0.1
+    honest = party_report(tmp_path, PARTIES[0])["rounds"]
+    assert [r["round"] for r in honest] == [1, 2, 3]
+    for entry in honest:
+        assert entry["stats"]["bound"]["bound_l2"] == 0.1 and entry["stats"]["bound_l2_scaled"] is True, entry["stats"]
+    second = honest[1]
+    excluded = second["stats"]["bound_excluded"]
+    assert excluded[0]["parties"] == [LIAR] and "L2 norm is within the bound does not verify" in excluded[0]["reason"]
+    assert LIAR not in second["participants"] and second["attempts"] == 2
+    assert LIAR in report["dropped"]
+    assert report["final_auc"] > 0.97

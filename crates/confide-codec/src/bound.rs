@@ -146,6 +146,9 @@ pub enum Refusal {
         /// The chunk whose proof failed.
         chunk: usize,
     },
+    /// The L2 norm proof ([`crate::norm`]) does not verify: a square is not one, or the norm is
+    /// past the bound.
+    Norm,
 }
 
 fn le_u32(bytes: &[u8]) -> u32 {
@@ -173,6 +176,25 @@ fn take<'a>(data: &mut &'a [u8], n: usize, what: &str) -> std::result::Result<&'
 /// # Errors
 /// [`Refusal`].
 pub fn verify(context: &[u8], message: &[u8], count: usize, bits: u32, check: bool) -> std::result::Result<Vec<u8>, Refusal> {
+    let (commitments, used) = verify_prefix(context, message, count, bits, check)?;
+    if used != message.len() {
+        return Err(Refusal::Malformed(format!("{} bytes follow the last proof", message.len() - used)));
+    }
+    Ok(commitments)
+}
+
+/// [`verify`] of the proof message that begins `message` (a norm proof may follow it): its
+/// commitments and its length in bytes.
+///
+/// # Errors
+/// [`Refusal`].
+pub fn verify_prefix(
+    context: &[u8],
+    message: &[u8],
+    count: usize,
+    bits: u32,
+    check: bool,
+) -> std::result::Result<(Vec<u8>, usize), Refusal> {
     let mut data = message;
     if take(&mut data, 4, "the magic")? != MAGIC {
         return Err(Refusal::Malformed("not a bound proof message".into()));
@@ -190,9 +212,7 @@ pub fn verify(context: &[u8], message: &[u8], count: usize, bits: u32, check: bo
         let points = take(&mut data, POINT * width, "the commitments")?;
         parts.push((c, proof, points));
     }
-    if !data.is_empty() {
-        return Err(Refusal::Malformed(format!("{} bytes follow the last proof", data.len())));
-    }
+    let used = message.len() - data.len();
     if check {
         let (pc, bp) = generators();
         let failed = parts.par_iter().find_map_first(|&(c, proof, points)| {
@@ -210,7 +230,7 @@ pub fn verify(context: &[u8], message: &[u8], count: usize, bits: u32, check: bo
         let kept = (count - c * CHUNK).min(CHUNK);
         out.extend_from_slice(&points[..POINT * kept]);
     }
-    Ok(out)
+    Ok((out, used))
 }
 
 /// Positions `k` where the parties' commitments do not sum to `2^(32 − bits) · totals[k] · B`

@@ -6,6 +6,7 @@
 //!   overflow flags.
 //! * [`daciq`]: the dACIQ clipping threshold with the corrected A(b) table.
 //! * [`flbooster`]: FLBooster's unsigned offset packing (§3), for comparison.
+//! * [`bound`], [`norm`]: range and L2 norm proofs of a party's update (Bulletproofs).
 //! * [`tags`]: linear tags of verifiable aggregation (inner products with public challenges).
 //!
 //! Packed plaintexts are little-endian u64 limbs of at most k − 2 bits, so they
@@ -18,6 +19,7 @@ pub mod bound;
 pub mod daciq;
 mod error;
 pub mod flbooster;
+pub mod norm;
 pub mod params;
 mod rng;
 pub mod tags;

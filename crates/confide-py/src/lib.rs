@@ -999,8 +999,10 @@ fn pair_keys(keys: Vec<Vec<u8>>) -> PyResult<Vec<[u8; 16]>> {
     keys.iter().map(|k| k.as_slice().try_into().map_err(|_| invalid("keys", "each pair key must be 16 bytes"))).collect()
 }
 
-/// A party's bound proof message for its fixed-point `words` (docs/crypto.md, "Bounded updates").
+/// A party's bound proof message for its fixed-point `words` (docs/crypto.md, "Bounded updates"),
+/// followed by the proof that their L2 norm is at most `l2` (fixed-point units) when one is given.
 #[pyfunction]
+#[pyo3(signature = (context, words, ring_bits, bits, keys, adds, l2 = None))]
 #[allow(clippy::too_many_arguments)]
 fn bound_prove<'py>(
     py: Python<'py>,
@@ -1010,21 +1012,74 @@ fn bound_prove<'py>(
     bits: u32,
     keys: Vec<Vec<u8>>,
     adds: Vec<bool>,
+    l2: Option<u64>,
 ) -> PyResult<Bound<'py, PyBytes>> {
     let values = offset_values(words.as_slice().map_err(|_| invalid("words", "must be a contiguous uint32 array"))?, ring_bits, bits)?;
     let keys = pair_keys(keys)?;
     let message = py
         .detach(|| {
             let gammas = confide_codec::bound::blindings(&keys, &adds, values.len())?;
-            confide_codec::bound::prove(context, &values, bits, &gammas)
+            let mut message = confide_codec::bound::prove(context, &values, bits, &gammas)?;
+            if let Some(l2) = l2 {
+                let commitments = confide_codec::bound::verify(context, &message, values.len(), bits, false)
+                    .map_err(|e| confide_codec::Error::Malformed(format!("its own bound proof: {e:?}")))?;
+                message.extend(confide_codec::norm::prove(context, &values, bits, &gammas, &commitments, l2)?);
+            }
+            Ok::<_, confide_codec::Error>(message)
         })
         .map_err(NativeError::from)?;
     Ok(PyBytes::new(py, &message))
 }
 
-/// (commitments, "") of a peer's bound proof message, or (b"", why) when it is refused: "chunk <c>"
-/// for a proof that does not verify, else what is malformed.
+/// The norm proof alone (what [`bound_prove`] appends with `l2`), on the commitments of a bound
+/// proof of the same `words` and pair keys: for measuring it apart from the range proofs.
 #[pyfunction]
+#[allow(clippy::too_many_arguments)]
+fn bound_norm_prove<'py>(
+    py: Python<'py>,
+    context: &[u8],
+    words: PyReadonlyArray1<'_, u32>,
+    ring_bits: u32,
+    bits: u32,
+    keys: Vec<Vec<u8>>,
+    adds: Vec<bool>,
+    commitments: &[u8],
+    l2: u64,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let values = offset_values(words.as_slice().map_err(|_| invalid("words", "must be a contiguous uint32 array"))?, ring_bits, bits)?;
+    let keys = pair_keys(keys)?;
+    let message = py
+        .detach(|| {
+            let gammas = confide_codec::bound::blindings(&keys, &adds, values.len())?;
+            confide_codec::norm::prove(context, &values, bits, &gammas, commitments, l2)
+        })
+        .map_err(NativeError::from)?;
+    Ok(PyBytes::new(py, &message))
+}
+
+/// Whether a norm proof alone verifies against `commitments`: "" or why not ("norm", or what is
+/// malformed).
+#[pyfunction]
+fn bound_norm_verify(py: Python<'_>, context: &[u8], message: &[u8], commitments: &[u8], count: usize, bits: u32, l2: u64) -> String {
+    match py.detach(|| confide_codec::norm::verify(context, message, commitments, count, bits, l2)) {
+        Ok(()) => String::new(),
+        Err(confide_codec::bound::Refusal::Malformed(why)) => why,
+        Err(_) => "norm".to_string(),
+    }
+}
+
+/// The squared L2 norm of fixed-point `words` (exact, as the norm proof sees them).
+#[pyfunction]
+fn bound_squared_norm(words: PyReadonlyArray1<'_, u32>, ring_bits: u32, bits: u32) -> PyResult<u128> {
+    let values = offset_values(words.as_slice().map_err(|_| invalid("words", "must be a contiguous uint32 array"))?, ring_bits, bits)?;
+    Ok(confide_codec::norm::squared_norm(&values, bits).map_err(NativeError::from)?)
+}
+
+/// (commitments, "") of a peer's bound proof message, or (b"", why) when it is refused: "chunk <c>"
+/// for a range proof that does not verify, "norm" for a norm proof (expected when `l2` is given)
+/// that does not, else what is malformed.
+#[pyfunction]
+#[pyo3(signature = (context, message, count, bits, check, l2 = None))]
 fn bound_verify<'py>(
     py: Python<'py>,
     context: &[u8],
@@ -1032,11 +1087,22 @@ fn bound_verify<'py>(
     count: usize,
     bits: u32,
     check: bool,
+    l2: Option<u64>,
 ) -> (Bound<'py, PyBytes>, String) {
-    match py.detach(|| confide_codec::bound::verify(context, message, count, bits, check)) {
+    use confide_codec::bound::Refusal;
+    let checked = py.detach(|| {
+        let (points, used) = confide_codec::bound::verify_prefix(context, message, count, bits, check)?;
+        match l2 {
+            None if used != message.len() => Err(Refusal::Malformed(format!("{} bytes follow the last proof", message.len() - used))),
+            Some(l2) if check => confide_codec::norm::verify(context, &message[used..], &points, count, bits, l2).map(|()| points),
+            _ => Ok(points),
+        }
+    });
+    match checked {
         Ok(points) => (PyBytes::new(py, &points), String::new()),
-        Err(confide_codec::bound::Refusal::Proof { chunk }) => (PyBytes::new(py, b""), format!("chunk {chunk}")),
-        Err(confide_codec::bound::Refusal::Malformed(why)) => (PyBytes::new(py, b""), why),
+        Err(Refusal::Proof { chunk }) => (PyBytes::new(py, b""), format!("chunk {chunk}")),
+        Err(Refusal::Norm) => (PyBytes::new(py, b""), "norm".to_string()),
+        Err(Refusal::Malformed(why)) => (PyBytes::new(py, b""), why),
     }
 }
 
@@ -1077,6 +1143,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(bound_prove, m)?)?;
     m.add_function(wrap_pyfunction!(batchcrypt_codes, m)?)?;
     m.add_function(wrap_pyfunction!(bound_verify, m)?)?;
+    m.add_function(wrap_pyfunction!(bound_squared_norm, m)?)?;
+    m.add_function(wrap_pyfunction!(bound_norm_prove, m)?)?;
+    m.add_function(wrap_pyfunction!(bound_norm_verify, m)?)?;
     m.add_function(wrap_pyfunction!(bound_check_sum, m)?)?;
     m.add("GMP_VERSION", gmp_version())?;
     m.add_function(wrap_pyfunction!(engine, m)?)?;

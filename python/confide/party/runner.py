@@ -274,7 +274,9 @@ def run_party(
     elif spec.protection.verifies and protection.verify_arithmetic is not None:
         protection.verifier = Verifier(protection, timeout_s=spec.protection.share_timeout_s)
     if spec.protection.prove_bound:
-        protection.bounds = BoundProver(protection, timeout_s=spec.protection.share_timeout_s)
+        protection.bounds = BoundProver(
+            protection, timeout_s=spec.protection.share_timeout_s, l2_bound=spec.protection.l2_bound
+        )
     restore = _stop_on_sigterm(stop_file)
     admitted_round = attempt_admitted = 0
     try:
@@ -590,5 +592,5 @@ def _protection_report(protection, spec) -> dict:
     return {
         **protection.report(),
         "verification": describe(protection, spec.protection.verify),
-        "bound": describe_bound(spec.protection.prove_bound, protection.mode),
+        "bound": describe_bound(spec.protection.prove_bound, protection.mode, spec.protection.l2_bound),
     }

@@ -25,11 +25,20 @@ own the sum. Here it cannot:
    word past the bound) fails it, and the sum is refused before anyone applies it
    (:class:`BoundSumError`; it cannot say which party: the job stops).
 
-What the proofs reveal: nothing of a value but that it is in range (Bulletproofs are zero
-knowledge; the commitments are hiding while one peer of a party is honest). Cost: Bulletproofs
-take about 4 ms a value to prove and 0.3 ms to check on this machine kind, and each party checks
-every peer: a model of a few thousand values a round, not millions (docs/crypto.md, "Bounded
-updates"; ``bound.bulletproofs.seconds_per_100k`` in ``benchmarks/results/robust.json``).
+4. With ``protection.l2_bound`` (fixed point ``beta = floor(l2_bound * 2^f)``): each party also
+   proves ``sum_k q_k^2 <= beta^2`` on the same commitments (``crates/confide-codec/src/norm.rs``:
+   a committed square per value with a Sigma-protocol proof that it is the square of the committed
+   ``q_k``, and a range proof that ``beta^2`` minus their sum is not negative). An honest party
+   scales its update into the ball first (leaving ``sqrt(n)/2`` units for the rounding; the
+   report's ``bound_l2_scaled``). A norm proof that fails names its party, as a range proof does.
+
+What the proofs reveal: nothing of a value but that it is in range, and of the update but that its
+norm is within the bound (Bulletproofs and the Sigma protocol are zero knowledge; the commitments
+are hiding while one peer of a party is honest). Cost on this machine kind: the range proofs take
+about 2 ms a value to prove and 0.2 ms to check, and each party checks every peer: a model of a
+few thousand values a round, not millions; the norm proof adds about 0.05 ms a value to prove and
+0.03 ms to check (docs/crypto.md, "Bounded updates"; ``bound.confide.*`` in
+``benchmarks/results/robust.json``).
 """
 
 from __future__ import annotations
@@ -72,8 +81,10 @@ def proven_bits(scale: float, bound: float) -> int:
 class BoundProver:
     """One party's side of the bound proofs of a round attempt (see the module documentation)."""
 
-    def __init__(self, protection, *, timeout_s: float = 30.0) -> None:
+    def __init__(self, protection, *, timeout_s: float = 30.0, l2_bound: float | None = None) -> None:
         self.protection = protection
+        self.l2_bound = l2_bound
+        self.l2_units: int | None = None
         self.exchange = protection.exchange
         self.timeout_s = timeout_s
         self._context = None
@@ -90,6 +101,9 @@ class BoundProver:
         scale, bound, self.ring_bits = self.protection.verify_fixed
         self.bits = proven_bits(scale, bound)
         self.limit = (2 ** (self.bits - 1) - 1) / scale
+        self.l2_units = self._l2_units(scale, vector.size)
+        if self.l2_units is not None:
+            context.stats["bound_l2_scaled"] = _scale_into(vector, (self.l2_units - (vector.size**0.5) / 2) / scale)
         clipped = int(np.count_nonzero(np.abs(vector) > self.limit))
         np.clip(vector, -self.limit, self.limit, out=vector)
         context.stats["bound_clipped"] = clipped
@@ -99,6 +113,9 @@ class BoundProver:
                 for i in range(context.num_slices)
             ]
         )
+        l2 = self.l2_units
+        if l2 is not None and _native.bound_squared_norm(words, self.ring_bits, self.bits) > l2**2:
+            raise ProtocolError("bound proofs: the scaled update's fixed-point norm is still past protection.l2_bound")
         me = self.exchange.party_id
         keys, adds = [], []
         for peer in context.peers:
@@ -111,7 +128,7 @@ class BoundProver:
         def prove() -> None:
             began = time.perf_counter()
             try:
-                self._message = _native.bound_prove(statement, words, self.ring_bits, self.bits, keys, adds)
+                self._message = _native.bound_prove(statement, words, self.ring_bits, self.bits, keys, adds, l2)
                 self.prove_seconds = time.perf_counter() - began
                 # out as soon as it is ready: the peers check it while the sum is still being made
                 self.exchange.send(context.round, tag, self._message, peers)
@@ -120,6 +137,18 @@ class BoundProver:
 
         self._thread = threading.Thread(target=prove, name="confide-bound-prove", daemon=True)
         self._thread.start()
+
+    def _l2_units(self, scale: float, count: int) -> int | None:
+        """The L2 bound in fixed-point units (what every party proves), or None without one."""
+        if self.l2_bound is None:
+            return None
+        units = min(int(self.l2_bound * scale), 2**63 - 1)
+        if units - count**0.5 / 2 < 1:
+            raise ProtocolError(
+                f"protection.l2_bound {self.l2_bound:g} is too small for {count} values at the fixed point 2^-"
+                f"{np.log2(scale):.0f}: rounding alone may add sqrt({count})/2 units to the norm; raise it"
+            )
+        return units
 
     def observe(self, index: int, total: np.ndarray) -> None:
         """The decoded sum of slice ``index`` (fixed-point words), for the sum check."""
@@ -147,7 +176,8 @@ class BoundProver:
         tag = f"bound/{context.attempt}"
         began = time.perf_counter()
         count = context.vector_length
-        commitments = [_native.bound_verify(self._statement(context, me), mine, count, self.bits, False)[0]]
+        l2 = self.l2_units
+        commitments = [_native.bound_verify(self._statement(context, me), mine, count, self.bits, False, l2)[0]]
         failed: dict[str, str] = {}
         waited = 0.0
         for peer in peers:
@@ -160,7 +190,7 @@ class BoundProver:
                 f"{self.timeout_s:g} s after the sum; the sum cannot be checked without them",
             )
             waited += time.perf_counter() - asked
-            points, why = _native.bound_verify(self._statement(context, peer), data, count, self.bits, True)
+            points, why = _native.bound_verify(self._statement(context, peer), data, count, self.bits, True, l2)
             if why:
                 failed[peer] = why
             commitments.append(points)
@@ -189,6 +219,7 @@ class BoundProver:
         return {
             "bound_bits": self.bits,
             "bound_linf": self.limit,
+            **({} if l2 is None else {"bound_l2": self.l2_bound}),
             "bound_prove_s": round(self.prove_seconds, 6),
             "bound_check_s": round(checked, 6),
             "bound_wait_s": round(waited, 6),
@@ -196,20 +227,41 @@ class BoundProver:
         }
 
 
+def _scale_into(vector: np.ndarray, radius: float) -> bool:
+    """Scale ``vector`` (in place) into the L2 ball of ``radius``; whether it had to be."""
+    norm = float(np.linalg.norm(vector.astype(np.float64)))
+    if norm <= radius:
+        return False
+    vector *= radius / norm * (1 - 1e-9)
+    return True
+
+
 def _why(why: str) -> str:
+    if why == "norm":
+        return "the proof that its update's L2 norm is within the bound does not verify"
     if why.startswith("chunk "):
         first = int(why.split()[1]) * 64
         return f"the proof of values {first}..{first + 63} does not verify"
     return f"malformed proofs ({why})"
 
 
-def describe(requested: bool, mode: str) -> dict:
+def describe(requested: bool, mode: str, l2_bound: float | None = None) -> dict:
     """The report's ``bound`` entry: whether every update was proven within the bound."""
     if not requested:
         return {"ran": False, "reason": "protection.prove_bound is off"}
-    return {
+    entry = {
         "ran": True,
         "proof": "Bulletproofs (dalek bulletproofs 5), 32-bit aggregated range proofs of 64 values, ristretto255",
         "checks": "every peer's proofs, then the decoded sum against the parties' commitments",
         "mode": mode,
     }
+    if l2_bound is None:
+        entry["l2"] = {"ran": False, "reason": "protection.l2_bound is not set"}
+    else:
+        entry["l2"] = {
+            "ran": True,
+            "bound": l2_bound,
+            "proof": "committed squares (a Sigma protocol per value on the range proofs' commitments) and a "
+            "128-bit range proof that the bound's square minus their sum is not negative",
+        }
+    return entry

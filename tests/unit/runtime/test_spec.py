@@ -372,6 +372,10 @@ def test_verification_errors_name_the_field(protection, words):
         ({"mode": "secagg", "prove_bound": True, "mask_bound": None}, ["protection.mask_bound"]),
         ({"mode": "secagg", "prove_bound": True, "mask_bound": 0}, ["protection.mask_bound"]),
         ({"mode": "lattice", "prove_bound": True, "on_dropout": "recover"}, ["prove_bound", "on_dropout recover"]),
+        ({"mode": "secagg", "l2_bound": 1.0}, ["protection.l2_bound", "prove_bound: true"]),
+        ({"mode": "secagg", "prove_bound": True, "l2_bound": 0}, ["protection.l2_bound", "greater than 0"]),
+        ({"mode": "secagg", "prove_bound": True, "l2_bound": float("nan")}, ["protection.l2_bound", "finite"]),
+        ({"mode": "secagg", "prove_bound": True, "mask_bound": float("nan")}, ["protection.mask_bound", "finite"]),
     ],
 )
 def test_bound_proofs_are_refused_where_they_cannot_run_naming_the_field(protection, words):
