@@ -308,7 +308,14 @@ def bound_squared_norm(words: np.ndarray, ring_bits: int, bits: int) -> int: ...
 def bound_verify(
     context: bytes, message: bytes, count: int, bits: int, check: bool, l2: int | None = None
 ) -> tuple[bytes, str]: ...
-def bound_check_sum(commitments: list[bytes], sums: np.ndarray, ring_bits: int, bits: int) -> list[int]: ...
+def bound_check_sum(
+    commitments: list[bytes],
+    sums: np.ndarray,
+    ring_bits: int,
+    bits: int,
+    residual_keys: list[bytes] = ...,
+    residual_adds: list[bool] = ...,
+) -> list[int]: ...
 def batchcrypt_codes(
     values: np.ndarray,
     bits: int,

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from confide.errors import JobFailedError
+from tests.fixtures.faults import with_faults
 from tests.fixtures.federation import run_local
 from tests.fixtures.lying_party import environment
 from tests.integration.conftest import make_spec
@@ -110,3 +111,35 @@ def test_an_update_past_the_l2_bound_is_named_and_the_round_runs_again_without_i
     assert LIAR not in second["participants"] and second["attempts"] == 2
     assert LIAR in report["dropped"]
     assert report["final_auc"] > 0.97
+
+
+@pytest.mark.parametrize("mode", ["secagg", "lattice"])
+def test_a_recovered_round_checks_the_survivors_sum_against_their_proofs(tmp_path, mode):
+    """on_dropout recover: a party dies in round 2 after its key shares went out, before any word.
+
+    The survivors' commitments no longer cancel (their pair blindings with it remain): they swap
+    their keys of that attempt with it, and the sum of their commitments must then be that of
+    their recovered sum, with no retry. The L2 bound is proven too.
+    """
+    everyone = ["hospital-a", "hospital-b", "hospital-c", "hospital-d"]
+    survivors = ["hospital-a", "hospital-b", "hospital-d"]
+    recovery = {"recovery_timeout_s": 5.0} if mode == "secagg" else {"share_timeout_s": 10.0}
+    spec = make_spec(
+        job_id=f"bound-recover-{mode}",
+        parties=everyone,
+        rounds=3,
+        protection={"mode": mode, "prove_bound": True, "l2_bound": 1.0, "on_dropout": "recover", **recovery},
+        transport={"round_timeout_s": 8.0},
+    )
+    fault = with_faults(exit_round=2, exit_step="released")
+    report = run_local(
+        spec, tmp_path, progress=False, echo=lambda *_: None, party_env={"hospital-c": fault}, max_restarts=0
+    )
+    rounds = report["rounds"]
+    assert [r["round"] for r in rounds] == [1, 2, 3] and all(r["attempts"] == 1 for r in rounds), "no retry"
+    assert rounds[1]["participants"] == survivors
+    assert report["final_auc"] > 0.97
+    for party in survivors:
+        second = party_report(tmp_path, party)["rounds"][1]
+        assert second["stats"]["excluded"] == ["hospital-c"]
+        assert second["stats"]["bound"]["bound_l2"] == 1.0 and "bound_excluded" not in second["stats"]

@@ -21,7 +21,7 @@ use std::sync::OnceLock;
 use aes::cipher::{KeyIvInit, StreamCipher};
 use bulletproofs::{BulletproofGens, PedersenGens, RangeProof};
 use curve25519_dalek::constants::RISTRETTO_BASEPOINT_TABLE;
-use curve25519_dalek::ristretto::{CompressedRistretto, RistrettoPoint};
+use curve25519_dalek::ristretto::{CompressedRistretto, RistrettoBasepointTable, RistrettoPoint};
 use curve25519_dalek::scalar::Scalar;
 use curve25519_dalek::traits::Identity;
 use merlin::Transcript;
@@ -233,13 +233,16 @@ pub fn verify_prefix(
     Ok((out, used))
 }
 
-/// Positions `k` where the parties' commitments do not sum to `2^(32 − bits) · totals[k] · B`
-/// (`totals[k] = S_k + m·P`, the decoded sum offset as the parties offset their values).
+/// Positions `k` where the parties' commitments do not sum to
+/// `2^(32 − bits) · totals[k] · B + residual[k] · B̃` (`totals[k] = S_k + m·P`, the decoded sum
+/// offset as the parties offset their values; `residual` the blindings that did not cancel, when a
+/// recovered round left parties out: empty where every participant's commitments are summed).
 ///
 /// # Errors
-/// `InvalidParameter` if a party's commitments are not `32 · totals.len()` bytes, or a commitment
-/// is not a valid point (reported as its position, too: such a sum cannot hold).
-pub fn check_sum(commitments: &[&[u8]], totals: &[i64], bits: u32) -> Result<Vec<usize>> {
+/// `InvalidParameter` if a party's commitments are not `32 · totals.len()` bytes, or `residual` is
+/// neither empty nor one a value; a commitment that is not a valid point is reported as its position
+/// (such a sum cannot hold).
+pub fn check_sum(commitments: &[&[u8]], totals: &[i64], bits: u32, residual: &[Scalar]) -> Result<Vec<usize>> {
     let shift = check_bits(bits)?;
     if let Some(p) = commitments.iter().position(|c| c.len() != POINT * totals.len()) {
         return Err(invalid(
@@ -247,7 +250,11 @@ pub fn check_sum(commitments: &[&[u8]], totals: &[i64], bits: u32) -> Result<Vec
             format!("party {p} holds {} bytes, {} values need {}", commitments[p].len(), totals.len(), POINT * totals.len()),
         ));
     }
+    if !residual.is_empty() && residual.len() != totals.len() {
+        return Err(invalid("residual", format!("holds {} blindings for {} values", residual.len(), totals.len())));
+    }
     let scale = Scalar::from(1u64 << shift);
+    let blinding = blinding_table();
     let bad = totals
         .par_iter()
         .enumerate()
@@ -261,10 +268,20 @@ pub fn check_sum(commitments: &[&[u8]], totals: &[i64], bits: u32) -> Result<Vec
             }
             let magnitude = Scalar::from(total.unsigned_abs());
             let value = if total < 0 { -magnitude } else { magnitude };
-            (sum != &(value * scale) * RISTRETTO_BASEPOINT_TABLE).then_some(k)
+            let mut expected = &(value * scale) * RISTRETTO_BASEPOINT_TABLE;
+            if let Some(r) = residual.get(k) {
+                expected += r * blinding;
+            }
+            (sum != expected).then_some(k)
         })
         .collect();
     Ok(bad)
+}
+
+/// `B̃`, the Pedersen blinding base, as a precomputed table.
+pub(crate) fn blinding_table() -> &'static RistrettoBasepointTable {
+    static TABLE: OnceLock<RistrettoBasepointTable> = OnceLock::new();
+    TABLE.get_or_init(|| RistrettoBasepointTable::create(&generators().0.B_blinding))
 }
 
 #[cfg(test)]
@@ -300,16 +317,22 @@ mod tests {
         }
         let mut totals: Vec<i64> = (0..count).map(|k| q.iter().map(|p| p[k]).sum::<i64>() + m as i64 * offset).collect();
         let views: Vec<&[u8]> = commitments.iter().map(Vec::as_slice).collect();
-        assert_eq!(check_sum(&views, &totals, bits).unwrap(), Vec::<usize>::new());
+        assert_eq!(check_sum(&views, &totals, bits, &[]).unwrap(), Vec::<usize>::new());
         // a prover that commits to a w in range which is not v << (32 - bits): its proof holds (w is
         // below 2^32) but w / 2^(32 - bits) is no integer, and the sum check refuses the position
         let mut w: Vec<u64> = q[0].iter().map(|&x| ((x + offset) as u64) << (32 - bits)).collect();
         w[3] += 1;
         let forged = verify(b"f", &prove(b"f", &w, 32, &gammas[0]).unwrap(), count, 32, true).expect("a valid proof");
         let cheating: Vec<&[u8]> = vec![&forged, &commitments[1], &commitments[2]];
-        assert_eq!(check_sum(&cheating, &totals, bits).unwrap(), vec![3]);
+        assert_eq!(check_sum(&cheating, &totals, bits, &[]).unwrap(), vec![3]);
+        // a recovered round: party 2 left out, its pair blindings with the survivors are the residual
+        let survivors: Vec<&[u8]> = vec![&commitments[0], &commitments[1]];
+        let partial: Vec<i64> = (0..count).map(|k| q[0][k] + q[1][k] + 2 * offset).collect();
+        let residual: Vec<Scalar> = (0..count).map(|k| gammas[0][k] + gammas[1][k]).collect();
+        assert_eq!(check_sum(&survivors, &partial, bits, &residual).unwrap(), Vec::<usize>::new());
+        assert_eq!(check_sum(&survivors, &partial, bits, &[]).unwrap().len(), count, "without it nothing holds");
         totals[65] += 1;
-        assert_eq!(check_sum(&views, &totals, bits).unwrap(), vec![65]);
+        assert_eq!(check_sum(&views, &totals, bits, &[]).unwrap(), vec![65]);
         // a value of 2^bits has no proof
         let mut v = vec![0u64; 3];
         v[1] = 1 << bits;

@@ -31,7 +31,7 @@ use merlin::Transcript;
 use rand_core::RngCore;
 use rayon::prelude::*;
 
-use crate::bound::{Refusal, MAX_BITS, PROOF_BITS};
+use crate::bound::{blinding_table, Refusal, MAX_BITS, PROOF_BITS};
 use crate::error::{invalid, Error, Result};
 use crate::rng::{chunk_rng, root_seed};
 
@@ -45,13 +45,10 @@ const PER_VALUE: usize = 6 * POINT;
 const BATCH: usize = 256;
 const LIMB_BITS: usize = 64;
 
-fn generators() -> &'static (PedersenGens, RistrettoBasepointTable, BulletproofGens) {
-    static GENS: OnceLock<(PedersenGens, RistrettoBasepointTable, BulletproofGens)> = OnceLock::new();
-    GENS.get_or_init(|| {
-        let pc = PedersenGens::default();
-        let blinding = RistrettoBasepointTable::create(&pc.B_blinding);
-        (pc, blinding, BulletproofGens::new(LIMB_BITS, 2))
-    })
+fn generators() -> (&'static PedersenGens, &'static RistrettoBasepointTable, &'static BulletproofGens) {
+    static GENS: OnceLock<(PedersenGens, BulletproofGens)> = OnceLock::new();
+    let (pc, bp) = GENS.get_or_init(|| (PedersenGens::default(), BulletproofGens::new(LIMB_BITS, 2)));
+    (pc, blinding_table(), bp)
 }
 
 fn signed(x: i64) -> Scalar {

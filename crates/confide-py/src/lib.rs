@@ -1107,14 +1107,19 @@ fn bound_verify<'py>(
 }
 
 /// Positions where the parties' commitments are not those of the decoded sum `sums` (residues mod
-/// `2^ring_bits`) of `parties` values offset by `2^(bits - 1)` each.
+/// `2^ring_bits`) of `parties` values offset by `2^(bits - 1)` each. `residual_keys` and
+/// `residual_adds`: the pair keys (and signs) whose blindings did not cancel, when a recovered round
+/// left parties out.
 #[pyfunction]
+#[pyo3(signature = (commitments, sums, ring_bits, bits, residual_keys = Vec::new(), residual_adds = Vec::new()))]
 fn bound_check_sum(
     py: Python<'_>,
     commitments: Vec<Vec<u8>>,
     sums: PyReadonlyArray1<'_, u32>,
     ring_bits: u32,
     bits: u32,
+    residual_keys: Vec<Vec<u8>>,
+    residual_adds: Vec<bool>,
 ) -> PyResult<Vec<usize>> {
     let parties = commitments.len() as i64;
     let offset = 1i64 << (bits.clamp(1, 32) - 1);
@@ -1124,7 +1129,13 @@ fn bound_check_sum(
             .map(|v| v as i64 + (parties - 1) * offset)
             .collect();
     let views: Vec<&[u8]> = commitments.iter().map(Vec::as_slice).collect();
-    Ok(py.detach(|| confide_codec::bound::check_sum(&views, &totals, bits)).map_err(NativeError::from)?)
+    let keys = pair_keys(residual_keys)?;
+    Ok(py
+        .detach(|| {
+            let residual = if keys.is_empty() { Vec::new() } else { confide_codec::bound::blindings(&keys, &residual_adds, totals.len())? };
+            confide_codec::bound::check_sum(&views, &totals, bits, &residual)
+        })
+        .map_err(NativeError::from)?)
 }
 
 #[pymodule]

@@ -505,13 +505,13 @@ def run_attempt(
         upload.join()
         if upload.reply is not None:
             exchange.key_sent_at = client.reconnects
+        excluded_now = set(client.excluded(context.round, context.attempt))
+        included = [p for p in context.participants if p not in excluded_now]
         if verifier is not None:
-            excluded_now = set(client.excluded(context.round, context.attempt))
-            included = [p for p in context.participants if p not in excluded_now]
             context.stats["verification"] = verifier.settle(included, node_of)
             timings["verify_s"] = context.stats["verification"]["verify_s"]
         if protection.bounds is not None:
-            context.stats["bound"] = protection.bounds.settle(context.participants)
+            context.stats["bound"] = protection.bounds.settle(included)
         return aggregate, timings
     except BaseException:
         upload.cancel()

@@ -10,6 +10,7 @@ party through :class:`Exchange`, so the modes run the same over gRPC or in a tes
 from __future__ import annotations
 
 import struct
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -334,3 +335,16 @@ def awaited(receive: Callable[[], bytes], peer: str, included: Sequence[str], wh
         return receive()
     except MessageTimeoutError:
         raise RoundAbortedError(why, [peer], [p for p in included if p != peer]) from None
+
+
+def gathered(
+    peers: Sequence[str], receive: Callable[[str], bytes], included: Sequence[str], why: Callable[[str], str]
+) -> tuple[dict[str, bytes], float]:
+    """``receive(peer)`` of each peer in turn, :func:`awaited`: the messages, and the seconds spent waiting."""
+    messages: dict[str, bytes] = {}
+    waited = 0.0
+    for peer in peers:
+        asked = time.perf_counter()
+        messages[peer] = awaited(lambda peer=peer: receive(peer), peer, included, why(peer))
+        waited += time.perf_counter() - asked
+    return messages, waited

@@ -23,7 +23,10 @@ own the sum. Here it cannot:
    Then ``sum_i V_ik`` must equal ``2^(32 - bits) * (S_k + m * P) * B`` for the decoded sum
    ``S_k``: a party whose protected words are not the values it proved (an overflowing lane, a
    word past the bound) fails it, and the sum is refused before anyone applies it
-   (:class:`BoundSumError`; it cannot say which party: the job stops).
+   (:class:`BoundSumError`; it cannot say which party: the job stops). A round recovered without
+   a party (``on_dropout: recover``) leaves the survivors' blindings with it uncancelled: the
+   survivors swap, sealed, their blinding keys of the attempt with it, and the sum check adds
+   what those keys give (:meth:`BoundProver._residual`).
 
 4. With ``protection.l2_bound`` (fixed point ``beta = floor(l2_bound * 2^f)``): each party also
    proves ``sum_k q_k^2 <= beta^2`` on the same commitments (``crates/confide-codec/src/norm.rs``:
@@ -52,7 +55,7 @@ import numpy as np
 
 from confide import _native
 from confide.errors import ProtocolError, RoundAbortedError
-from confide.protect.base import awaited
+from confide.protect.base import gathered
 from confide.protect.keys import round_key
 
 __all__ = ["BOUNDED_MODES", "BoundProver", "BoundSumError", "BoundViolationError", "proven_bits"]
@@ -91,6 +94,7 @@ class BoundProver:
         self._thread: threading.Thread | None = None
         self._message: bytes | Exception = b""
         self._sums: dict[int, np.ndarray] = {}
+        self._pairs: dict[str, bytes] = {}
         self.bits = 0
         self.ring_bits = 32
         self.limit = 0.0
@@ -117,11 +121,12 @@ class BoundProver:
         if l2 is not None and _native.bound_squared_norm(words, self.ring_bits, self.bits) > l2**2:
             raise ProtocolError("bound proofs: the scaled update's fixed-point norm is still past protection.l2_bound")
         me = self.exchange.party_id
-        keys, adds = [], []
-        for peer in context.peers:
-            pair = self.protection.keys.pair_key(peer, b"bound")
-            keys.append(round_key(pair, b"bound-blinding", context.round, context.attempt)[:16])
-            adds.append(me < peer)
+        pair = self.protection.keys.pair_key
+        self._pairs = {
+            peer: round_key(pair(peer, b"bound"), b"bound-blinding", context.round, context.attempt)[:16]
+            for peer in context.peers
+        }
+        keys, adds = list(self._pairs.values()), [me < peer for peer in self._pairs]
         self._context, self._sums, self._message = context, {}, b""
         statement, peers, tag = self._statement(context, me), list(context.peers), f"bound/{context.attempt}"
 
@@ -162,8 +167,42 @@ class BoundProver:
             [_DOMAIN, struct.pack("<I", len(job)), job, struct.pack("<II", context.round, context.attempt), name]
         )
 
+    def _residual(
+        self, context, peers: Sequence[str], included: Sequence[str], left_out: Sequence[str]
+    ) -> tuple[tuple[list[bytes], list[bool]], float]:
+        """The blinding keys that did not cancel: those of every survivor with the parties left out.
+
+        A recovered round (``on_dropout: recover``) sums the survivors' words only, so the pair
+        blindings between a survivor and a party left out remain in the survivors' commitments.
+        Each survivor sends the others, sealed, its keys of this attempt with the parties left out
+        (per attempt: they open nothing of another round; the survivors' blindings among
+        themselves still hide each commitment). Returns ((keys, adds), seconds waited).
+        """
+        me, tag = self.exchange.party_id, f"bound-cut/{context.attempt}"
+        self.protection.share(context.round, tag, b"".join(self._pairs[w] for w in left_out), list(peers))
+        keys = [self._pairs[w] for w in left_out]
+        adds = [me < w for w in left_out]
+        messages, waited = gathered(
+            peers,
+            lambda peer: self.protection.collect(context.round, tag, peer, timeout=self.timeout_s),
+            included,
+            lambda peer: (
+                f"round {context.round} attempt {context.attempt}: {peer!r} sent no blinding keys for the "
+                f"parties left out ({', '.join(left_out)}) within {self.timeout_s:g} s; the sum cannot be checked "
+                "without them"
+            ),
+        )
+        for peer, data in messages.items():
+            keys += _cut_keys(data, len(left_out), peer)
+            adds += [peer < w for w in left_out]
+        return (keys, adds), waited
+
     def settle(self, included: Sequence[str]) -> dict:
-        """Exchange and check the proofs, then the sum; returns the round's figures."""
+        """Check the ``included`` parties' proofs, then the sum; returns the round's figures.
+
+        ``included``: the parties whose words are in the sum (the participants, less any a
+        recovered round left out).
+        """
         context, thread = self._context, self._thread
         if context is None or thread is None:
             raise ProtocolError("bound proofs: begin was not called for this attempt")
@@ -179,17 +218,16 @@ class BoundProver:
         l2 = self.l2_units
         commitments = [_native.bound_verify(self._statement(context, me), mine, count, self.bits, False, l2)[0]]
         failed: dict[str, str] = {}
-        waited = 0.0
-        for peer in peers:
-            asked = time.perf_counter()
-            data = awaited(
-                lambda peer=peer: self.exchange.recv(context.round, tag, peer, timeout=self.timeout_s),
-                peer,
-                included,
+        messages, waited = gathered(
+            peers,
+            lambda peer: self.exchange.recv(context.round, tag, peer, timeout=self.timeout_s),
+            included,
+            lambda peer: (
                 f"round {context.round} attempt {context.attempt}: {peer!r} sent no bound proofs within "
-                f"{self.timeout_s:g} s after the sum; the sum cannot be checked without them",
-            )
-            waited += time.perf_counter() - asked
+                f"{self.timeout_s:g} s after the sum; the sum cannot be checked without them"
+            ),
+        )
+        for peer, data in messages.items():
             points, why = _native.bound_verify(self._statement(context, peer), data, count, self.bits, True, l2)
             if why:
                 failed[peer] = why
@@ -206,7 +244,10 @@ class BoundProver:
         if missing:
             raise ProtocolError(f"bound proofs: combined slices {missing[:5]} were never decoded")
         sums = np.concatenate([self._sums[i] for i in range(context.num_slices)])
-        wrong = _native.bound_check_sum(commitments, sums, self.ring_bits, self.bits)
+        left_out = sorted(p for p in context.participants if p not in included)
+        residual, asked = self._residual(context, peers, included, left_out) if left_out else (([], []), 0.0)
+        waited += asked
+        wrong = _native.bound_check_sum(commitments, sums, self.ring_bits, self.bits, *residual)
         if wrong:
             raise BoundSumError(
                 f"round {context.round} attempt {context.attempt}: the decoded sum at {len(wrong)} positions (first "
@@ -225,6 +266,12 @@ class BoundProver:
             "bound_wait_s": round(waited, 6),
             "bound_bytes": len(mine),
         }
+
+
+def _cut_keys(payload: bytes, count: int, peer: str) -> list[bytes]:
+    if len(payload) != 16 * count:
+        raise ProtocolError(f"bound proofs: {peer!r} sent {len(payload)} bytes of blinding keys for {count} parties")
+    return [payload[16 * i : 16 * (i + 1)] for i in range(count)]
 
 
 def _scale_into(vector: np.ndarray, radius: float) -> bool:
