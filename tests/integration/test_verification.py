@@ -117,6 +117,11 @@ def test_thresholds_decryptors_refuse_a_slice_that_is_not_the_product_of_the_par
     for party in PARTIES[1:]:
         error = reports[party]["error"]
         assert "combined slice 1 is not" in error and "the aggregator (127.0.0.1:" in error, error
+    # participant 0 is not among them: its combiner's notice makes it refuse the round too, naming the node
+    # (unless the launcher stopped it first, once a decryptor had failed the job)
+    first = reports[PARTIES[0]]
+    noticed = "a decryptor of combined slice 1, refused it" in first.get("error", "")
+    assert first["status"] == "stopped" or (noticed and "the aggregator (127.0.0.1:" in first["error"]), first
     for party, report in reports.items():
         assert [r["round"] for r in report["rounds"]] == [1], (party, "no party applied round 2")
         assert report["protection"]["verification"]["ran"] is False

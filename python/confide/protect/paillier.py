@@ -52,6 +52,7 @@ from confide.errors import (
 from confide.protect.base import Protection, RoundContext, awaited, pack_parts, unpack_parts
 from confide.protect.keys import GroupCipher, PeerKeys
 from confide.protect.masking import GroupShared, distribute_group_secrets
+from confide.protect.verify import VerificationError
 from confide.v1 import runtime_pb2 as pb
 
 __all__ = ["MAX_VERIFIED_BITS", "SHARE_PIECES", "PaillierProtection", "share_pieces"]
@@ -337,6 +338,9 @@ class PaillierProtection(GroupShared, Protection):
                         data = self.collect(
                             context.round, context.tag(f"shares.{k}"), peer, timeout=self.params.share_timeout_s
                         )
+                        refused = refused_by(context, peer, data)
+                        if refused is not None:
+                            raise refused
                         theirs = unpack_parts(data)
                     except MessageTimeoutError:
                         # Gone: the rest of its part is decoded here, without waiting for more pieces.
@@ -404,3 +408,31 @@ def _unpack_digests(data: bytes) -> dict[int, bytes]:
     if len(data) % 36:
         raise ProtocolError(f"a commitment hash message holds {len(data)} bytes, not a multiple of 36")
     return {struct.unpack_from("<I", data, k)[0]: data[k + 4 : k + 36] for k in range(0, len(data), 36)}
+
+
+#: What a decryptor that refused a combined slice sends on the share channel instead of its sums,
+#: so that the parties that are not among that slice's decryptors refuse the round too, at once and
+#: naming the node (threshold; a party can only stop a round this way, as it could by going silent).
+_REFUSED = b"confide-refused-v1\0"
+
+
+def refusal(index: int, reason: str) -> bytes:
+    """The notice that combined slice ``index`` was refused, and why."""
+    return _REFUSED + struct.pack("<I", index) + reason.encode()[:4000]
+
+
+def refused_by(context: RoundContext, peer: str, data: bytes) -> VerificationError | None:
+    """The refusal ``data`` carries (a :func:`refusal` notice from ``peer``), or None for decoded sums."""
+    if not data.startswith(_REFUSED) or len(data) < len(_REFUSED) + 4:
+        return None
+    (index,) = struct.unpack_from("<I", data, len(_REFUSED))
+    if index >= context.num_slices:
+        raise ProtocolError(
+            f"{peer!r} refused combined slice {index}, but round {context.round} has {context.num_slices} slices"
+        )
+    reason = data[len(_REFUSED) + 4 :].decode(errors="replace")
+    return VerificationError(
+        f"round {context.round}: {peer!r}, a decryptor of combined slice {index}, refused it: {reason}",
+        slices=[index],
+        round_number=context.round,
+    )

@@ -54,7 +54,7 @@ from confide.errors import InvalidParameterError, MessageTimeoutError, ProtocolE
 from confide.protect.base import SETUP_ROUND, RoundContext
 from confide.protect.keys import GroupCipher, PeerKeys, decode_fields, encode_fields
 from confide.protect.masking import distribute_group_secrets
-from confide.protect.paillier import PaillierProtection
+from confide.protect.paillier import PaillierProtection, refusal, refused_by
 from confide.protect.verify import VerificationError
 from confide.v1 import runtime_pb2 as pb
 
@@ -110,8 +110,8 @@ class ThresholdProtection(PaillierProtection):
         self.verify_unavailable = (
             "the parties' tags do not run in mode threshold: each combined slice is compared with the product of "
             "the participants' own ciphertexts by its t decryptors before they decrypt it (a wrong one fails the "
-            "round, naming the node that served it); beyond that the sums are trusted: the other parties take "
-            "the combiner's shared sums"
+            "round, naming the node that served it, and they tell the other parties, who refuse it too); beyond "
+            "that the sums are trusted: the other parties take the combiner's shared sums"
         )
         self._threshold_key: ThresholdKey | None = None
         self._public: EncryptionKey | None = None
@@ -219,6 +219,14 @@ class ThresholdProtection(PaillierProtection):
                 self.share(context.round, f"{slices_tag}/{i}", self._own_slice(key_of[i]), decryptors)
         vectors: dict[int, EncryptedVector] = {}
 
+        def refuse(i: int, why: str) -> VerificationError:
+            # Told to every peer first, where it may be waiting for this party (its partial decryptions, its
+            # decoded sums): those that are not this slice's decryptors refuse the round too.
+            notice = refusal(i, why)
+            for channel in ("partials", "shares.0"):
+                self.share(context.round, context.tag(channel), notice, context.peers)
+            return VerificationError(f"round {context.round}: {why}", slices=[i], round_number=context.round)
+
         def vector(i: int) -> EncryptedVector:
             if i not in vectors:
                 parts = [EncryptedVector.from_bytes(self._own_slice(key_of[i]), self.encryption_key)]
@@ -237,21 +245,16 @@ class ThresholdProtection(PaillierProtection):
                 try:
                     combined = EncryptedVector.from_bytes(result(i).payload, self.encryption_key)
                 except (WireFormatError, InvalidParameterError) as error:
-                    raise VerificationError(
-                        f"round {context.round}: combined slice {i} is not a ciphertext block ({error}); the round "
-                        "is refused",
-                        slices=[i],
-                        round_number=context.round,
+                    raise refuse(
+                        i, f"combined slice {i} is not a ciphertext block ({error}); the round is refused"
                     ) from None
                 if combined.num_ciphertexts != product.num_ciphertexts or any(
                     combined.ciphertext(k) != product.ciphertext(k) for k in range(product.num_ciphertexts)
                 ):
-                    raise VerificationError(
-                        f"round {context.round}: combined slice {i} is not the product of the participants' "
-                        "slices (an update dropped, replayed or altered); nothing was decrypted and the round is "
-                        "refused",
-                        slices=[i],
-                        round_number=context.round,
+                    raise refuse(
+                        i,
+                        f"combined slice {i} is not the product of the participants' slices (an update dropped, "
+                        "replayed or altered); nothing was decrypted and the round is refused",
                     )
                 vectors[i] = product
             return vectors[i]
@@ -282,7 +285,11 @@ class ThresholdProtection(PaillierProtection):
             if not expected:
                 continue
             try:
-                blobs = _unpack_blobs(self.collect(context.round, tag, peer, timeout=self.params.share_timeout_s))
+                data = self.collect(context.round, tag, peer, timeout=self.params.share_timeout_s)
+                refused = refused_by(context, peer, data)
+                if refused is not None:
+                    raise refused
+                blobs = _unpack_blobs(data)
             except MessageTimeoutError:
                 raise ProtocolError(
                     f"threshold decryption of round {context.round}: {peer!r} sent no partial decryption within "

@@ -18,6 +18,7 @@ from confide.errors import ConfideError, ProtocolError
 from confide.protect import make_protection
 from confide.protect import threshold as threshold_module
 from confide.protect.base import ProtectionParams, RoundContext
+from confide.protect.verify import VerificationError
 from confide.v1 import runtime_pb2 as pb
 
 from .harness import PARTIES, MemoryHub, run_parallel
@@ -47,7 +48,7 @@ class ThresholdSession:
         run_parallel({name: (lambda p=p: p.setup(names)) for name, p in self.parties.items()}, timeout=120)
         self.round = 0
 
-    def run(self, vectors, members=None, skip_finish=(), substitute=None):
+    def run(self, vectors, members=None, skip_finish=(), substitute=None, only_slice=None, outcomes=False):
         members = members or self.names
         self.round += 1  # the hub keeps every message: a fresh round per run
         round_number = self.round
@@ -74,11 +75,18 @@ class ThresholdSession:
             for i in range(len(payloads[members[0]]))
         ]
         if substitute is not None:  # a malicious aggregator passes one party's slices off as the sum
-            combined = list(payloads[substitute])
+            combined = [
+                payloads[substitute][i] if only_slice in (None, i) else block for i, block in enumerate(combined)
+            ]
 
         def finish(name):
             ctx = context(name)
-            return self.parties[name].finish_round(ctx, lambda i: pb.Slice(index=i, payload=combined[i]))
+            try:
+                return self.parties[name].finish_round(ctx, lambda i: pb.Slice(index=i, payload=combined[i]))
+            except Exception as error:  # noqa: BLE001 - each party's outcome, for the test
+                if not outcomes:
+                    raise
+                return error
 
         return run_parallel({n: (lambda n=n: finish(n)) for n in members if n not in skip_finish}, timeout=120)
 
@@ -203,3 +211,15 @@ def test_an_aggregator_passing_one_partys_slice_off_as_the_sum_gets_nothing_decr
         session.run(vectors_for(session.names, seed=6), substitute="alpha")
     assert "is not the product of the participants' slices" in str(caught.value.__cause__)
     assert decrypted == []
+
+
+def test_a_refused_slice_is_refused_by_every_party_not_only_its_decryptors(session):
+    """Slice 1 (of 5) is substituted: its decryptors (bravo, charlie; t = 2 of 3) refuse it and tell
+    the others; alpha, not among them, refuses the round at once on that notice, naming the slice."""
+    outcomes = session.run(vectors_for(session.names, seed=7), substitute="alpha", only_slice=1, outcomes=True)
+    for name in ("bravo", "charlie"):
+        assert isinstance(outcomes[name], VerificationError), (name, outcomes[name])
+        assert "combined slice 1 is not the product" in str(outcomes[name]) and outcomes[name].slices == [1]
+    refused = outcomes["alpha"]
+    assert isinstance(refused, VerificationError), refused
+    assert "a decryptor of combined slice 1, refused it" in str(refused) and refused.slices == [1]
