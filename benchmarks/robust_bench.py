@@ -427,7 +427,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15, help="rounds of each attack job")
     parser.add_argument("--features", type=int, default=1_249_999, help="Homo LR features of the overhead job")
-    parser.add_argument("--overhead-rounds", type=int, default=6)
+    parser.add_argument(
+        "--overhead-rounds",
+        type=int,
+        default=25,
+        help="rounds of each 1.25M job (25: a round ratio within a few points)",
+    )
     parser.add_argument("--repeats", type=int, default=20, help="in-process rounds of the 20k measurement")
     parts = "cost,overhead,attacks,lies,bounds,proofs"
     parser.add_argument("--skip", default="", help=f"comma-separated parts to skip: {parts}")

@@ -85,7 +85,9 @@ class RoundReport(_Report):
     encode_s: float = 0.0
     encode_cpu_s: float = 0.0
     crypto_s: float = 0.0
-    #: Checking the combined slices against the parties' tags (confide.protect.verify), tag exchange included.
+    #: What checking the combined slices against the parties' tags (confide.protect.verify) added to the
+    #: round's critical path, tag exchange included (the per-slice checks run on a worker while the next
+    #: slice is awaited; their work is the verification stats' verify_tag_s).
     verify_s: float = 0.0
     #: Train, protect, aggregate and apply, without the evaluation that follows (BatchCrypt's iteration).
     iteration_s: float = 0.0
@@ -287,7 +289,7 @@ class JobRound(_Report):
     seconds: float
     crypto_s: float
     train_s: float
-    #: Mean seconds the parties spent verifying the round's sums.
+    #: Mean seconds verifying the round's sums added to the parties' critical path.
     verify_s: float = 0.0
     #: Attempts whose sums failed verification and were refused (each names the node that served them).
     refused: list[dict[str, Any]] = []

@@ -42,6 +42,7 @@ import hashlib
 import struct
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -136,9 +137,15 @@ class Verifier:
         self._context = None
         self._vector = None
         self._slices: dict[int, _Slice] = {}
+        # The per-slice checks run here, off the decode loop, while the next slice is awaited.
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="confide-verify")
+        self._pending: list[Future] = []
+        #: What verification adds to the round's critical path: from :meth:`settle` (waiting for the
+        #: slice checks still running, the tag message, the peers' tags, the check) and any check
+        #: made in the decode loop itself (``observe_digest``).
         self.seconds = 0.0
-        #: Of ``seconds``: the per-slice work (commitment hash, the sum's and this party's inner
-        #: products) and the tag message (pads) ...
+        #: Work: the per-slice checks (commitment hash, the sum's and this party's inner products;
+        #: mostly off the critical path, on the worker) and the tag message (pads) ...
         self.tag_seconds = 0.0
         #: ... and the check once the peers' tags are in (added, compared); waiting for them is neither.
         self.check_seconds = 0.0
@@ -146,7 +153,7 @@ class Verifier:
     # -- during the round ---------------------------------------------------------------------
     def begin(self, context, vector: np.ndarray) -> None:
         """A new attempt: ``vector`` is this party's contribution (what it encodes)."""
-        self._context, self._vector, self._slices = context, vector, {}
+        self._context, self._vector, self._slices, self._pending = context, vector, {}, []
         self.seconds = self.tag_seconds = self.check_seconds = 0.0
 
     def observe(self, index: int, payload: bytes, total: np.ndarray) -> None:
@@ -154,15 +161,28 @@ class Verifier:
 
         One native call per slice hashes the payload, draws the challenge and takes the inner
         products of the sum and of this party's own image (a fixed-point mode's encoding is
-        recomputed inside it from the party's values, never held).
+        recomputed inside it from the party's values, never held). It runs on the verifier's
+        worker thread (the GIL released), so the round's decode loop goes on to await the next
+        slice; :meth:`settle` waits for every check and raises what one raised.
         """
         context = self._context
         if context is None:
             return
+        self._pending.append(
+            self._worker.submit(self._observe, context, self._slices, self._vector, index, payload, total)
+        )
+
+    def checked(self) -> None:
+        """Wait for the slice checks submitted so far; raise what one of them raised."""
+        pending, self._pending = self._pending, []
+        for check in pending:
+            check.result()
+
+    def _observe(self, context, slices: dict, vector: np.ndarray, index: int, payload: bytes, total) -> None:
         began = time.perf_counter()
         prefix = self._prefix(context, index, len(payload))
         start, stop = context.bounds(index)
-        values = np.ascontiguousarray(self._vector[start:stop])
+        values = np.ascontiguousarray(vector[start:stop])
         weights: list = []
         if self.arithmetic == "integer":
             words = np.ascontiguousarray(total, dtype=np.uint32)
@@ -180,10 +200,9 @@ class Verifier:
             image = np.ascontiguousarray(self.protection.verify_image(context, index, values), dtype=np.float32)
             sums_f32 = np.ascontiguousarray(total, dtype=np.float32)
             digest, sums, tags, weights = _native.verify_check_float(prefix, payload, sums_f32, image, VECTORS)
-        self._slices[index] = _Slice(bytes(digest), list(sums), list(tags), list(weights))
-        elapsed = time.perf_counter() - began
-        self.tag_seconds += elapsed
-        self.seconds += elapsed
+        slices[index] = _Slice(bytes(digest), list(sums), list(tags), list(weights))
+        if slices is self._slices:  # not a check of an attempt given up on
+            self.tag_seconds += time.perf_counter() - began
 
     def observe_digest(self, index: int, digest: bytes, total: np.ndarray) -> None:
         """Combined slice ``index`` as another party received it (its commitment hash) and its decoded sum.
@@ -227,8 +246,10 @@ class Verifier:
         after the sum: the survivors retry without it).
         """
         context = self._context
-        self._vector = None  # every image is taken: the contribution is not kept alive past the round
         began = time.perf_counter()
+        self.checked()
+        joined = time.perf_counter() - began
+        self._vector = None  # every image is taken: the contribution is not kept alive past the round
         missing = [i for i in range(context.num_slices) if i not in self._slices]
         if missing:
             raise VerificationError(
@@ -240,7 +261,8 @@ class Verifier:
         peers = [p for p in included if p != me]
         tag = f"verify/{context.attempt}"
         message, totals = self._message(context, peers)
-        self.tag_seconds += time.perf_counter() - began
+        composed = time.perf_counter() - began - joined
+        self.tag_seconds += composed
         self.exchange.send(context.round, tag, message, peers)
         waited = 0.0
         for peer in peers:
@@ -255,8 +277,9 @@ class Verifier:
             waited += time.perf_counter() - asked
             self._absorb(context, peer, data, totals, node_of)
         self._check(context, totals, node_of)
-        self.seconds += time.perf_counter() - began
-        self.check_seconds = self.seconds - self.tag_seconds - waited
+        settled = time.perf_counter() - began
+        self.seconds += settled
+        self.check_seconds = settled - joined - composed - waited
         return {
             "verified_slices": context.num_slices,
             "verify_arithmetic": self.arithmetic,
@@ -264,6 +287,7 @@ class Verifier:
             "verify_tag_s": round(self.tag_seconds, 6),
             "verify_check_s": round(self.check_seconds, 6),
             "verify_wait_s": round(waited, 6),
+            "verify_join_s": round(joined, 6),
         }
 
     def _pads(self, context, peers: Sequence[str]) -> np.ndarray:
