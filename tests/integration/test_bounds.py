@@ -51,7 +51,12 @@ def test_honest_parties_prove_every_update_within_the_bound_and_train_as_without
 
 @pytest.mark.parametrize(
     "mode,lie,verify",
-    [("lattice", "lane_overflow", "off"), ("lattice", "lane_overflow", "auto"), ("secagg", "past_bound", "off")],
+    [
+        ("lattice", "lane_overflow", "off"),
+        ("lattice", "lane_overflow", "auto"),
+        ("secagg", "past_bound", "off"),
+        ("groupmask", "past_bound", "off"),
+    ],
 )
 def test_a_party_that_sends_other_words_than_it_proved_has_the_sum_refused(tmp_path, mode, lie, verify):
     spec = bounded(mode, f"liar-{mode}-{lie}-{verify}", verify=verify)
