@@ -36,7 +36,7 @@ from confide.errors import InvalidParameterError
 from confide.ml import MODELS
 from confide.ml.strategies import STRATEGIES
 from confide.protect import MODES
-from confide.protect.bound import BOUNDED_MODES
+from confide.protect.bound import BOUNDED_MODES, L2_MODES
 
 __all__ = [
     "DataSpec",
@@ -220,8 +220,8 @@ class ProtectionSpec(_Strict):
     #: Every party proves each value of its update within the public mask_bound (Bulletproofs range
     #: proofs bound to the fixed-point words it protects; docs/crypto.md, "Bounded updates"): a party
     #: whose proof fails is named and the round runs again without it; a sum that is not of the proven
-    #: values is refused. secagg, groupmask and lattice (with on_dropout recover too); a few thousand
-    #: values a round (2 ms a value).
+    #: values is refused. secagg, groupmask and lattice (with on_dropout recover too), and paillier and
+    #: threshold on their BatchCrypt codes (bits <= 23); a few thousand values a round (2 ms a value).
     prove_bound: bool = False
     #: With prove_bound: every party also proves the L2 norm of its update at most this (in the
     #: units of mask_bound; an honest party scales its update down to it first). None: no norm proof.
@@ -266,12 +266,23 @@ class ProtectionSpec(_Strict):
             why = {
                 "plain": "its aggregator reads every update: bound them with a robust strategy (norm_clip)",
                 "tee": "its enclave reads every update: bound them with a robust strategy (median, trimmed_mean)",
-            }.get(self.mode, "its stochastic rounding leaves no exact integers to prove ranges of")
+            }.get(self.mode, "its updates are not integers a party can prove ranges of")
             raise ValueError(
-                f"protection.prove_bound is for modes {', '.join(BOUNDED_MODES)} (fixed-point integers); mode "
+                f"protection.prove_bound is for modes {', '.join(BOUNDED_MODES)} (integer updates); mode "
                 f"{self.mode}: {why}"
             )
-        if self.mask_bound is None:
+        if self.mode in ("paillier", "threshold"):
+            if self.bits > 23:
+                raise ValueError(
+                    f"protection.prove_bound in mode {self.mode} checks code sums up to protection.bits 23, got "
+                    f"{self.bits} (the decrypted shares are float32); use bits <= 23"
+                )
+            if self.l2_bound is not None:
+                raise ValueError(
+                    f"protection.l2_bound is for modes {', '.join(L2_MODES)}: mode {self.mode} scales each layer by "
+                    "its own dACIQ threshold, so its codes have no one norm to bound; leave l2_bound out"
+                )
+        elif self.mask_bound is None:
             raise ValueError(
                 "protection.prove_bound needs a public protection.mask_bound: the bound every party proves"
             )

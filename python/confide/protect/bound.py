@@ -1,7 +1,9 @@
 """Bounded updates under protection: each party proves every value of its update within the job's bound.
 
 ``protection.prove_bound: true`` (modes secagg, groupmask, lattice: their updates travel as the
-integers of a fixed point, so a proof can speak of exactly what is summed). The aggregator cannot
+integers of a fixed point, so a proof can speak of exactly what is summed; paillier and
+threshold: the BatchCrypt codes a party packs, re-derived from its seeded rounding,
+``PaillierProtection.bound_codes``, with the code sums behind the decrypted shares as the sum). The aggregator cannot
 read an update, so it cannot see one that is out of range; a party could send a value far past
 ``mask_bound`` (in the lattice mode, one that carries out of its lane into the next value) and
 own the sum. Here it cannot:
@@ -58,10 +60,13 @@ from confide.errors import ProtocolError, RoundAbortedError
 from confide.protect.base import gathered
 from confide.protect.keys import round_key
 
-__all__ = ["BOUNDED_MODES", "BoundProver", "BoundSumError", "BoundViolationError", "proven_bits"]
+__all__ = ["BOUNDED_MODES", "L2_MODES", "BoundProver", "BoundSumError", "BoundViolationError", "proven_bits"]
 
-#: Modes whose updates are fixed-point integers a party can prove ranges of.
-BOUNDED_MODES = ("secagg", "groupmask", "lattice")
+#: Modes whose updates are integers a party can prove ranges of: the masking modes' fixed point, and
+#: the Paillier modes' BatchCrypt codes (seeded, so a party re-derives exactly what it packed).
+BOUNDED_MODES = ("secagg", "groupmask", "lattice", "paillier", "threshold")
+#: Of those, the modes with one fixed point for every value, where an L2 bound has a meaning.
+L2_MODES = ("secagg", "groupmask", "lattice")
 _DOMAIN = b"confide-bound-v1"
 
 
@@ -102,21 +107,12 @@ class BoundProver:
 
     def begin(self, context, vector: np.ndarray) -> None:
         """Clip ``vector`` (in place) to the proven bound and start proving its fixed-point image."""
-        scale, bound, self.ring_bits = self.protection.verify_fixed
-        self.bits = proven_bits(scale, bound)
-        self.limit = (2 ** (self.bits - 1) - 1) / scale
-        self.l2_units = self._l2_units(scale, vector.size)
-        if self.l2_units is not None:
-            context.stats["bound_l2_scaled"] = _scale_into(vector, (self.l2_units - (vector.size**0.5) / 2) / scale)
-        clipped = int(np.count_nonzero(np.abs(vector) > self.limit))
-        np.clip(vector, -self.limit, self.limit, out=vector)
-        context.stats["bound_clipped"] = clipped
-        words = np.concatenate(
-            [
-                np.asarray(self.protection.verify_image(context, i, vector[slice(*context.bounds(i))]), dtype=np.uint32)
-                for i in range(context.num_slices)
-            ]
-        )
+        codes = getattr(self.protection, "bound_codes", None)
+        if codes is not None:  # paillier, threshold: the BatchCrypt codes (the codec clips)
+            words, self.bits, self.limit = codes(context, vector)
+            self.ring_bits, self.l2_units = 32, None
+        else:
+            words = self._fixed_point_words(context, vector)
         l2 = self.l2_units
         if l2 is not None and _native.bound_squared_norm(words, self.ring_bits, self.bits) > l2**2:
             raise ProtocolError("bound proofs: the scaled update's fixed-point norm is still past protection.l2_bound")
@@ -142,6 +138,24 @@ class BoundProver:
 
         self._thread = threading.Thread(target=prove, name="confide-bound-prove", daemon=True)
         self._thread.start()
+
+    def _fixed_point_words(self, context, vector: np.ndarray) -> np.ndarray:
+        """The masking modes' words: scale into the L2 ball (if any), clip, encode as the mode does."""
+        scale, bound, self.ring_bits = self.protection.verify_fixed
+        self.bits = proven_bits(scale, bound)
+        self.limit = (2 ** (self.bits - 1) - 1) / scale
+        self.l2_units = self._l2_units(scale, vector.size)
+        if self.l2_units is not None:
+            context.stats["bound_l2_scaled"] = _scale_into(vector, (self.l2_units - (vector.size**0.5) / 2) / scale)
+        clipped = int(np.count_nonzero(np.abs(vector) > self.limit))
+        np.clip(vector, -self.limit, self.limit, out=vector)
+        context.stats["bound_clipped"] = clipped
+        return np.concatenate(
+            [
+                np.asarray(self.protection.verify_image(context, i, vector[slice(*context.bounds(i))]), dtype=np.uint32)
+                for i in range(context.num_slices)
+            ]
+        )
 
     def _l2_units(self, scale: float, count: int) -> int | None:
         """The L2 bound in fixed-point units (what every party proves), or None without one."""

@@ -217,6 +217,27 @@ class PaillierProtection(GroupShared, Protection):
             codec.quantizer,
         )
 
+    def bound_codes(self, context: RoundContext, vector: np.ndarray) -> tuple[np.ndarray, int, float]:
+        """What this party's bound proofs speak of: (its BatchCrypt codes, bits, the bound in values).
+
+        An honest code is at most ``h = ceil(Q / m)`` in magnitude (``Q = 2^(bits - 1) - 1``: the
+        codec scales a clipped value so that m of them sum within a lane); the proven range is
+        ``[-P, P)`` with ``P`` the least power of two above ``h + 1`` (under twice the honest
+        bound, and within the ``bits`` whose m-fold sums the lanes hold). The codes are the ones
+        :meth:`verify_image` re-derives from the seeded rounding, exactly what ``encode`` packs.
+        """
+        require(self._codec, "begin_round first")
+        codec = self._codec
+        honest = -(-(2 ** (codec.bits - 1) - 1) // codec.max_parties)
+        bits = min(codec.bits, (honest + 1).bit_length() + 1)
+        words = np.concatenate(
+            [
+                np.asarray(self.verify_image(context, i, vector[slice(*context.bounds(i))]), dtype=np.uint32)
+                for i in range(context.num_slices)
+            ]
+        )
+        return words, bits, self.last_alpha * (2 ** (bits - 1) - 1) / honest
+
     @property
     def verify_bits(self) -> int:
         """Code sums are checked as residues mod 2^32 (they stay far below it)."""
@@ -360,6 +381,9 @@ class PaillierProtection(GroupShared, Protection):
             sender.shutdown(wait=False, cancel_futures=True)
         if self.verifier is not None:
             self._observe_parts(context, parts)
+        if self.bounds is not None:
+            for index in range(context.num_slices):
+                self.bounds.observe(index, self._code_sums(parts[index]))
         out = context.output()
         for index in range(context.num_slices):
             start, stop = context.bounds(index)

@@ -368,7 +368,8 @@ def test_verification_errors_name_the_field(protection, words):
     [
         ({"mode": "plain", "prove_bound": True}, ["protection.prove_bound", "mode plain", "norm_clip"]),
         ({"mode": "tee", "prove_bound": True}, ["protection.prove_bound", "mode tee", "enclave"]),
-        ({"mode": "paillier", "prove_bound": True}, ["protection.prove_bound", "stochastic rounding"]),
+        ({"mode": "paillier", "prove_bound": True, "bits": 24}, ["protection.prove_bound", "bits 23"]),
+        ({"mode": "threshold", "prove_bound": True, "l2_bound": 1.0}, ["protection.l2_bound", "dACIQ"]),
         ({"mode": "secagg", "prove_bound": True, "mask_bound": None}, ["protection.mask_bound"]),
         ({"mode": "secagg", "prove_bound": True, "mask_bound": 0}, ["protection.mask_bound"]),
         ({"mode": "secagg", "l2_bound": 1.0}, ["protection.l2_bound", "prove_bound: true"]),
@@ -383,7 +384,7 @@ def test_bound_proofs_are_refused_where_they_cannot_run_naming_the_field(protect
 
 
 def test_bound_proofs_run_in_the_integer_modes():
-    for mode in ("secagg", "groupmask", "lattice"):
+    for mode in ("secagg", "groupmask", "lattice", "paillier", "threshold"):
         assert parse_job(spec(protection={"mode": mode, "prove_bound": True})).protection.prove_bound
     for mode in ("secagg", "lattice"):  # a recovered round checks the survivors' sum (test_bounds)
         recovered = {"mode": mode, "prove_bound": True, "on_dropout": "recover", "l2_bound": 2.0}
